@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` and `make test` (each creates the venv if needed).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-all install bench clean
+
+$(STAMP): pyproject.toml requirements.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel on local disk; anything else pulls a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/stare-lab demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -x --durations=15
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m "" --durations=15
+
+bench: $(STAMP)
+	$(PY) benchmarks/step_overhead.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""(rule module being written; registers nothing yet)"""

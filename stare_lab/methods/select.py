@@ -1,0 +1,107 @@
+"""Shared selection and validation helpers for token rules (METHODS.md §1).
+
+Selection happens within a scope (`batch`, `group`, `sequence`) over valid tokens only.
+`ties="topk"` keeps exactly ⌈ρ·n⌉ tokens per scope unit, ties broken by a seeded random order;
+`ties="quantile"` keeps every token at or above the (1-ρ) quantile (TRL's behaviour, linear
+interpolation as `torch.quantile`), so ties at the threshold are all kept.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from stare_lab.methods.registry import NORMALIZE, SCOPES, TIES
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def check_fraction(name: str, value: float, *, open_low: bool = True) -> None:
+    ok = (0.0 < value <= 1.0) if open_low else (0.0 <= value <= 1.0)
+    if not ok:
+        raise ValueError(f"{name}={value} is out of range ({'0 < ' if open_low else '0 ≤ '}{name} ≤ 1)")
+
+
+def check_common(params) -> None:
+    """Validate the scope / normalize / ties fields a rule's Params may carry."""
+    if hasattr(params, "scope"):
+        check_choice("scope", params.scope, SCOPES)
+    if hasattr(params, "normalize"):
+        check_choice("normalize", params.normalize, NORMALIZE)
+    if hasattr(params, "ties"):
+        check_choice("ties", params.ties, TIES)
+
+
+def scope_ids(valid: Tensor, group: Tensor, scope: str) -> Tensor:
+    """[B, T] long id of each token's scope unit (batch → 0, group → prompt index, sequence → row)."""
+    B, T = valid.shape
+    if scope == "batch":
+        ids = torch.zeros(B, dtype=torch.long, device=valid.device)
+    elif scope == "group":
+        ids = torch.unique(group, return_inverse=True)[1].to(valid.device)
+    elif scope == "sequence":
+        ids = torch.arange(B, device=valid.device)
+    else:
+        raise ValueError(f"scope={scope!r} is not one of {', '.join(SCOPES)}")
+    return ids[:, None].expand(B, T)
+
+
+def select_top(score: Tensor, valid: Tensor, group: Tensor, rho: float, *, scope: str = "batch",
+               ties: str = "topk", largest: bool = True, generator: torch.Generator | None = None) -> Tensor:
+    """[B, T] bool: the top (largest=True) or bottom fraction ρ of `score` among valid tokens, per scope unit."""
+    valid = valid.bool()
+    ids = scope_ids(valid, group, scope)
+    out = torch.zeros_like(valid)
+    flat_score, flat_valid, flat_ids = score.reshape(-1).float(), valid.reshape(-1), ids.reshape(-1)
+    flat_out = out.reshape(-1)
+    # Random tie-break keys, drawn once for the whole batch so the result does not depend on how
+    # the batch is later split.
+    tie_key = torch.rand(flat_score.shape, generator=generator).to(score.device)
+    for unit in torch.unique(flat_ids[flat_valid]).tolist():
+        idx = torch.nonzero(flat_valid & (flat_ids == unit)).squeeze(1)
+        s = flat_score[idx] if largest else -flat_score[idx]
+        n = idx.numel()
+        if ties == "topk":
+            k = min(n, math.ceil(rho * n - 1e-9))
+            # order by score descending, ties by the random key: stable sort on key, then on score
+            order = torch.argsort(tie_key[idx], stable=True)
+            order = order[torch.argsort(s[order], descending=True, stable=True)]
+            flat_out[idx[order[:k]]] = True
+        elif ties == "quantile":
+            thr = torch.quantile(s, 1.0 - rho)
+            flat_out[idx[s >= thr]] = True
+        else:
+            raise ValueError(f"ties={ties!r} is not one of {', '.join(TIES)}")
+    return out
+
+
+def rank_normalise(score: Tensor, valid: Tensor, group: Tensor, scope: str = "batch") -> Tensor:
+    """[B, T] u ∈ [0, 1]: rank of each valid token's score within its scope unit, (rank)/(n-1); ties share the mean rank."""
+    valid = valid.bool()
+    ids = scope_ids(valid, group, scope)
+    u = torch.zeros_like(score, dtype=torch.float32)
+    flat_s, flat_v, flat_ids, flat_u = score.reshape(-1).float(), valid.reshape(-1), ids.reshape(-1), u.reshape(-1)
+    for unit in torch.unique(flat_ids[flat_v]).tolist():
+        idx = torch.nonzero(flat_v & (flat_ids == unit)).squeeze(1)
+        s = flat_s[idx]
+        n = s.numel()
+        if n == 1:
+            flat_u[idx] = 0.5
+            continue
+        sorted_s, order = torch.sort(s)
+        _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True, return_counts=True)
+        start = torch.cumsum(counts, 0) - counts
+        mean_rank = start.float() + (counts.float() - 1) / 2
+        rank = torch.empty_like(s)
+        rank[order] = mean_rank[inverse]
+        flat_u[idx] = rank / (n - 1)
+    return u
+
+
+def selection_metrics(prefix: str, selected: Tensor, valid: Tensor) -> dict[str, float]:
+    n = float(valid.sum())
+    return {f"{prefix}selected_frac": float((selected & valid.bool()).sum()) / n if n else 0.0}
