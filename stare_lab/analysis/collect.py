@@ -1,0 +1,263 @@
+"""Run directories → tidy pandas DataFrames (the run record is in docs/run_record.md).
+
+Analysis reads records only: `config.yaml`, `status.json`, `metrics.jsonl` and `eval/`. It never
+needs W&B. Every reader tolerates a record that is still being written: a run without `eval/`
+yet, a missing `status.json`, a `metrics.jsonl` whose last line a crash cut short.
+
+Arms. Runs are grouped into *arms*: runs differing only in seed belong to one arm and aggregate
+together. An arm is named by its rule label (`method.name`, plus the run's variant when the
+config has `run.variant`, e.g. `rsi_band[0.5,1]`). When runs sharing a rule label still differ in
+other config keys (a grid over the learning rate without variants), the differing keys are
+appended, e.g. `stare trainer.learning_rate=1e-06`, so such runs are never averaged together.
+Keys that differ per run by construction (seeds, `run.*`, `logger.*`, directories and paths) do
+not split arms.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import yaml
+
+log = logging.getLogger(__name__)
+
+EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "num_problems")
+RUN_COLUMNS = ["sweep", "run", "label", "rule", "arm", "seed"]
+EVAL_COLUMNS = RUN_COLUMNS + ["step", "final", "benchmark", "metric", "value", *EVAL_SETTINGS]
+TRAIN_COLUMNS = RUN_COLUMNS + ["step", "metric", "value"]
+STATE_COLUMNS = RUN_COLUMNS + ["state", "attempts", "error", "path"]
+_SKIP_DIRS = {"checkpoints", "eval", "wandb"}
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def rule_label(method: str, variant: str | None) -> str:
+    """`method`, or `method` with its variant: "rsi_band" + "[0.5,1]" → "rsi_band[0.5,1]".
+
+    A variant that already starts with the method name is used as is; any other variant name is
+    put in brackets: ("rsi_band", "low") → "rsi_band[low]".
+    """
+    if variant is None or str(variant) == "":
+        return str(method)
+    variant = str(variant)
+    if variant.startswith(str(method)):
+        return variant
+    if variant.startswith("["):
+        return f"{method}{variant}"
+    return f"{method}[{variant}]"
+
+
+def find_run_dirs(root: Path | str | Iterable[Path | str]) -> list[Path]:
+    """Run directories (those holding `config.yaml`) at or below each root, sorted."""
+    roots = [root] if isinstance(root, (str, Path)) else list(root)
+    found: list[Path] = []
+    for r in roots:
+        found.extend(_walk(Path(r), depth=4))
+    return sorted(dict.fromkeys(found))
+
+
+def _walk(path: Path, depth: int) -> list[Path]:
+    if (path / "config.yaml").is_file():
+        return [path]
+    if depth == 0 or not path.is_dir():
+        return []
+    out: list[Path] = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and child.name not in _SKIP_DIRS and not child.name.startswith("."):
+            out.extend(_walk(child, depth - 1))
+    return out
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict → {"a.b.c": value}; lists and other non-scalars become JSON strings."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(value)
+        else:
+            out[name] = value
+    return out
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        log.warning("%s: unreadable config.yaml (%s)", run_dir, err)
+        cfg = {}
+    return flatten(cfg) if isinstance(cfg, dict) else {}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        log.warning("%s: skipped (%s)", path, err)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _identity(run_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    seed = cfg.get("seed")
+    method = cfg.get("method.name", "unknown")
+    return {
+        "sweep": str(cfg.get("run.sweep") or run_dir.parent.name),
+        "run": str(cfg.get("run.id") or run_dir.name),
+        "label": str(cfg.get("run.label") or cfg.get("run.id") or run_dir.name),
+        "rule": str(method),
+        "arm": rule_label(method, cfg.get("run.variant")),
+        "seed": int(seed) if isinstance(seed, (int, float)) and seed == seed else pd.NA,
+    }
+
+
+def _splits_arm(key: str) -> bool:
+    """Whether a differing config key separates arms (see the module docstring)."""
+    if key in ("seed",) or key.startswith(("run.", "logger.")):
+        return False
+    leaf = key.rsplit(".", 1)[-1].lower()
+    return not any(word in leaf for word in ("seed", "dir", "path", "output"))
+
+
+def _runs(root) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """[(run_dir, identity, flat config)] with arms split on differing non-seed config keys."""
+    runs = []
+    for run_dir in find_run_dirs(root):
+        cfg = _read_config(run_dir)
+        runs.append((run_dir, _identity(run_dir, cfg), cfg))
+    by_arm: dict[str, list[int]] = {}
+    for i, (_, ident, _) in enumerate(runs):
+        by_arm.setdefault(ident["arm"], []).append(i)
+    for arm, idx in by_arm.items():
+        if len(idx) < 2:
+            continue
+        keys = sorted({k for i in idx for k in runs[i][2]})
+        differing = [
+            k for k in keys
+            if _splits_arm(k) and len({json.dumps(runs[i][2].get(k), default=str) for i in idx}) > 1
+        ]
+        for i in idx:
+            suffix = " ".join(f"{k}={runs[i][2].get(k)}" for k in differing)
+            if suffix:
+                runs[i][1]["arm"] = f"{arm} {suffix}"
+    return runs
+
+
+def _eval_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """One row per (benchmark, metric) of every eval json, final and intermediate."""
+    eval_dir = run_dir / "eval"
+    files = [(p, True, None) for p in sorted(eval_dir.glob("[!.]*.json"))]  # not .x.json.tmp-<pid>
+    for sub in sorted(eval_dir.glob("step-*")):
+        match = _STEP_DIR.match(sub.name)
+        if match and sub.is_dir():
+            files += [(p, False, int(match.group(1))) for p in sorted(sub.glob("[!.]*.json"))]
+    rows = []
+    for path, final, dir_step in files:
+        data = _read_json(path)
+        if data is None:
+            continue
+        step = data.get("step", dir_step)
+        settings = {k: data.get(k) for k in EVAL_SETTINGS}
+        base = {"step": step, "final": final, "benchmark": str(data.get("benchmark") or path.stem), **settings}
+        for metric, value in (data.get("metrics") or {}).items():
+            if isinstance(value, (list, tuple)) and len(value) == 2:
+                rows.append({**base, "metric": f"{metric}_lo", "value": value[0]})
+                rows.append({**base, "metric": f"{metric}_hi", "value": value[1]})
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                rows.append({**base, "metric": metric, "value": float(value)})
+    return rows
+
+
+def collect_runs(root: Path | list[Path]) -> pd.DataFrame:
+    """Evaluation results of every run under `root`, long format.
+
+    Columns: sweep, run, label, rule (method.name), arm (rule label, the grouping key), seed,
+    step, final (True for eval/<benchmark>.json, False for eval/step-<N>/), benchmark, metric
+    (avg@32, avg@32_ci_lo, avg@32_ci_hi, pass@k, maj@32, ...), value (a fraction), the evaluation
+    settings n, temperature, top_p, max_tokens, verifier, num_problems, and one `cfg.<key>`
+    column per flattened config key. Runs without results contribute no rows.
+    """
+    frames = []
+    for run_dir, ident, cfg in _runs(root):
+        rows = _eval_rows(run_dir)
+        if rows:
+            frame = pd.DataFrame(rows).assign(**ident)
+            cfg_cols = pd.DataFrame([{f"cfg.{k}": v for k, v in cfg.items()}] * len(frame))
+            frames.append(pd.concat([frame, cfg_cols], axis=1))
+    if not frames:
+        return pd.DataFrame(columns=EVAL_COLUMNS)
+    df = pd.concat(frames, ignore_index=True)
+    cfg_cols = sorted(c for c in df.columns if c.startswith("cfg."))
+    df = df[EVAL_COLUMNS + cfg_cols]
+    df["seed"] = df["seed"].astype("Int64")
+    df["step"] = df["step"].astype("Int64")
+    return df
+
+
+def _metric_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of metrics.jsonl; unparsable lines (a crash's truncated last line) are skipped."""
+    rows = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return rows
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            log.warning("%s:%d: skipped an unparsable line (truncated by a crash?)", path, n)
+            continue
+        if not isinstance(record, dict) or "step" not in record:
+            continue
+        for metric, value in record.items():
+            if metric in ("step", "time") or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                rows.append({"step": int(record["step"]), "metric": metric, "value": float(value)})
+    return rows
+
+
+def collect_training(root: Path | list[Path]) -> pd.DataFrame:
+    """Training metrics of every run (metrics.jsonl), long format.
+
+    Columns: sweep, run, label, rule, arm, seed, step, metric, value.
+    """
+    frames = []
+    for run_dir, ident, _ in _runs(root):
+        rows = _metric_rows(run_dir / "metrics.jsonl")
+        if rows:
+            frames.append(pd.DataFrame(rows).assign(**ident))
+    if not frames:
+        return pd.DataFrame(columns=TRAIN_COLUMNS)
+    df = pd.concat(frames, ignore_index=True)[TRAIN_COLUMNS]
+    df["seed"] = df["seed"].astype("Int64")
+    return df
+
+
+def run_states(root: Path | list[Path]) -> pd.DataFrame:
+    """One row per run: sweep, run, label, rule, arm, seed, state, attempts, error, path.
+
+    `state` is status.json's state, or "unknown" when the file is missing or unreadable. The
+    frame doubles as the `expected` runs of `results_table`.
+    """
+    rows = []
+    for run_dir, ident, _ in _runs(root):
+        status = _read_json(run_dir / "status.json") if (run_dir / "status.json").exists() else None
+        status = status or {}
+        rows.append({
+            **ident,
+            "state": status.get("state", "unknown"),
+            "attempts": status.get("attempts"),
+            "error": status.get("error"),
+            "path": str(run_dir),
+        })
+    df = pd.DataFrame(rows, columns=STATE_COLUMNS)
+    df["seed"] = df["seed"].astype("Int64")
+    return df

@@ -1,0 +1,133 @@
+"""Training curves and pass@k curves as PNG (matplotlib, Agg canvas, no pyplot state).
+
+Every figure is FIGSIZE at DPI (640 × 400 px): one line per arm (mean over seeds), a shaded band
+over seeds (min..max by default, or mean ± std), the baseline drawn black and dashed so it reads
+the same in every figure.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+FIGSIZE = (6.4, 4.0)  # inches
+DPI = 100  # → 640 × 400 px
+DEFAULT_TRAINING_METRICS = ("reward", "entropy", "tokens/selected_frac")
+_PASS_METRIC = re.compile(r"^pass@(\d+)$")
+_LABELS = {"reward": "reward (mean)", "entropy": "entropy (nats/token)",
+           "tokens/selected_frac": "fraction of tokens selected"}
+
+
+def file_stem(name: str) -> str:
+    """A metric or benchmark name as a file name: "tokens/selected_frac" → "tokens_selected_frac"."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", name).strip("_")
+
+
+def _arm_column(df: pd.DataFrame) -> str:
+    return "arm" if "arm" in df.columns else "rule"
+
+
+def _styles(arms: list[str], baseline: str | None) -> dict[str, dict]:
+    """Stable colour per arm (sorted names → tab10/tab20), the baseline black and dashed."""
+    others = sorted(a for a in arms if a != baseline)
+    palette = colormaps["tab10" if len(others) <= 10 else "tab20"]
+    styles = {a: {"color": palette(i % palette.N), "linestyle": "-"} for i, a in enumerate(others)}
+    if baseline in arms:
+        styles[baseline] = {"color": "black", "linestyle": "--"}
+    return styles
+
+
+def _band(ax, x, wide: pd.DataFrame, style: dict, label: str, band: str) -> None:
+    """wide: x × run values. Line = mean over runs; band where at least two runs have a value."""
+    mean = wide.mean(axis=1)
+    ax.plot(x, mean, label=f"{label} (n={wide.shape[1]})", linewidth=1.6, **style)
+    counts = wide.notna().sum(axis=1).to_numpy()
+    if wide.shape[1] < 2:
+        return
+    if band == "std":
+        sd = wide.std(axis=1, ddof=1)
+        lo, hi = mean - sd, mean + sd
+    else:
+        lo, hi = wide.min(axis=1), wide.max(axis=1)
+    ax.fill_between(x, lo, hi, where=counts >= 2, color=style["color"], alpha=0.18, linewidth=0,
+                    interpolate=False)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format="png")
+    return path
+
+
+def _new_axes(title: str, xlabel: str, ylabel: str):
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def plot_training(train_df: pd.DataFrame, out_dir: Path | str, metrics: tuple[str, ...] | list[str] | None = None,
+                  baseline: str | None = "full", band: str = "minmax") -> list[Path]:
+    """One PNG per training metric (`train_<metric>.png`), x = optimizer step.
+
+    train_df: `collect_training` output. metrics: default reward, entropy, tokens/selected_frac
+    and every rule/* metric present; default metrics absent from the data are skipped, an
+    explicitly requested absent one is a ValueError. band: "minmax" or "std" (over seeds).
+    """
+    present = list(dict.fromkeys(train_df["metric"])) if len(train_df) else []
+    if metrics is None:
+        metrics = [m for m in DEFAULT_TRAINING_METRICS if m in present]
+        metrics += sorted(m for m in present if m.startswith("rule/"))
+    else:
+        absent = [m for m in metrics if m not in present]
+        if absent:
+            raise ValueError(f"no training metric {', '.join(absent)}; present: {', '.join(sorted(present))}")
+    arm_col = _arm_column(train_df)
+    styles = _styles(sorted(set(train_df[arm_col].astype(str))) if len(train_df) else [], baseline)
+    out, paths = Path(out_dir), []
+    for metric in metrics:
+        rows = train_df[train_df["metric"] == metric]
+        fig, ax = _new_axes(f"Training: {metric}", "optimizer step", _LABELS.get(metric, metric))
+        for arm, group in sorted(rows.groupby(rows[arm_col].astype(str)), key=lambda kv: (kv[0] != baseline, kv[0])):
+            wide = group.pivot_table(index="step", columns="run", values="value", aggfunc="last").sort_index()
+            _band(ax, wide.index.to_numpy(), wide, styles[arm], arm, band)
+        ax.legend(fontsize=8, loc="best")
+        paths.append(_save(fig, out / f"train_{file_stem(metric)}.png"))
+    return paths
+
+
+def plot_passk(df: pd.DataFrame, out_dir: Path | str, benchmarks: list[str] | None = None,
+               baseline: str | None = "full", band: str = "minmax") -> list[Path]:
+    """Per benchmark, pass@k vs k (log2 x axis) per arm with seed bands: `passk_<benchmark>.png`.
+
+    df: `collect_runs` output; final evaluations only; pass@k in percent.
+    """
+    final = df[df["final"].astype(bool)] if len(df) else df
+    rows = final[final["metric"].astype(str).str.match(_PASS_METRIC)] if len(final) else final
+    rows = rows.assign(k=rows["metric"].str.extract(_PASS_METRIC, expand=False).astype(int))
+    if benchmarks is None:
+        benchmarks = sorted(rows["benchmark"].unique())
+    arm_col = _arm_column(rows)
+    styles = _styles(sorted(set(rows[arm_col].astype(str))), baseline)
+    out, paths = Path(out_dir), []
+    for bench in benchmarks:
+        sub = rows[rows["benchmark"] == bench]
+        fig, ax = _new_axes(f"pass@k on {bench}", "k (samples)", "pass@k (%)")
+        for arm, group in sorted(sub.groupby(sub[arm_col].astype(str)), key=lambda kv: (kv[0] != baseline, kv[0])):
+            wide = group.pivot_table(index="k", columns="run", values="value", aggfunc="last").sort_index() * 100
+            _band(ax, wide.index.to_numpy(), wide, styles[arm], arm, band)
+        ks = sorted(sub["k"].unique())
+        ax.set_xscale("log", base=2)
+        if ks:
+            ax.set_xticks(ks, [str(k) for k in ks])
+        ax.legend(fontsize=8, loc="lower right")
+        paths.append(_save(fig, out / f"passk_{file_stem(bench)}.png"))
+    return paths

@@ -1,0 +1,361 @@
+"""Result tables: rule × benchmark (or rule × k) with mean ± std over seeds, Δ vs a baseline.
+
+Input is `collect_runs`' long frame; only final evaluations (eval/<benchmark>.json) count. Each
+run is one sample of its arm (see collect.py: runs differing only in seed share an arm). The
+evaluation settings are read from the same records and stated under every table (METHODS.md §3:
+settings differ between papers, so every table says T, top-p, n, max tokens and the verifier).
+"""
+from __future__ import annotations
+
+import io
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+AVG_COLUMN = "Avg."
+SETTING_LABELS = {"temperature": "T", "top_p": "top-p", "n": "n", "max_tokens": "max tokens",
+                  "verifier": "verifier"}
+_AVG_METRIC = re.compile(r"^avg@(\d+)$")
+_PASS_METRIC = re.compile(r"^pass@(\d+)$")
+
+
+@dataclass
+class Table:
+    """A formatted results table.
+
+    cells: tidy numeric frame, one row per (rule, column): rule, <column_name>, mean, std
+        (over seeds, ddof=1; NaN with one seed), n_seeds, delta (mean − baseline mean; NaN where
+        the baseline has no value), best (bool: highest mean of its column, ties all marked;
+        never in a column with fewer than two values).
+        Values are fractions; the text formats show percent with 1 decimal.
+    rules: row order (baseline first). columns: column order (the "Avg." column last, if any).
+    notes: lines stated under the table (values, evaluation settings, disagreements, missing).
+    """
+
+    cells: pd.DataFrame
+    rules: list[str]
+    columns: list
+    metric: str
+    baseline: str | None
+    notes: list[str] = field(default_factory=list)
+    column_name: str = "benchmark"
+    column_labels: dict = field(default_factory=dict)
+
+    def pivot(self, value: str = "mean") -> pd.DataFrame:
+        """rule × column frame of one of mean, std, n_seeds, delta, best."""
+        wide = self.cells.pivot(index="rule", columns=self.column_name, values=value)
+        return wide.reindex(index=self.rules, columns=self.columns)
+
+    def _label(self, column) -> str:
+        return str(self.column_labels.get(column, column))
+
+    def _text_rows(self, latex: bool) -> list[tuple[list[str], list[bool]]]:
+        cells = self.cells.set_index(["rule", self.column_name])
+        rows = []
+        for rule in self.rules:
+            texts, bests = [], []
+            for col in self.columns:
+                row = cells.loc[(rule, col)] if (rule, col) in cells.index else None
+                texts.append(_cell_text(row, rule == self.baseline, latex))
+                bests.append(bool(row is not None and row["best"]))
+            rows.append((texts, bests))
+        return rows
+
+    def _seeds_text(self, rule: str) -> str:
+        counts = self.cells.loc[(self.cells["rule"] == rule) & (self.cells[self.column_name] != AVG_COLUMN),
+                                "n_seeds"]
+        counts = sorted({int(c) for c in counts if c > 0})
+        if not counts:
+            return "0"
+        return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+
+    def to_markdown(self) -> str:
+        """GitHub markdown table; best cells in bold; the notes follow as paragraphs."""
+        header = ["rule", "seeds"] + [self._label(c) for c in self.columns]
+        lines = ["| " + " | ".join(header) + " |", "|:--|--:|" + "--:|" * len(self.columns)]
+        for rule, (texts, bests) in zip(self.rules, self._text_rows(latex=False)):
+            shown = [f"**{t}**" if b else t for t, b in zip(texts, bests)]
+            lines.append("| " + " | ".join([rule, self._seeds_text(rule)] + shown) + " |")
+        return "\n".join(lines) + "\n\n" + "\n\n".join(self.notes) + "\n"
+
+    def to_latex(self, caption: str | None = None) -> str:
+        """A booktabs `table` float (needs \\usepackage{booktabs}); best cells in \\textbf."""
+        ncol = 2 + len(self.columns)
+        header = ["Rule", "Seeds"] + [latex_escape(self._label(c)) for c in self.columns]
+        out = [r"\begin{table}[t]", r"\centering", r"\small", r"\begin{tabular}{l" + "r" * (ncol - 1) + "}",
+               r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
+        for rule, (texts, bests) in zip(self.rules, self._text_rows(latex=True)):
+            shown = [rf"\textbf{{{t}}}" if b else t for t, b in zip(texts, bests)]
+            first = latex_escape(rule)
+            first = "{}" + first if first.startswith("[") else first  # `\\[` would read as a length
+            out.append(" & ".join([first, self._seeds_text(rule)] + shown) + r" \\")
+        out += [r"\bottomrule", r"\end{tabular}"]
+        if self.notes:
+            out += [r"\par\smallskip", r"{\footnotesize " + r" \par ".join(latex_escape(n) for n in self.notes) + "}"]
+        if caption:
+            out.append(r"\caption{" + latex_escape(caption) + "}")
+        out.append(r"\end{table}")
+        return "\n".join(out) + "\n"
+
+    def to_csv(self, path=None) -> str:
+        """Tidy numeric CSV: rule, <column_name>, mean, std, n_seeds, delta, best ("*" or empty).
+
+        Values are fractions (not percent). Written to `path` too when given.
+        """
+        frame = self.cells[["rule", self.column_name, "mean", "std", "n_seeds", "delta", "best"]].copy()
+        frame["best"] = np.where(frame["best"], "*", "")
+        buf = io.StringIO()
+        frame.to_csv(buf, index=False)
+        text = buf.getvalue()
+        if path is not None:
+            with open(path, "w") as fh:
+                fh.write(text)
+        return text
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}"
+
+
+def _signed(x: float) -> str:
+    v = round(x * 100, 1)
+    return f"{0.0 if v == 0 else v:+.1f}"
+
+
+def _cell_text(row, is_baseline: bool, latex: bool) -> str:
+    """"54.4 ± 1.2 (+2.1)"; "--" where there is no value."""
+    if row is None or not np.isfinite(row["mean"]):
+        return "--" if latex else "–"
+    text = _pct(row["mean"])
+    if np.isfinite(row["std"]):
+        text += (r" $\pm$ " if latex else " ± ") + _pct(row["std"])
+    if not is_baseline and np.isfinite(row["delta"]):
+        text += f" ({_signed(row['delta'])})"
+    return text
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                  "±": r"$\pm$", "Δ": r"$\Delta$", "–": "--", "≠": r"$\neq$", "…": r"\ldots{}"}
+
+
+def latex_escape(text: str) -> str:
+    """Escape LaTeX specials (and the few non-ASCII symbols the notes use) in plain text."""
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+# ---------------------------------------------------------------------------------------------
+# Aggregation
+
+
+def _final(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty:
+        return df.assign(arm=pd.Series(dtype=str))
+    final = df[df["final"].astype(bool)] if "final" in df.columns else df
+    key = "arm" if "arm" in final.columns else "rule"
+    return final.assign(arm=final[key].astype(str))
+
+
+def _choose_metric(final: pd.DataFrame, benchmark: str, metric: str | None, notes: list[str]) -> str | None:
+    """The metric of one benchmark: `metric`, or the avg@n most runs report (auto)."""
+    rows = final[final["benchmark"] == benchmark]
+    if metric is not None:
+        return metric
+    counts = rows[rows["metric"].str.match(_AVG_METRIC)].groupby("metric")["run"].nunique()
+    if counts.empty:
+        return None
+    if len(counts) > 1:
+        notes.append(f"{benchmark}: runs report {', '.join(sorted(counts.index))}; using {counts.idxmax()}.")
+    return str(counts.idxmax())
+
+
+def _aggregate(values: pd.DataFrame, rules: list[str], columns: list, column_name: str,
+               baseline: str | None) -> pd.DataFrame:
+    """values: rows (arm, column, run, value) → tidy cells with mean/std/n_seeds/delta/best."""
+    rows = []
+    for rule in rules:
+        for col in columns:
+            v = values.loc[(values["arm"] == rule) & (values["column"] == col), "value"].to_numpy(float)
+            n = len(v)
+            rows.append({"rule": rule, column_name: col, "mean": v.mean() if n else math.nan,
+                         "std": v.std(ddof=1) if n > 1 else math.nan, "n_seeds": n})
+    cells = pd.DataFrame(rows, columns=["rule", column_name, "mean", "std", "n_seeds"])
+    return _add_delta_best(cells, column_name, baseline)
+
+
+def _add_delta_best(cells: pd.DataFrame, column_name: str, baseline: str | None) -> pd.DataFrame:
+    base = cells[cells["rule"] == baseline].set_index(column_name)["mean"]
+    cells["delta"] = cells["mean"] - cells[column_name].map(base).astype(float)
+    by_col = cells.groupby(column_name, sort=False)["mean"]
+    top, compared = by_col.transform("max"), by_col.transform("count")
+    # a column with a single value has no "best" to mark
+    cells["best"] = (compared >= 2) & np.isclose(cells["mean"], top, rtol=0, atol=1e-12)
+    return cells
+
+
+def _with_average(cells: pd.DataFrame, rules: list[str], columns: list, baseline: str | None) -> pd.DataFrame:
+    """Append the "Avg." column: mean over benchmarks of each rule's mean (only where a rule
+    has every benchmark; a partial average would not compare)."""
+    rows = []
+    for rule in rules:
+        part = cells[cells["rule"] == rule]
+        means = part["mean"].to_numpy(float)
+        complete = len(means) == len(columns) and np.isfinite(means).all()
+        rows.append({"rule": rule, "benchmark": AVG_COLUMN, "mean": means.mean() if complete else math.nan,
+                     "std": math.nan, "n_seeds": int(part["n_seeds"].min()) if len(part) else 0})
+    avg = _add_delta_best(pd.DataFrame(rows), "benchmark", baseline)
+    return pd.concat([cells, avg], ignore_index=True)
+
+
+def _order_rules(arms: list[str], baseline: str | None) -> list[str]:
+    arms = sorted(dict.fromkeys(arms))
+    return ([baseline] if baseline in arms else []) + [a for a in arms if a != baseline]
+
+
+# ---------------------------------------------------------------------------------------------
+# Notes: settings and missing results
+
+
+def _fmt_setting(value) -> str:
+    if isinstance(value, float) and value.is_integer() and not isinstance(value, bool):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def settings_notes(final: pd.DataFrame, benchmarks: list[str]) -> list[str]:
+    """"Evaluation: T=1.0, top-p=0.7, n=32; max tokens: aime24 4096, arithmetic 256; ..." plus one
+    "settings disagree" line per (benchmark, setting) on which runs differ."""
+    rows = final[final["benchmark"].isin(benchmarks)].drop_duplicates(["run", "benchmark"])
+    common, per_bench, disagree = [], [], []
+    for key, label in SETTING_LABELS.items():
+        if key not in rows.columns:
+            continue
+        by_bench = {}
+        for bench in benchmarks:
+            sub = rows[rows["benchmark"] == bench]
+            groups = sub.groupby(sub[key].map(_fmt_setting), sort=True)["run"].apply(sorted)
+            if len(groups) > 1:
+                parts = [f"{v} (runs {', '.join(r)})" for v, r in groups.items()]
+                disagree.append(f"Settings disagree: {label} on {bench}: " + "; ".join(parts) + ".")
+            by_bench[bench] = " / ".join(groups.index) if len(groups) else "?"
+        values = set(by_bench.values())
+        if len(values) == 1:
+            common.append(f"{label}={values.pop()}")
+        else:
+            per_bench.append(f"{label}: " + ", ".join(f"{b} {v}" for b, v in by_bench.items()))
+    line = "Evaluation: " + ", ".join(common) + ("; " + "; ".join(per_bench) if per_bench else "") + "."
+    return [line] + disagree
+
+
+def missing_notes(final: pd.DataFrame, benchmarks: list[str], expected: pd.DataFrame | None) -> list[str]:
+    """"missing: ..." naming rules with no results, runs with no results and run × benchmark gaps."""
+    have = final[final["benchmark"].isin(benchmarks)].groupby("run")["benchmark"].agg(set).to_dict()
+    if expected is not None and len(expected):
+        key = "arm" if "arm" in expected.columns else "rule"
+        runs = expected.assign(arm=expected[key].astype(str))
+    else:
+        runs = final.drop_duplicates("run")
+    items = []
+    for arm, group in runs.groupby("arm", sort=True):
+        empty = [r for r in group["run"] if not have.get(r)]
+        if len(empty) == len(group):
+            items.append(f"rule {arm} (no results: runs {', '.join(_describe(group, r) for r in empty)})")
+            continue
+        items += [f"run {_describe(group, r)} of {arm}" for r in empty]
+        for r in group["run"]:
+            gaps = [b for b in benchmarks if have.get(r) and b not in have[r]]
+            if gaps:
+                items.append(f"{', '.join(gaps)} of run {r} ({arm})")
+    return ["missing: " + "; ".join(items) + "."] if items else []
+
+
+def _describe(group: pd.DataFrame, run: str) -> str:
+    row = group[group["run"] == run].iloc[0]
+    extra = [f"seed {row['seed']}"] if "seed" in row and not pd.isna(row["seed"]) else []
+    if "state" in row and isinstance(row["state"], str):
+        extra.append(row["state"])
+    return f"{run} [{', '.join(extra)}]" if extra else str(run)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+def results_table(df: pd.DataFrame, metric: str | None = None, baseline: str | None = "full",
+                  benchmarks: list[str] | None = None, expected: pd.DataFrame | None = None) -> Table:
+    """Rule × benchmark table of `metric` (default: each benchmark's avg@n) over final evaluations.
+
+    df: `collect_runs` output. baseline: the arm Δ is taken against (None: no Δ).
+    expected: the runs that should have results (e.g. `run_states(root)`: columns run, arm or
+    rule, seed, optionally state); rules and runs among them without results are listed in a
+    "missing: ..." note and rules without any result get a row of dashes.
+    """
+    final = _final(df)
+    if benchmarks is None:
+        benchmarks = sorted(final["benchmark"].unique()) if len(final) else []
+    notes: list[str] = []
+    metrics = {b: _choose_metric(final, b, metric, notes) for b in benchmarks}
+    values = pd.concat([
+        final[(final["benchmark"] == b) & (final["metric"] == m)].assign(column=b)
+        for b, m in metrics.items() if m is not None
+    ] or [pd.DataFrame(columns=["arm", "column", "run", "value"])])
+    values = values.drop_duplicates(["run", "column"], keep="last")
+    arms = list(values["arm"]) + (list(_expected_arms(expected)) if expected is not None else [])
+    rules = _order_rules(arms, baseline)
+    cells = _aggregate(values, rules, benchmarks, "benchmark", baseline)
+    columns = list(benchmarks)
+    if len(benchmarks) > 1:
+        cells = _with_average(cells, rules, benchmarks, baseline)
+        columns.append(AVG_COLUMN)
+    shown = sorted({m for m in metrics.values() if m})
+    metric_text = shown[0] if len(shown) == 1 else ", ".join(f"{b} {m}" for b, m in metrics.items())
+    head = f"Values: {metric_text} in %, mean ± std over seeds (ddof=1)"
+    if baseline in rules:
+        head += f"; (+x) = difference to {baseline} in points"
+    elif baseline is not None:
+        notes.append(f"Baseline {baseline} has no results: no differences shown.")
+    head += "; best per column in bold" + (f"; {AVG_COLUMN} = mean over benchmarks." if len(benchmarks) > 1 else ".")
+    notes = [head] + settings_notes(final, benchmarks) + notes + _duplicate_notes(values)
+    notes += [f"{b}: no {metric or 'avg@n'} results." for b, m in metrics.items()
+              if m is None or not (values["column"] == b).any()]
+    notes += missing_notes(final, benchmarks, expected)
+    return Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes)
+
+
+def passk_table(df: pd.DataFrame, benchmark: str, baseline: str | None = "full",
+                ks: list[int] | None = None, expected: pd.DataFrame | None = None) -> Table:
+    """Rule × k table of pass@k on one benchmark (final evaluations; columns k = 1, 2, 4, ...)."""
+    final = _final(df)
+    rows = final[(final["benchmark"] == benchmark) & final["metric"].str.match(_PASS_METRIC)]
+    rows = rows.assign(column=rows["metric"].str.extract(_PASS_METRIC, expand=False).astype(int))
+    columns = sorted(set(rows["column"])) if ks is None else list(ks)
+    values = rows.drop_duplicates(["run", "column"], keep="last")
+    arms = list(values["arm"]) + (list(_expected_arms(expected)) if expected is not None else [])
+    rules = _order_rules(arms, baseline)
+    cells = _aggregate(values, rules, columns, "k", baseline)
+    notes = [f"Values: pass@k on {benchmark} in %, mean ± std over seeds (ddof=1)"
+             + (f"; (+x) = difference to {baseline} in points" if baseline in rules else "") + "; best per column in bold."]
+    notes += settings_notes(final, [benchmark]) + missing_notes(final, [benchmark], expected)
+    return Table(cells, rules, columns, f"pass@k on {benchmark}", baseline if baseline in rules else None,
+                 notes, column_name="k", column_labels={k: f"pass@{k}" for k in columns})
+
+
+def _expected_arms(expected: pd.DataFrame) -> pd.Series:
+    key = "arm" if "arm" in expected.columns else "rule"
+    return expected[key].astype(str)
+
+
+def _duplicate_notes(values: pd.DataFrame) -> list[str]:
+    """Two runs of one arm with the same seed are not independent seeds: say so."""
+    if "seed" not in values.columns or values.empty:
+        return []
+    seeded = values.dropna(subset=["seed"]).drop_duplicates(["arm", "seed", "run"])
+    dup = seeded.groupby(["arm", "seed"])["run"].agg(sorted)
+    return [f"Warning: {arm} has {len(r)} runs with seed {seed} ({', '.join(r)}), counted as separate samples."
+            for (arm, seed), r in dup.items() if len(r) > 1]

@@ -1,0 +1,93 @@
+"""Tracking: the run's own metrics log (metrics.jsonl) and Weights & Biases as a view of it.
+
+Analysis reads metrics.jsonl, never the W&B API (STYLE.md). W&B runs offline (files under
+<run_dir>/wandb) unless WANDB_API_KEY is set; its run id is the stare_lab run id, so a resumed
+run continues the same W&B run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+METRICS_FILE = "metrics.jsonl"
+# TRL's per-function reward key; the task reward is registered under the name "accuracy".
+ACCURACY_KEY = "rewards/accuracy/mean"
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Rows of metrics.jsonl; a torn last line (a crash mid-write) is skipped."""
+    rows = []
+    if not Path(path).is_file():
+        return rows
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep rows with step ≤ last_step (the checkpoint being resumed); returns rows dropped."""
+    from stare_lab.utils import atomic_write_text
+
+    rows = read_metrics(path)
+    keep = [r for r in rows if r.get("step", 0) <= last_step]
+    if len(keep) != len(rows) or Path(path).is_file():
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+    return len(rows) - len(keep)
+
+
+def wandb_mode(mode: str) -> str:
+    if mode == "auto":
+        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return mode
+
+
+def init_wandb(cfg, run_dir: Path):
+    """Start (or resume) the W&B run of this run dir; None when W&B is off."""
+    if not cfg.logger.wandb or wandb_mode(cfg.logger.mode) == "disabled":
+        return None
+    import wandb
+    from omegaconf import OmegaConf
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.run.sweep, name=cfg.run.label or cfg.run.id,
+        tags=[cfg.method.name, f"seed={cfg.seed}"], config=OmegaConf.to_container(cfg, resolve=True),
+        id=cfg.run.id, resume="allow", dir=str(run_dir), mode=wandb_mode(cfg.logger.mode),
+        settings=wandb.Settings(console="off", x_disable_stats=True),
+    )
+
+
+class MetricsLogger(TrainerCallback):
+    """Appends one row per logging step to metrics.jsonl (fsync'ed) and mirrors it to W&B."""
+
+    def __init__(self, run_dir: Path, wandb_run=None):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.wandb_run = wandb_run
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:  # train-step logs only (not the final train summary)
+            return control
+        row: dict[str, Any] = {"step": state.global_step, "time": time.time()}
+        for k, v in logs.items():
+            if k.startswith("profiling/") or not isinstance(v, (int, float)):
+                continue
+            row[k] = float(v) if math.isfinite(float(v)) else None
+        if ACCURACY_KEY in row:
+            row["accuracy"] = row[ACCURACY_KEY]
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in row.items() if k not in ("step", "time") and v is not None},
+                               step=state.global_step)
+        return control

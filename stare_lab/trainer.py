@@ -1,0 +1,260 @@
+"""TokenRuleGRPOTrainer: TRL's GRPOTrainer with per-token weights from a token rule.
+
+Two overrides and nothing more (STYLE.md):
+- `_generate_and_score_completions`: the parent generates, scores and computes advantages; then
+  one no-grad stats pass with the rollout policy over the whole generation batch builds
+  `TokenStats` (only what the rule declares it needs), the rule is called once, and
+  `token_weights` [B, T] (plus the generation batch's weight sum, a 0-dim tensor) are attached
+  to the batch. TRL shuffles and splits them with the rest, so weights never depend on the
+  micro-batch split.
+- `_compute_loss`: the clipped surrogate of `objective.py` times `token_weights`, aggregated with
+  the rule's normalisation. With rule `full` this is TRL's loss to the bit (a test).
+The trainer never names a rule: it asks the registry (`stare_lab.methods`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from stare_lab import objective
+from stare_lab.methods import Rule, RuleState
+from stare_lab.stats import TokenStats
+
+NORMALIZE_CODES = ("valid", "selected", "loss_type")
+RULE_STATE_FILE = "rule_state.json"
+VOCAB_STATS = ("entropy", "p2")
+
+
+class TokenRuleGRPOTrainer(GRPOTrainer):
+    def __init__(self, *args, rule: Rule, rule_state: RuleState | None = None, grad_geometry_every: int = 0,
+                 stats_chunk_tokens: int = 1024, attn_chunk_queries: int = 128, js_chunk_positions: int = 64,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        _check_supported(self)
+        self.rule = rule
+        self.rule_state = rule_state or RuleState(seed=self.args.seed)
+        self.grad_geometry_every = grad_geometry_every
+        self.stats_chunk_tokens = stats_chunk_tokens
+        self.attn_chunk_queries = attn_chunk_queries
+        self.js_chunk_positions = js_chunk_positions
+        self.add_callback(_RuleStateSaver(self))
+
+    # ---- generation time: statistics and weights -------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        stats = self._token_stats(out)
+        self.rule_state.step = self.state.global_step
+        self.rule_state.total_steps = max(self.state.max_steps, 1)
+        result = self.rule(stats, self.rule_state)
+        weights = result.weights.to(out["completion_mask"].device)
+        out["token_weights"] = weights
+        out["token_weight_total"] = self.accelerator.gather(weights.sum()).sum()
+        out["token_normalize"] = torch.tensor(NORMALIZE_CODES.index(result.normalize))
+        selected = result.selected if result.selected is not None else stats.valid
+        out["token_selected"] = (selected & stats.valid).float()
+        self._log_rule_metrics(mode, stats, weights, out["token_selected"], result.metrics)
+        return out
+
+    @torch.no_grad()
+    def _token_stats(self, out) -> TokenStats:
+        """One no-grad pass of the rollout policy over the generation batch (rows in chunks of whole groups)."""
+        completion_ids, mask = out["completion_ids"], out["completion_mask"]
+        B, T = completion_ids.shape
+        G = self.num_generations
+        first_row = self.accelerator.process_index * B
+        group = (first_row + torch.arange(B, device=mask.device)) // G
+        needs = self.rule.needs
+        old_logp = out.get("old_per_token_logps")
+        fields: dict[str, torch.Tensor] = {}
+        if needs & {"entropy", "attn_entropy", "js", "p2"}:  # `full` and `random` pay nothing
+            fields = self._stats_forward(out, needs)
+        logp = fields.pop("logp", None)
+        if logp is None:  # the rule reads no statistic of the rollout policy
+            logp = old_logp if old_logp is not None else torch.full((B, T), float("nan"), device=mask.device)
+        return TokenStats(
+            logp=logp, mask=mask, advantages=out["advantages"], group=group,
+            old_logp=old_logp if old_logp is not None else logp, ref_logp=out.get("ref_per_token_logps"),
+            **fields,
+        )
+
+    def _stats_forward(self, out, needs) -> dict[str, torch.Tensor]:
+        from stare_lab.signals import forward_with_stats, js_to_group_mean, vocab_stats
+
+        model = self.accelerator.unwrap_model(self.model)
+        lm_head = model.get_output_embeddings()
+        prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
+        completion_ids, mask = out["completion_ids"], out["completion_mask"]
+        P, T, G = prompt_ids.size(1), completion_ids.size(1), self.num_generations
+        rows = max(G, (self.args.per_device_train_batch_size // G) * G)
+        want = tuple(n for n in VOCAB_STATS if n in needs)
+        if "p2" in want:
+            want = want + ("p2logp",)
+        if "entropy" not in want:
+            want = ("entropy",) + want  # cheap once logits exist; logged as tokens/entropy
+        layers = self.rule.attn_layers if "attn_entropy" in needs else None
+        if "attn_entropy" in needs and layers is None:
+            layers = (model.config.num_hidden_layers // 2,)
+        chunks: dict[str, list[torch.Tensor]] = {}
+        for start in range(0, completion_ids.size(0), rows):
+            sl = slice(start, start + rows)
+            input_ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1)
+            attention_mask = torch.cat([prompt_mask[sl], mask[sl]], dim=1)
+            hidden, ae = forward_with_stats(model, input_ids, attention_mask, ae_layers=layers,
+                                            chunk_queries=self.attn_chunk_queries)
+            h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
+            vs = vocab_stats(h, lm_head.weight, completion_ids[sl], temperature=self.temperature, want=want,
+                             chunk_tokens=self.stats_chunk_tokens, lm_head_bias=getattr(lm_head, "bias", None))
+            for k, v in vs.items():
+                chunks.setdefault(k, []).append(v)
+            if ae is not None:
+                chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
+            if "js" in needs:
+                group = torch.arange(h.size(0), device=h.device) // G
+                chunks.setdefault("js", []).append(js_to_group_mean(
+                    h, lm_head.weight, group, mask[sl], temperature=self.temperature,
+                    chunk_positions=self.js_chunk_positions))
+        return {k: torch.cat(v, dim=0).float() for k, v in chunks.items()}
+
+    def _log_rule_metrics(self, mode, stats, weights, selected, rule_metrics) -> None:
+        valid = stats.mask
+        n = valid.sum().clamp(min=1)
+        w = weights[valid > 0]
+        m = self._metrics[mode]
+        m["tokens/selected_frac"].append((selected.sum() / n).item())
+        m["tokens/weight_mean"].append(w.mean().item() if w.numel() else 0.0)
+        m["tokens/weight_std"].append(w.std().item() if w.numel() > 1 else 0.0)
+        if stats.entropy is not None:
+            m["tokens/rollout_entropy"].append(((stats.entropy * valid).sum() / n).item())
+        for k, v in rule_metrics.items():
+            m[k].append(float(v))
+
+    # ---- loss -------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, mask], dim=1)
+        logp, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)
+        old_logp = inputs.get("old_per_token_logps")
+        old_logp = logp.detach() if old_logp is None else old_logp
+        per_token_loss, ratio = objective.clipped_surrogate(
+            logp, old_logp, inputs["advantages"], self.epsilon_low, self.epsilon_high, self.args.delta)
+        kl = None
+        if self.beta != 0.0:
+            kl = objective.kl_penalty(logp, inputs["ref_per_token_logps"])
+            if self.args.use_bias_correction_kl:
+                kl = kl * ratio
+        agg = self._aggregation(mode)
+        normalize = NORMALIZE_CODES[int(inputs["token_normalize"])]
+        loss = objective.aggregate(per_token_loss, inputs["token_weights"], mask, agg, normalize=normalize,
+                                   num_items=inputs["num_items_in_batch"], weight_total=inputs["token_weight_total"],
+                                   kl=kl, beta=self.beta)
+        if mode == "train" and self._geometry_due():
+            self._log_gradient_geometry(model, per_token_loss, inputs, mask, agg, normalize, kl)
+        self._log_loss_metrics(mode, mask, entropies, ratio, inputs, kl)
+        return loss
+
+    def _aggregation(self, mode: str) -> objective.Aggregation:
+        train = mode == "train"
+        return objective.Aggregation(
+            loss_type=self.loss_type,
+            grad_accum=self.current_gradient_accumulation_steps if train else 1,
+            steps_per_generation=self.args.steps_per_generation if train else 1,
+            num_processes=self.accelerator.num_processes,
+            max_completion_length=self.max_completion_length,
+        )
+
+    def _geometry_due(self) -> bool:
+        n = self.grad_geometry_every
+        first_micro_batch = self._step % self.current_gradient_accumulation_steps == 0
+        return n > 0 and first_micro_batch and self.state.global_step % n == 0
+
+    def _log_gradient_geometry(self, model, per_token_loss, inputs, mask, agg, normalize, kl) -> None:
+        """Cosine and norm ratio of the weighted gradient against the full-token gradient on this micro-batch."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        common = dict(num_items=inputs["num_items_in_batch"], kl=kl, beta=self.beta)
+        weighted = objective.aggregate(per_token_loss, inputs["token_weights"], mask, agg, normalize=normalize,
+                                       weight_total=inputs["token_weight_total"], **common)
+        full = objective.aggregate(per_token_loss, mask.float(), mask, agg, normalize="loss_type",
+                                   weight_total=inputs["num_items_in_batch"], **common)
+        g_w = torch.autograd.grad(weighted, params, retain_graph=True, allow_unused=True)
+        g_f = torch.autograd.grad(full, params, retain_graph=True, allow_unused=True)
+        flat_w = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(g_w, params)])
+        flat_f = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(g_f, params)])
+        norm_f = flat_f.norm()
+        cos = torch.nn.functional.cosine_similarity(flat_w, flat_f, dim=0) if norm_f > 0 else torch.tensor(float("nan"))
+        self._metrics["train"]["geometry/cosine"].append(cos.item())
+        self._metrics["train"]["geometry/norm_ratio"].append((flat_w.norm() / norm_f).item() if norm_f > 0 else float("nan"))
+
+    def _log_loss_metrics(self, mode, mask, entropies, ratio, inputs, kl) -> None:
+        m = self._metrics[mode]
+
+        def global_mean(x, weight):
+            totals = self.accelerator.reduce(torch.stack([(x * weight).sum(), weight.sum().float()]), reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        adv = inputs["advantages"]
+        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+        m["entropy"].append(global_mean(entropies, mask))
+        m["tokens/entropy_selected"].append(global_mean(entropies, inputs["token_selected"] * mask))
+        if kl is not None:
+            m["kl"].append(global_mean(kl, mask))
+        low = ((ratio < 1 - self.epsilon_low) & (adv < 0)).float()
+        high = ((ratio > 1 + self.epsilon_high) & (adv > 0)).float()
+        m["clip_ratio/low_mean"].append(global_mean(low, mask))
+        m["clip_ratio/high_mean"].append(global_mean(high, mask))
+        m["clip_ratio/region_mean"].append(global_mean(torch.maximum(low, high), mask))
+
+    # ---- rule state in checkpoints ----------------------------------------------------------
+    def load_rule_state(self, checkpoint_dir: str | Path) -> bool:
+        path = Path(checkpoint_dir) / RULE_STATE_FILE
+        if not path.is_file():
+            return False
+        self.rule_state = RuleState.from_dict(json.loads(path.read_text()))
+        return True
+
+
+class _RuleStateSaver(TrainerCallback):
+    """Writes the rule state next to each trainer checkpoint, so a resumed run continues it."""
+
+    def __init__(self, trainer: TokenRuleGRPOTrainer):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        if args.should_save:
+            from stare_lab.utils import atomic_write_json
+
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            atomic_write_json(folder / RULE_STATE_FILE, self.trainer.rule_state.to_dict())
+        return control
+
+
+def _check_supported(t: GRPOTrainer) -> None:
+    """Refuse TRL features whose loss path this trainer does not reproduce."""
+    a = t.args
+    problems = []
+    if t.loss_type not in objective.SUPPORTED_LOSS_TYPES:
+        problems.append(f"loss_type={t.loss_type!r} (supported: {', '.join(objective.SUPPORTED_LOSS_TYPES)})")
+    if t.importance_sampling_level != "token":
+        problems.append("importance_sampling_level='sequence'")
+    if t.top_entropy_quantile < 1.0:
+        problems.append("top_entropy_quantile < 1 (use method=top_entropy)")
+    if t.off_policy_mask_threshold is not None:
+        problems.append("off_policy_mask_threshold")
+    if t._entropy_bonus_enabled:
+        problems.append("an entropy bonus")
+    if t.use_vllm and t.vllm_importance_sampling_correction:
+        problems.append("vllm_importance_sampling_correction (set it to False)")
+    if t.aux_loss_enabled:
+        problems.append("MoE aux loss")
+    if getattr(t, "tools", None):
+        problems.append("tools")
+    if problems:
+        raise ValueError(f"TokenRuleGRPOTrainer does not support {'; '.join(problems)} (args {type(a).__name__})")

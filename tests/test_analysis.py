@@ -1,0 +1,270 @@
+"""Analysis: run dirs → frames → tables and plots, against fixture runs with known numbers.
+
+The expected numbers are worked out by hand in tests/fixtures_runs.py's docstring.
+"""
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import fixtures_runs as fx  # noqa: E402
+
+from stare_lab.analysis import (  # noqa: E402
+    collect_runs, collect_training, passk_table, plot_passk, plot_training, results_table, run_states,
+)
+from stare_lab.analysis.collect import rule_label  # noqa: E402
+
+RSI = "rsi_band[0.5,1]"
+# (rule, benchmark) → (mean, std, n_seeds, delta, best); fractions
+EXPECTED = {
+    ("full", "arithmetic"): (0.52, 0.02, 3, 0.0, False),
+    ("full", "aime24"): (0.20, 0.10, 3, 0.0, False),
+    ("full", "Avg."): (0.36, np.nan, 3, 0.0, False),
+    ("stare", "arithmetic"): (0.56, 0.01, 3, 0.04, True),
+    ("stare", "aime24"): (0.20, 0.05, 3, 0.0, False),
+    ("stare", "Avg."): (0.38, np.nan, 3, 0.02, False),
+    (RSI, "arithmetic"): (0.49, np.sqrt(2e-4), 2, -0.03, False),
+    (RSI, "aime24"): (0.30, np.sqrt(5e-3), 2, 0.10, True),
+    (RSI, "Avg."): (0.395, np.nan, 2, 0.035, True),
+}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    fx.write_sweep(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def incomplete(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs_incomplete")
+    fx.write_sweep(root, incomplete=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def table(sweep):
+    return results_table(collect_runs(sweep))
+
+
+# ------------------------------------------------------------------------------------ collect
+
+
+def test_rule_label():
+    assert rule_label("full", None) == "full"
+    assert rule_label("rsi_band", "[0.5,1]") == "rsi_band[0.5,1]"
+    assert rule_label("rsi_band", "rsi_band[0.5,1]") == "rsi_band[0.5,1]"
+    assert rule_label("rsi_band", "low") == "rsi_band[low]"
+
+
+def test_collect_runs_reads_final_and_intermediate(sweep):
+    df = collect_runs(sweep)
+    for col in ["sweep", "run", "label", "rule", "seed", "step", "benchmark", "metric", "value",
+                "cfg.method.params.low", "cfg.trainer.learning_rate"]:
+        assert col in df.columns, col
+    assert set(df["arm"]) == {"full", "stare", RSI}
+    assert set(df.loc[df["arm"] == RSI, "rule"]) == {"rsi_band"}
+    final = df[df["final"] & (df["metric"] == "avg@32")]
+    assert len(final) == len(fx.AVG) * 2
+    assert set(final["step"]) == {fx.FINAL_STEP}
+    row = final[(final["run"] == "stare-s2") & (final["benchmark"] == "aime24")].iloc[0]
+    assert row["value"] == 0.20 and row["seed"] == 2 and row["sweep"] == "fx"
+    assert row["temperature"] == 1.0 and row["verifier"] == "math_verify"
+    inter = df[~df["final"] & (df["metric"] == "avg@32")]
+    assert set(inter["step"]) == {30} and set(inter["value"]) == {0.99}
+    ci = df[(df["run"] == "full-s1") & (df["benchmark"] == "arithmetic") & df["final"]]
+    assert ci.set_index("metric").loc["avg@32_ci_lo", "value"] == pytest.approx(0.45)
+    assert (df.loc[df["arm"] == RSI, "cfg.method.params.low"] == 0.5).all()
+
+
+def test_collect_training_skips_truncated_line(incomplete):
+    train = collect_training(incomplete)
+    s3 = train[(train["run"] == "full-s3") & (train["metric"] == "reward")]
+    assert list(s3["step"]) == list(fx.STEPS)  # the cut line (step 60) is gone
+    assert s3["value"].iloc[-1] == pytest.approx(0.3 + 0.5 + 0.003)
+    assert set(train.loc[train["arm"] == "stare", "metric"]) >= {"rule/gate", "reward", "entropy"}
+    assert "time" not in set(train["metric"])
+
+
+def test_run_states(incomplete):
+    states = run_states(incomplete).set_index("run")
+    assert len(states) == len(fx.AVG) + 1
+    assert states.loc["ict-s1", "state"] == "failed"
+    assert states.loc["rsi_band-b-s2", "arm"] == RSI
+    assert states.loc["full-s1", "state"] == "finished" and states.loc["full-s1", "seed"] == 1
+
+
+def test_empty_and_missing_files(tmp_path):
+    assert collect_runs(tmp_path).empty and "value" in collect_runs(tmp_path).columns
+    run = fx.write_run(tmp_path, "full", None, 1, evals=None)
+    (run / "status.json").unlink()
+    assert collect_runs(tmp_path).empty
+    assert run_states(tmp_path)["state"].tolist() == ["unknown"]
+
+
+def test_runs_differing_beyond_seed_are_separate_arms(tmp_path):
+    fx.write_run(tmp_path, "stare", None, 1, evals={"arithmetic": 0.5})
+    fx.write_run(tmp_path, "stare", None, 2, evals={"arithmetic": 0.6},
+                 extra_config={"trainer.learning_rate": 2e-6})
+    arms = set(collect_runs(tmp_path)["arm"])
+    assert arms == {"stare trainer.learning_rate=1e-06", "stare trainer.learning_rate=2e-06"}
+
+
+# ------------------------------------------------------------------------------------ tables
+
+
+def test_results_table_cells(table):
+    cells = table.cells.set_index(["rule", "benchmark"])
+    assert len(cells) == len(EXPECTED)
+    for key, (mean, std, n, delta, best) in EXPECTED.items():
+        row = cells.loc[key]
+        assert row["mean"] == pytest.approx(mean), key
+        assert row["std"] == pytest.approx(std, nan_ok=True), key
+        assert row["n_seeds"] == n and bool(row["best"]) == best, key
+        assert row["delta"] == pytest.approx(delta, abs=1e-12), key
+    assert table.rules == ["full", RSI, "stare"]
+    assert table.columns == ["aime24", "arithmetic", "Avg."]
+    assert table.pivot("mean").loc["stare", "arithmetic"] == pytest.approx(0.56)
+
+
+def test_markdown(table):
+    md = table.to_markdown()
+    assert "| rule | seeds | aime24 | arithmetic | Avg. |" in md
+    assert "| full | 3 | 20.0 ± 10.0 | 52.0 ± 2.0 | 36.0 |" in md
+    assert f"| {RSI} | 2 | **30.0 ± 7.1 (+10.0)** | 49.0 ± 1.4 (-3.0) | **39.5 (+3.5)** |" in md
+    assert "| stare | 3 | 20.0 ± 5.0 (+0.0) | **56.0 ± 1.0 (+4.0)** | 38.0 (+2.0) |" in md
+    assert md.count("**") == 2 * 3
+
+
+def test_settings_line(table):
+    assert ("Evaluation: T=1.0, top-p=0.7, n=32; max tokens: aime24 4096, arithmetic 256; "
+            "verifier: aime24 math_verify, arithmetic exact.") in table.notes
+    assert not any(n.startswith(("missing", "Settings disagree")) for n in table.notes)
+
+
+def test_settings_disagreement_is_stated(tmp_path):
+    fx.write_run(tmp_path, "full", None, 1, evals={"arithmetic": 0.5})
+    hot = {**fx.SETTINGS, "arithmetic": {**fx.SETTINGS["arithmetic"], "temperature": 0.6}}
+    fx.write_run(tmp_path, "full", None, 2, evals={"arithmetic": 0.6}, settings=hot)
+    notes = results_table(collect_runs(tmp_path)).notes
+    assert "Settings disagree: T on arithmetic: 0.6 (runs full-s2); 1.0 (runs full-s1)." in notes
+
+
+def test_csv_round_trip(table):
+    back = pd.read_csv(io.StringIO(table.to_csv()), keep_default_na=False, na_values=[""])
+    assert list(back.columns) == ["rule", "benchmark", "mean", "std", "n_seeds", "delta", "best"]
+    back = back.set_index(["rule", "benchmark"])
+    for key, (mean, std, n, delta, best) in EXPECTED.items():
+        row = back.loc[key]
+        assert row["mean"] == pytest.approx(mean) and row["n_seeds"] == n, key
+        assert row["std"] == pytest.approx(std, nan_ok=True) and row["delta"] == pytest.approx(delta, abs=1e-12)
+        assert (row["best"] == "*") == best, key
+
+
+def _strip_escaped(tex: str) -> str:
+    return tex.replace(r"\{", "").replace(r"\}", "").replace(r"\&", "")
+
+
+def test_latex_is_valid(table, tmp_path):
+    tex = table.to_latex()
+    for rule in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}", r"\end{tabular}"):
+        assert tex.count(rule) == 1, rule
+    plain = _strip_escaped(tex)
+    depth = 0
+    for ch in plain:
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        assert depth >= 0
+    assert depth == 0
+    body = tex.split(r"\midrule")[1].split(r"\bottomrule")[0]
+    header = tex.split(r"\toprule")[1].split(r"\midrule")[0]
+    rows = [r for r in (header + body).split(r"\\") if r.strip()]
+    assert len(rows) == 4 and {_strip_escaped(r).count("&") for r in rows} == {4}
+    assert r"rsi\_band[0.5,1] & 2 & \textbf{30.0 $\pm$ 7.1 (+10.0)}" in tex
+    assert tex.count(r"\textbf{") == 3 and "math\\_verify" in tex
+    assert re.search(r"\\begin\{tabular\}\{lrrrr\}", tex)
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex not on PATH: structure checked, compilation skipped")
+    doc = tmp_path / "t.tex"
+    doc.write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n" + tex + "\\end{document}\n")
+    proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_incomplete_sweep(incomplete):
+    df = collect_runs(incomplete)
+    assert "ict-s1" not in set(df["run"])
+    table = results_table(df, expected=run_states(incomplete))
+    assert "missing: rule ict (no results: runs ict-s1 [seed 1, failed])." in table.notes
+    md = table.to_markdown()
+    assert "| ict | 0 | – | – | – |" in md and "missing: rule ict" in md
+    assert table.pivot("mean").loc["stare", "arithmetic"] == pytest.approx(0.56)
+    assert "ict" in table.to_latex() and table.pivot("best").loc["stare", "arithmetic"]
+
+
+def test_missing_benchmark_of_one_run(tmp_path):
+    fx.write_run(tmp_path, "full", None, 1, evals={"arithmetic": 0.5, "aime24": 0.1})
+    fx.write_run(tmp_path, "full", None, 2, evals={"arithmetic": 0.7})
+    table = results_table(collect_runs(tmp_path))
+    assert "missing: aime24 of run full-s2 (full)." in table.notes
+    assert table.pivot("n_seeds").loc["full"].tolist() == [1, 2, 1]
+    assert "| full | 1-2 | 10.0 | 60.0 ± 14.1 | 35.0 |" in table.to_markdown()  # one seed: no ±
+
+
+def test_explicit_metric_and_baseline(sweep):
+    df = collect_runs(sweep)
+    t = results_table(df, metric="pass@1", baseline="stare", benchmarks=["arithmetic"])
+    assert t.columns == ["arithmetic"] and t.rules[0] == "stare"
+    assert t.pivot("delta").loc["full", "arithmetic"] == pytest.approx(-0.04)
+
+
+def test_passk_table(sweep):
+    t = passk_table(collect_runs(sweep), "aime24")
+    assert t.columns == list(fx.KS)
+    for arm, key in (("full", ("full", None)), (RSI, ("rsi_band", "[0.5,1]"))):
+        for k in fx.KS:
+            vals = [fx.pass_at(v["aime24"], k) for (m, var, _), v in fx.AVG.items() if (m, var) == key]
+            assert t.pivot("mean").loc[arm, k] == pytest.approx(np.mean(vals))
+            assert t.pivot("std").loc[arm, k] == pytest.approx(np.std(vals, ddof=1))
+    assert t.pivot("best")[1].idxmax() == RSI
+    back = pd.read_csv(io.StringIO(t.to_csv()))
+    assert list(back.columns[:2]) == ["rule", "k"] and sorted(set(back["k"])) == list(fx.KS)
+    assert "| rule | seeds | pass@1 | pass@2 |" in t.to_markdown()
+
+
+# ------------------------------------------------------------------------------------ plots
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_training(incomplete, tmp_path):
+    paths = plot_training(collect_training(incomplete), tmp_path)
+    names = sorted(p.name for p in paths)
+    assert names == sorted(["train_reward.png", "train_entropy.png", "train_tokens_selected_frac.png",
+                            "train_rule_gate.png", "train_rule_kept_frac.png", "train_rule_low_frac.png",
+                            "train_rule_high_frac.png"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    assert all(_png_size(p) == (640, 400) for p in paths)
+    with pytest.raises(ValueError, match="no training metric nope"):
+        plot_training(collect_training(incomplete), tmp_path, metrics=["nope"])
+
+
+def test_plot_passk(sweep, tmp_path):
+    paths = plot_passk(collect_runs(sweep), tmp_path)
+    assert sorted(p.name for p in paths) == ["passk_aime24.png", "passk_arithmetic.png"]
+    assert all(_png_size(p) == (640, 400) for p in paths)
