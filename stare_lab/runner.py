@@ -106,7 +106,11 @@ def train(cfg: DictConfig, run_dir: Path) -> None:
     elif (run_dir / METRICS_FILE).exists():
         (run_dir / METRICS_FILE).unlink()  # a run that died before its first checkpoint starts over
     wandb_run = init_wandb(cfg, run_dir)
+    from stare_lab.eval_run import IntermediateEval
+
     callbacks = [MetricsLogger(run_dir, wandb_run)]
+    if cfg.eval.enabled and cfg.eval.every_steps > 0:
+        callbacks.append(IntermediateEval(cfg, run_dir))
     fail_at = os.environ.get("STARE_LAB_FAIL_AT_STEP")
     if fail_at:
         callbacks.append(_FailAt(int(fail_at)))

@@ -1,0 +1,215 @@
+"""stare-lab: the command line (DESIGN.md §6).
+
+    stare-lab demo
+    stare-lab train method=stare seed=1 ...
+    stare-lab sweep run sweeps/X.yaml [--launcher slurm] [--dry-run]
+    stare-lab sweep status sweeps/X.yaml
+    stare-lab eval runs/X/<run-id> [--n 32]
+    stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full]
+    stare-lab plot sweeps/X.yaml
+
+User mistakes print one line on stderr and exit 2; no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class UserError(Exception):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    commands = {"train": cmd_train, "demo": cmd_demo, "sweep": cmd_sweep, "eval": cmd_eval,
+                "table": cmd_table, "plot": cmd_plot}
+    if cmd not in commands:
+        return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
+    from stare_lab.config import ConfigError
+
+    try:
+        return commands[cmd](rest)
+    except (UserError, ConfigError, FileNotFoundError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+
+def _fail(msg: str) -> int:
+    print(f"stare-lab: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_train(argv: list[str]) -> int:
+    """One run from Hydra overrides; its record goes to <run.root>/<run.sweep>/<run-id>/ (or run_dir=...)."""
+    from stare_lab.config import compose, save_config
+
+    run_dir = None
+    overrides = []
+    for a in argv:
+        if a.startswith("run_dir="):
+            run_dir = Path(a.split("=", 1)[1])
+        elif a.startswith("-"):
+            raise UserError(f"unknown option {a!r}; train takes Hydra overrides like method=stare seed=1")
+        else:
+            overrides.append(a)
+    cfg = compose(overrides)
+    if cfg.run.label is None:
+        cfg.run.label = " ".join(overrides) or "default"
+    run_dir = run_dir or Path(cfg.run.root) / cfg.run.sweep / cfg.run.id
+    config_path = run_dir / "config.yaml"
+    if config_path.exists():
+        from stare_lab.config import load_config
+
+        old = load_config(config_path)
+        if old.run.id != cfg.run.id:
+            raise UserError(f"{run_dir} holds another run ({old.run.id}); refusing to overwrite it")
+    else:
+        save_config(cfg, config_path)
+    print(f"run {cfg.run.id} ({cfg.method.name}, seed {cfg.seed}) → {run_dir}")
+    from stare_lab.sweep.worker import run_one
+
+    state = run_one(run_dir)
+    _print_last_metrics(run_dir)
+    return 0 if state in (None, "finished") else 1
+
+
+def _print_last_metrics(run_dir: Path) -> None:
+    from stare_lab.tracking import read_metrics
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    if rows:
+        last = rows[-1]
+        keys = ["step", "reward", "accuracy", "entropy", "tokens/selected_frac", "tokens/weight_mean"]
+        keys += sorted(k for k in last if k.startswith("rule/"))
+        print("  ".join(f"{k}={last[k]:.4g}" if isinstance(last.get(k), float) else f"{k}={last.get(k)}" for k in keys))
+    for f in sorted((run_dir / "eval").glob("*.json")):
+        import json
+
+        m = json.loads(f.read_text())["metrics"]
+        print(f"{f.stem}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items() if isinstance(v, float)))
+
+
+def cmd_sweep(argv: list[str]) -> int:
+    from stare_lab.sweep.cli import main as sweep_main
+
+    return sweep_main(argv)
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="stare-lab eval")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--n", type=int, default=None)
+    p.add_argument("--benchmarks", nargs="*", default=None)
+    p.add_argument("--force", action="store_true", help="re-evaluate even if results exist")
+    a = _parse(p, argv)
+    if not (a.run_dir / "config.yaml").is_file():
+        raise UserError(f"{a.run_dir} is not a run directory (no config.yaml)")
+    from stare_lab.config import load_config
+    from stare_lab.eval_run import evaluate_run
+
+    cfg = load_config(a.run_dir / "config.yaml")
+    if a.n is not None:
+        cfg.eval.n = a.n
+    if a.benchmarks:
+        cfg.eval.benchmarks = a.benchmarks
+    evaluate_run(a.run_dir, cfg, force=a.force)
+    _print_last_metrics(a.run_dir)
+    return 0
+
+
+def _sweep_root(path: Path) -> Path:
+    """A sweep YAML → its run folder (<output>/<name>); a folder is taken as is."""
+    if path.is_dir():
+        return path
+    if not path.is_file():
+        raise UserError(f"no such sweep file or run folder: {path}")
+    from stare_lab.sweep import load_sweep
+
+    spec = load_sweep(path)
+    return Path(spec.output) / spec.name
+
+
+def cmd_table(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="stare-lab table")
+    p.add_argument("sweep", type=Path, help="sweep YAML or a folder of run directories")
+    p.add_argument("--format", choices=["md", "latex", "csv"], default="md")
+    p.add_argument("--baseline", default="full")
+    p.add_argument("--metric", default=None)
+    p.add_argument("--out", type=Path, default=None, help="also write md, tex and csv files to this folder")
+    a = _parse(p, argv)
+    from stare_lab.analysis import collect_runs, passk_table, results_table, run_states
+
+    root = _sweep_root(a.sweep)
+    df = collect_runs(root)
+    if df.empty:
+        raise UserError(f"no evaluation results under {root} yet")
+    table = results_table(df, metric=a.metric, baseline=a.baseline, expected=run_states(root))
+    text = {"md": table.to_markdown, "latex": table.to_latex, "csv": table.to_csv}[a.format]()
+    print(text)
+    if a.out:
+        from stare_lab.utils import atomic_write_text
+
+        for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv")):
+            atomic_write_text(a.out / f"results.{ext}", {"md": table.to_markdown, "latex": table.to_latex,
+                                                         "csv": table.to_csv}[fmt]())
+        for bench in sorted(df["benchmark"].unique()):
+            atomic_write_text(a.out / f"passk_{bench}.md", passk_table(df, bench, baseline=a.baseline).to_markdown())
+    return 0
+
+
+def cmd_plot(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="stare-lab plot")
+    p.add_argument("sweep", type=Path)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--baseline", default="full")
+    a = _parse(p, argv)
+    from stare_lab.analysis import collect_runs, collect_training, plot_passk, plot_training
+
+    root = _sweep_root(a.sweep)
+    out = a.out or root / "figures"
+    paths = []
+    train = collect_training(root)
+    if not train.empty:
+        paths += plot_training(train, out, baseline=a.baseline)
+    evals = collect_runs(root)
+    if not evals.empty:
+        paths += plot_passk(evals, out, baseline=a.baseline)
+    if not paths:
+        raise UserError(f"nothing to plot under {root}")
+    for path in paths:
+        print(path)
+    return 0
+
+
+def cmd_demo(argv: list[str]) -> int:
+    """sweeps/demo.yaml on the built-in model with the local launcher, then the table and plots."""
+    p = argparse.ArgumentParser(prog="stare-lab demo")
+    p.add_argument("--sweep", type=Path, default=REPO / "sweeps" / "demo.yaml")
+    p.add_argument("--out", type=Path, default=REPO / "analysis" / "demo")
+    a = _parse(p, argv)
+    rc = cmd_sweep(["run", str(a.sweep)])
+    if rc != 0:
+        print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
+    cmd_table([str(a.sweep), "--out", str(a.out)])
+    cmd_plot([str(a.sweep), "--out", str(a.out / "figures")])
+    return rc
+
+
+def _parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    try:
+        return p.parse_args(argv)
+    except SystemExit as e:
+        if e.code == 0:
+            raise
+        raise UserError(f"bad arguments for {p.prog}: {' '.join(argv)}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+r"""Evaluation: n samples per problem, per-sample records, avg@n, pass@k, maj@n (METHODS.md §3).
+
+`evaluate_benchmark` samples with `generate_samples`, checks each sample with the benchmark's
+verifier ("math_verify": last `\boxed{}` against the gold with math-verify; "exact": the task's own
+`verify`, e.g. arithmetic), and writes `eval/<name>.parquet` (one row per sample) and
+`eval/<name>.json` in the formats of docs/run_record.md, atomically (temp file + rename).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+_PKG = Path(__file__).resolve().parent
+BENCHMARK_DIRS = (_PKG / "conf" / "benchmark", _PKG.parent / "conf" / "benchmark")
+VERIFIERS = ("math_verify", "exact")
+PARQUET_COLUMNS = ("problem_id", "sample_index", "answer", "extracted", "gold", "correct", "length")
+
+
+# ----------------------------------------------------------------------------------- metrics
+def pass_at_k(n: Any, c: Any, k: Any) -> Any:
+    """Unbiased pass@k (Chen et al. 2021) per problem: 1 - C(n-c, k) / C(n, k).
+
+    Stable product form: 1 if n - c < k, else 1 - Π_{i=n-c+1..n} (1 - k/i). n, c, k broadcast;
+    arrays give an array, scalars a float. k > n, c outside [0, n] or k < 1: ValueError.
+    """
+    n_a, c_a, k_a = np.broadcast_arrays(np.asarray(n), np.asarray(c), np.asarray(k))
+    if np.any(k_a < 1):
+        raise ValueError(f"pass@k needs k >= 1, got k={k}")
+    if np.any(k_a > n_a):
+        raise ValueError(f"pass@k needs k <= n (samples per problem), got k={k}, n={n}")
+    if np.any(c_a < 0) or np.any(c_a > n_a):
+        raise ValueError(f"pass@k needs 0 <= c <= n, got c={c}, n={n}")
+    out = np.empty(n_a.shape, dtype=np.float64)
+    for idx in np.ndindex(n_a.shape):
+        ni, ci, ki = int(n_a[idx]), int(c_a[idx]), int(k_a[idx])
+        if ni - ci < ki:
+            out[idx] = 1.0
+        else:
+            out[idx] = 1.0 - float(np.prod(1.0 - ki / np.arange(ni - ci + 1, ni + 1, dtype=np.float64)))
+    return float(out) if out.ndim == 0 else out
+
+
+def _records_frame(records: Any) -> pd.DataFrame:
+    if isinstance(records, pd.DataFrame):
+        return records
+    return pd.DataFrame(list(records))
+
+
+def _is_records(data: Any) -> bool:
+    if isinstance(data, pd.DataFrame):
+        return True
+    return isinstance(data, Sequence) and len(data) > 0 and isinstance(data[0], Mapping)
+
+
+def per_problem_counts(records: Any) -> pd.DataFrame:
+    """Per problem (first-appearance order): `n` samples and `c` correct, indexed by problem_id."""
+    df = _records_frame(records)
+    g = df.groupby("problem_id", sort=False)["correct"]
+    return pd.DataFrame({"n": g.size(), "c": g.sum().astype(int)})
+
+
+def avg_at_n(data: Any) -> float:
+    """avg@n: mean correctness per problem, then mean over problems.
+
+    data: a [problems, n] 0/1 matrix, or per-sample records (DataFrame or dicts with
+    `problem_id` and `correct`).
+    """
+    if _is_records(data):
+        counts = per_problem_counts(data)
+        return float((counts["c"] / counts["n"]).mean())
+    matrix = np.asarray(data, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.size == 0:
+        raise ValueError(f"avg@n needs a non-empty [problems, n] matrix, got shape {matrix.shape}")
+    return float(matrix.mean(axis=1).mean())
+
+
+def maj_at_k(records: Any, k: int | None = None) -> float:
+    """maj@k: per problem, the most frequent extracted answer among samples with index < k
+    (whitespace ignored; ties go to the answer seen first; no extracted answer scores 0) is
+    scored by its samples' correctness; mean over problems.
+
+    Answers are grouped by string, not by mathematical equivalence (`1/2` and `\\frac12` are two
+    votes for different answers): the usual approximation.
+    """
+    df = _records_frame(records)
+    if k is not None:
+        df = df[df["sample_index"] < k]
+    scores = []
+    for _, group in df.sort_values("sample_index", kind="stable").groupby("problem_id", sort=False):
+        voted = group[group["extracted"].notna()]
+        if voted.empty:
+            scores.append(0.0)
+            continue
+        keys = voted["extracted"].map(lambda s: re.sub(r"\s+", "", str(s)))
+        counts = keys.value_counts(sort=False)
+        winner = counts.index[int(np.argmax(counts.to_numpy()))]  # argmax: first of the ties
+        scores.append(float(bool(voted.loc[keys == winner, "correct"].iloc[0])))
+    return float(np.mean(scores)) if scores else 0.0
+
+
+def bootstrap_ci(per_problem_values: Any, n_boot: int = 1000, seed: int = 0,
+                 alpha: float = 0.05) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean, resampling problems with replacement."""
+    values = np.asarray(per_problem_values, dtype=np.float64).ravel()
+    if values.size == 0:
+        raise ValueError("bootstrap_ci needs at least one per-problem value")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(n_boot, values.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def summarize(records_df: Any, n: int) -> dict[str, Any]:
+    """`{"avg@n", "avg@n_ci", "pass@1", "pass@2", "pass@4", ... (k ≤ n, powers of 2), "maj@n"}`."""
+    df = _records_frame(records_df)
+    counts = per_problem_counts(df)
+    short = counts[counts["n"] != n]
+    if len(short):
+        raise ValueError(f"summarize: problem {short.index[0]!r} has {int(short['n'].iloc[0])} samples, expected n={n}")
+    accuracy = (counts["c"] / counts["n"]).to_numpy()
+    metrics: dict[str, Any] = {f"avg@{n}": float(accuracy.mean()), f"avg@{n}_ci": list(bootstrap_ci(accuracy))}
+    k = 1
+    while k <= n:
+        metrics[f"pass@{k}"] = float(np.mean(pass_at_k(counts["n"].to_numpy(), counts["c"].to_numpy(), k)))
+        k *= 2
+    metrics[f"maj@{n}"] = maj_at_k(df, n)
+    return metrics
+
+
+# -------------------------------------------------------------------------------- sampling
+def generate_samples(model: Any, tokenizer: Any, prompts: Sequence[Any], n: int, temperature: float = 1.0,
+                     top_p: float = 0.7, max_tokens: int = 1024, batch_size: int = 32,
+                     seed: int = 0) -> list[list[tuple[str, int]]]:
+    """n completions per prompt as `(text, length)`: length counts generated tokens up to and
+    including the first EOS. A prompt is text, or a message list rendered by the chat template.
+
+    transformers path: `generate` over left-padded batches of `batch_size` sequences (each prompt
+    repeated n times), sampling with exactly T and top-p (top-k and repetition penalty from a
+    model's generation_config are switched off so every table's T/top-p is the whole story).
+    A `vllm.LLM` model uses vLLM's sampler instead.
+    """
+    if _is_vllm_model(model):
+        return _generate_vllm(model, prompts, n, temperature, top_p, max_tokens, seed)
+    import torch
+    from tqdm.auto import tqdm
+
+    chat = bool(prompts) and not isinstance(prompts[0], str)
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if chat else p
+             for p in prompts]
+    eos = _eos_ids(model, tokenizer)
+    saved = (tokenizer.padding_side, tokenizer.pad_token)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
+    jobs = [(i, j) for i in range(len(texts)) for j in range(n)]
+    out: list[list[Any]] = [[None] * n for _ in texts]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    torch.manual_seed(seed)
+    try:
+        for start in tqdm(range(0, len(jobs), batch_size), desc="sampling", unit="batch", leave=False):
+            batch = jobs[start : start + batch_size]
+            enc = tokenizer([texts[i] for i, _ in batch], return_tensors="pt", padding=True,
+                            add_special_tokens=not chat).to(device)
+            with torch.no_grad():
+                ids = model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=sorted(eos), repetition_penalty=1.0, **sampling)
+            for row, (i, j) in zip(ids[:, enc["input_ids"].shape[1] :].tolist(), batch):
+                length = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+                out[i][j] = (tokenizer.decode(row[:length], skip_special_tokens=True), length)
+    finally:
+        tokenizer.padding_side, tokenizer.pad_token = saved
+        model.train(was_training)
+    return out
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids = set()
+    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        if source is not None:
+            ids.update(source if isinstance(source, (list, tuple)) else [source])
+    if not ids:
+        raise ValueError("generate_samples: neither the model's generation_config nor the tokenizer defines an EOS token")
+    return {int(i) for i in ids}
+
+
+def _is_vllm_model(model: Any) -> bool:
+    try:
+        import vllm
+    except ImportError:
+        return False
+    return isinstance(model, vllm.LLM)
+
+
+def _generate_vllm(llm: Any, prompts: Sequence[Any], n: int, temperature: float, top_p: float,
+                   max_tokens: int, seed: int) -> list[list[tuple[str, int]]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
+    if prompts and not isinstance(prompts[0], str):
+        results = llm.chat(list(prompts), params)
+    else:
+        results = llm.generate(list(prompts), params)
+    return [[(o.text, len(o.token_ids)) for o in r.outputs] for r in results]
+
+
+# ------------------------------------------------------------------------------ benchmarks
+def _resolve_verifier(task_or_verifier: Any) -> tuple[str, Callable[[str], Any], Callable[[str, Any, str], bool]]:
+    """(verifier name, extract(text), check(text, extracted, gold))."""
+    from stare_lab.tasks.math import extract_boxed, verify_boxed
+
+    if isinstance(task_or_verifier, str):
+        if task_or_verifier == "math_verify":
+            return "math_verify", extract_boxed, lambda text, ext, gold: verify_boxed(ext, gold)
+        if task_or_verifier == "exact":
+            from stare_lab.tasks import build_task
+
+            task_or_verifier = build_task({"name": "arithmetic"})
+        else:
+            raise ValueError(f"verifier: unknown {task_or_verifier!r}; valid: {list(VERIFIERS)}")
+    task = task_or_verifier
+    name = getattr(task, "verifier", None) or ("math_verify" if getattr(task, "name", "") == "math" else "exact")
+    return name, task.extract, lambda text, ext, gold: bool(task.verify(text, gold))
+
+
+def _record_prompt(record: Mapping[str, Any], template: str, chat: bool) -> Any:
+    from stare_lab.tasks.math import build_prompt, chat_messages
+
+    if record.get("prompt") is not None:  # already formatted (e.g. the arithmetic held-out set)
+        return record["prompt"]
+    return chat_messages(record["problem"], template) if chat else build_prompt(record["problem"], template)
+
+
+def evaluate_benchmark(model: Any, tokenizer: Any, task_or_verifier: Any, records: Sequence[Mapping[str, Any]], *,
+                       n: int, temperature: float = 1.0, top_p: float = 0.7, max_tokens: int = 1024,
+                       batch_size: int = 32, seed: int = 0, out_dir: str | os.PathLike, step: int | None = None,
+                       name: str, template: str | None = None, chat: bool = False,
+                       intermediate: bool = False) -> dict[str, Any]:
+    """Sample n answers per record, verify, write `<out_dir>/eval/<name>.{parquet,json}` (or
+    `eval/step-<step>/` when `intermediate`), and return the JSON object (metrics under "metrics").
+
+    records: dicts with `problem_id`, `answer` (gold) and `problem` (formatted with `template`,
+    default the fixed `\\boxed{}` template) or an already formatted `prompt`.
+    """
+    from stare_lab.tasks.math import MATH_TEMPLATE
+
+    verifier, extract, check = _resolve_verifier(task_or_verifier)
+    prompts = [_record_prompt(r, template or MATH_TEMPLATE, chat) for r in records]
+    samples = generate_samples(model, tokenizer, prompts, n, temperature, top_p, max_tokens, batch_size, seed)
+    rows = []
+    for record, outputs in zip(records, samples):
+        gold = str(record["answer"])
+        for j, (text, length) in enumerate(outputs):
+            extracted = extract(text)
+            rows.append({"problem_id": str(record["problem_id"]), "sample_index": j, "answer": text,
+                         "extracted": None if extracted is None else str(extracted), "gold": gold,
+                         "correct": bool(check(text, extracted, gold)), "length": int(length)})
+    df = pd.DataFrame(rows, columns=list(PARQUET_COLUMNS))
+    result = {"benchmark": name, "step": step, "n": n, "temperature": temperature, "top_p": top_p,
+              "max_tokens": max_tokens, "verifier": verifier, "num_problems": len(records),
+              "metrics": summarize(df, n)}
+    dest = Path(out_dir) / "eval"
+    if intermediate:
+        dest = dest / f"step-{step}"
+    write_eval_files(dest, name, rows, result)
+    return result
+
+
+def write_eval_files(dest: Path, name: str, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
+    """`<dest>/<name>.parquet` (schema of docs/run_record.md) and `<dest>/<name>.json`, atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("problem_id", pa.string()), ("sample_index", pa.int64()), ("answer", pa.string()),
+                        ("extracted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
+                        ("length", pa.int64())])
+    dest.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=schema)
+    _atomic_write(dest / f"{name}.parquet", lambda tmp: pq.write_table(table, tmp))
+    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+    _atomic_write(dest / f"{name}.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """(name, records, settings) for a benchmark: a name from conf/benchmark/, a YAML path, or a
+    dict / DictConfig with that file's keys. `source_override` replaces `source` (e.g. a local
+    JSONL copy). settings: `n`, `verifier`, `source`, `split`, `subset`.
+    """
+    cfg = _benchmark_config(cfg_or_name)
+    for key in ("name", "source", "n", "verifier"):
+        if cfg.get(key) is None:
+            raise ValueError(f"benchmark.{key} is missing in {cfg.get('name', cfg_or_name)!r}")
+    if cfg["verifier"] not in VERIFIERS:
+        raise ValueError(f"benchmark.verifier: unknown {cfg['verifier']!r}; valid: {list(VERIFIERS)}")
+    source = str(source_override or cfg["source"])
+    if source.startswith("builtin:"):
+        from stare_lab.tasks import build_task
+
+        dataset = build_task({"name": source.split(":", 1)[1]}).heldout_dataset()
+        records = [{"problem": r["prompt"], "prompt": r["prompt"], "answer": str(r["answer"]),
+                    "problem_id": str(r["problem_id"])} for r in dataset]
+        if cfg.get("limit") is not None:
+            records = records[: int(cfg["limit"])]
+    else:
+        from stare_lab.tasks.loaders import load_records
+
+        records = load_records(source, split=cfg.get("split", "test"), fields=cfg.get("fields"),
+                               subset=cfg.get("subset"), limit=cfg.get("limit"))
+        records = [_clean_gold(r, cfg) for r in records]
+    settings = {"n": int(cfg["n"]), "verifier": cfg["verifier"], "source": source,
+                "split": cfg.get("split", "test"), "subset": cfg.get("subset")}
+    return str(cfg["name"]), records, settings
+
+
+def _clean_gold(record: dict[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any]:
+    answer = record["answer"]
+    if cfg.get("answer_regex"):
+        m = re.search(cfg["answer_regex"], answer, flags=re.S)
+        if m is None:
+            raise ValueError(f"benchmark {cfg['name']}: answer_regex {cfg['answer_regex']!r} does not match "
+                             f"the answer of problem {record['problem_id']}")
+        answer = m.group(1).strip()
+    if cfg.get("strip_commas"):
+        answer = answer.replace(",", "")
+    return {**record, "answer": answer}
+
+
+def _benchmark_config(cfg_or_name: Any) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg_or_name, DictConfig):
+        return dict(OmegaConf.to_container(cfg_or_name, resolve=True))
+    if isinstance(cfg_or_name, Mapping):
+        return dict(cfg_or_name)
+    text = str(cfg_or_name)
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        path = Path(os.path.expanduser(text))
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark config not found: {path}")
+    else:
+        path = next((d / f"{text}.yaml" for d in BENCHMARK_DIRS if (d / f"{text}.yaml").is_file()), None)
+        if path is None:
+            raise ValueError(f"benchmark: unknown {text!r}; known: {list_benchmarks()}")
+    return dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+
+
+def list_benchmarks() -> list[str]:
+    """Names of the benchmark configs under conf/benchmark/."""
+    return sorted({p.stem for d in BENCHMARK_DIRS if d.is_dir() for p in d.glob("*.yaml")})

@@ -1,0 +1,43 @@
+"""Tasks: datasets, prompts and verifiers. `build_task(cfg)` picks one by `cfg["name"]`.
+
+A task has `name`, `train_dataset()`, `heldout_dataset()` (datasets with columns `prompt`,
+`answer`, `problem_id`), `extract(completion)`, `verify(completion, answer)` and
+`reward(completions, answer, **kwargs)` (a TRL reward function).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from stare_lab.tasks.loaders import load_records
+from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_boxed, math_reward
+
+TASK_NAMES = ("arithmetic", "math")
+
+__all__ = ["MATH_TEMPLATE", "MathTask", "TASK_NAMES", "build_prompt", "build_task", "extract_boxed",
+           "load_records", "math_reward"]
+
+
+def build_task(cfg: Mapping[str, Any] | Any):
+    """The task named by `cfg["name"]` (a dict or OmegaConf DictConfig), built from its other keys."""
+    cfg = _to_dict(cfg)
+    name = cfg.get("name")
+    if name == "math":
+        return MathTask.from_config(cfg)
+    if name == "arithmetic":
+        from stare_lab.tasks.arithmetic import ArithmeticTask  # lazy: owned by its own module
+
+        if hasattr(ArithmeticTask, "from_config"):
+            return ArithmeticTask.from_config(cfg)
+        return ArithmeticTask(**{k: v for k, v in cfg.items() if k != "name"})
+    raise ValueError(f"task.name: unknown task {name!r}; valid names: {list(TASK_NAMES)}")
+
+
+def _to_dict(cfg: Any) -> dict[str, Any]:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return dict(OmegaConf.to_container(cfg, resolve=True))
+    except ImportError:
+        pass
+    return dict(cfg)
