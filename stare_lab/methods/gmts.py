@@ -1,1 +1,94 @@
-"""(rule module being written; registers nothing yet)"""
+"""gmts: Gradient-Magnitude Token Selection (arXiv 2608.30632).
+
+Per token, with r = π_θ/π_old, the magnitude of its contribution to the policy gradient is scored
+
+    ω = r·A·I_clip  (+ β·π_ref/π − β with a KL term),   I_clip = 0 if (A > 0 and r > 1+ε_high)
+                                                                   or (A < 0 and r < 1−ε_low), else 1
+    δ = |H·ω|
+
+and the top ρ = 0.2 by δ within each group (the G rollouts of one prompt) keep weight 1, the rest 0.
+
+Deviations and decisions:
+1. [paper] mode "renorm": the loss is divided by the number selected (normalize="selected").
+2. [code] mode "zero_advantage": outongyiLv/GMTS (verl `dp_actor.update_policy`) zeroes the
+   advantage of unselected tokens and keeps the all-token denominator (normalize="valid"). The
+   two modes give the same weights; they differ only in normalisation. An explicit `normalize`
+   that contradicts `mode` is an error.
+3. [ours] stare_lab scores once per generation batch from the rollout policy, before any update.
+   r = exp(logp − old_logp) when `stats.old_logp` is given, else 1. With one update per rollout
+   batch both are the same policy, so r = 1, I_clip = 1 and δ = |H·A| (+ the KL term): GMTS then
+   mostly moves the token budget toward high-|A| rollouts. The official code recomputes r per
+   mini-batch with the current policy, so r ≠ 1 only from the second mini-batch on.
+4. [ours] eps_low / eps_high must equal the trainer's clipping ε (the trainer should pass its
+   epsilon and epsilon_high here); beta must equal the trainer's KL coefficient.
+5. [ours] Candidates are all valid tokens of the group, δ = 0 included, ties broken at random
+   (ties="topk"). The official code drops δ = 0 tokens from the count, keeps the tokens strictly
+   above the ⌊(1−ρ)·n⌋-th smallest δ, and hardcodes groups of 16 rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from stare_lab.methods.registry import RuleOutput, RuleState, register
+from stare_lab.methods.select import check_choice, check_common, check_fraction, select_top
+from stare_lab.stats import TokenStats
+
+MODES = {"renorm": "selected", "zero_advantage": "valid"}
+
+
+@dataclass(frozen=True)
+class Params:
+    rho: float = 0.2            # GMTS: keep the top 20% per group
+    eps_low: float = 0.2        # PPO/GRPO clip ε_low; set to the trainer's epsilon
+    eps_high: float = 0.2       # PPO/GRPO clip ε_high; set to the trainer's epsilon_high
+    beta: float = 0.0           # KL coefficient (0 = no KL term, needs no ref_logp)
+    mode: str = "renorm"        # GMTS paper: "renorm"; official verl code: "zero_advantage"
+    scope: str = "group"        # GMTS: per group
+    ties: str = "topk"
+    normalize: str | None = None  # None: the mode's normalisation (note 2)
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, tuple(MODES))
+        if self.normalize is None:
+            object.__setattr__(self, "normalize", MODES[self.mode])
+        check_common(self)
+        if self.normalize != MODES[self.mode]:
+            raise ValueError(f"normalize={self.normalize!r} contradicts mode={self.mode!r} "
+                             f"(which normalises by {MODES[self.mode]!r})")
+        check_fraction("rho", self.rho)
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ValueError(f"eps_low={self.eps_low} is out of range (0 ≤ eps_low < 1)")
+        if not self.eps_high >= 0.0:
+            raise ValueError(f"eps_high={self.eps_high} is out of range (eps_high ≥ 0)")
+        if not self.beta >= 0.0:
+            raise ValueError(f"beta={self.beta} is out of range (beta ≥ 0)")
+
+
+def needs(p: Params) -> set[str]:
+    return {"entropy", "ref_logp"} if p.beta > 0 else {"entropy"}
+
+
+def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
+    """δ = |H·ω| [B, T] and the clipped-side indicator (I_clip = 0) [B, T] bool."""
+    A = stats.token_advantages.float()
+    ratio = torch.exp(stats.logp - stats.old_logp).float() if stats.old_logp is not None else torch.ones_like(A)
+    clipped = ((A > 0) & (ratio > 1 + p.eps_high)) | ((A < 0) & (ratio < 1 - p.eps_low))
+    omega = torch.where(clipped, torch.zeros_like(A), ratio * A)
+    if p.beta > 0:
+        omega = omega + p.beta * torch.exp(stats.ref_logp - stats.logp).float() - p.beta
+    delta = (stats.entropy.float() * omega).abs()
+    return torch.where(stats.valid, delta, torch.zeros_like(delta)), clipped & stats.valid
+
+
+@register("gmts", Params, needs=needs)
+def gmts(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    stats.require(*sorted(needs(p)), rule="gmts")
+    delta, clipped = gradient_score(stats, p)
+    keep = select_top(delta, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties,
+                      generator=state.generator("gmts"))
+    n_valid = float(stats.valid.sum())
+    metrics = {"rule/clipped_frac": float(clipped.sum()) / n_valid if n_valid else 0.0}
+    return RuleOutput(weights=keep.float() * stats.mask, normalize=p.normalize, metrics=metrics, selected=keep)

@@ -122,7 +122,9 @@ class Rule:
         if layers is None:
             ref = getattr(self.params, "reference", None)
             if ref:
-                return get_method(ref).attn_layers
+                # the reference rule's own params carry its layers (e.g. random matched to anchor)
+                ref_params = getattr(self.params, "reference_params", None) or {}
+                return get_method(ref, **ref_params).attn_layers
             return None
         return (layers,) if isinstance(layers, int) else tuple(layers)
 

@@ -1,1 +1,114 @@
-"""(rule module being written; registers nothing yet)"""
+"""stare: Surprisal-guided Token-level Advantage Reweighting for Entropy stability (arXiv 2606.19236).
+
+Weight of token t of rollout i, with surprisal s = -log π and batch entropy H̄ (token mean of H over
+valid tokens):
+
+    ω_i,t = W   if H̄ < H_tgt and t ∈ L+   (L+ = top ⌈P·|T+|⌉ of T+ = {A > 0} by s)
+            M   if H̄ < H_tgt and t ∈ L-   (C2 only; L- likewise in T- = {A < 0})
+            1   otherwise (A = 0 tokens, and every token while the gate is closed)
+
+ω multiplies the clipped per-token loss; the loss is not renormalised (normalize="valid").
+
+Deviations and decisions:
+1. [code] Gate, selection and weights as in hp-luo/STARE `compute_stare_token_weights` and
+   `STAREController`; the gate is strict (H̄ = H_tgt closes it).
+2. [ours] Selection once per generation batch from the rollout policy's statistics (scope
+   "batch" by default); the official code selects per micro-batch with the current policy.
+3. [ours] Ties at the top-k boundary broken by a seeded random order (ties="topk"); the official
+   `torch.topk` breaks them arbitrarily.
+4. [code] Adaptive W/M: the update uses this batch's H̄ and happens *before* this batch's weights
+   are computed (the official trainer calls `STAREController.update(H̄_k)` after the old-logprob
+   pass and the actor reads the already-updated W, M). It runs whether or not the gate is open.
+   sgn(0) = 0. A batch with no valid token (H̄ undefined) skips the update, as the official code
+   skips a non-finite H̄. Current W, M live in `state.memory` so a resumed run continues them.
+5. [ours] With normalize="valid" (the loss type's own denominator), a closed gate gives exactly
+   the `full` rule's weights and loss.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from stare_lab.methods.registry import RuleOutput, RuleState, register
+from stare_lab.methods.select import check_choice, check_common, check_fraction, select_top
+from stare_lab.stats import TokenStats
+
+VARIANTS = ("O1", "C2")
+
+
+@dataclass(frozen=True)
+class Params:
+    variant: str = "O1"         # STARE §4: O1 (boost L+) is the default, C2 also damps L-
+    P: float = 0.1              # STARE §4: fraction of T+ (T-) by surprisal
+    W: float = 1.1              # STARE §4: weight on L+ (14B/32B: 1.05)
+    M: float = 0.9              # STARE §4: weight on L- (C2; 14B/32B: 0.95)
+    H_tgt: float = 0.3          # STARE §4.3: target entropy of the gate
+    adaptive: bool = False      # STARE §4.4: adaptive W/M schedule (off by default)
+    alpha: float = 0.01         # STARE §4.4: step of the adaptive schedule
+    W_max: float = 1.5          # STARE §4.4
+    M_min: float = 0.5          # STARE §4.4
+    scope: str = "batch"        # [ours] the official code selects per micro-batch
+    ties: str = "topk"
+    normalize: str = "valid"    # STARE: not renormalised
+
+    def __post_init__(self) -> None:
+        check_common(self)
+        check_choice("variant", self.variant, VARIANTS)
+        check_fraction("P", self.P)
+        if not self.W >= 1.0:
+            raise ValueError(f"W={self.W} is out of range (W ≥ 1)")
+        if not 0.0 <= self.M <= 1.0:
+            raise ValueError(f"M={self.M} is out of range (0 ≤ M ≤ 1)")
+        if not self.H_tgt >= 0.0:
+            raise ValueError(f"H_tgt={self.H_tgt} is out of range (H_tgt ≥ 0)")
+        if not self.alpha >= 0.0:
+            raise ValueError(f"alpha={self.alpha} is out of range (alpha ≥ 0)")
+        if not self.W_max >= 1.0:
+            raise ValueError(f"W_max={self.W_max} is out of range (W_max ≥ 1)")
+        if not 0.0 <= self.M_min <= 1.0:
+            raise ValueError(f"M_min={self.M_min} is out of range (0 ≤ M_min ≤ 1)")
+        if self.adaptive and not (self.W <= self.W_max and self.M >= self.M_min):
+            raise ValueError(f"adaptive needs W ≤ W_max and M ≥ M_min, got W={self.W}, W_max={self.W_max}, "
+                             f"M={self.M}, M_min={self.M_min}")
+
+def adapt(memory: dict, entropy_mean: float, p: Params) -> tuple[float, float]:
+    """Current (W, M); with `adaptive`, first step them by ±alpha toward the target entropy (note 4)."""
+    if not p.adaptive:
+        return p.W, p.M
+    W, M = float(memory.get("W", p.W)), float(memory.get("M", p.M))
+    if math.isfinite(entropy_mean):
+        sign = float((p.H_tgt > entropy_mean) - (p.H_tgt < entropy_mean))
+        W = min(max(W + p.alpha * sign, 1.0), p.W_max)
+        M = min(max(M - p.alpha * sign, p.M_min), 1.0)
+    memory["W"], memory["M"] = W, M
+    return W, M
+
+
+@register("stare", Params, needs={"entropy"})
+def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    stats.require("entropy", rule="stare")
+    valid = stats.valid
+    n_valid = int(valid.sum())
+    entropy_mean = float(stats.entropy[valid].double().sum()) / n_valid if n_valid else float("nan")
+    W, M = adapt(state.memory, entropy_mean, p)
+    gate_open = entropy_mean < p.H_tgt  # False for nan
+
+    A = stats.token_advantages
+    gen = state.generator("stare")
+    l_plus = select_top(stats.surprisal, valid & (A > 0), stats.group, p.P, scope=p.scope, ties=p.ties, generator=gen)
+    l_minus = torch.zeros_like(l_plus)
+    if p.variant == "C2":
+        l_minus = select_top(stats.surprisal, valid & (A < 0), stats.group, p.P, scope=p.scope, ties=p.ties,
+                             generator=gen)
+
+    weights = stats.mask.clone().float()
+    if gate_open:
+        weights[l_plus] = W
+        weights[l_minus] = M
+    weights = weights * stats.mask
+    boosted = float(l_plus.sum()) / n_valid if (n_valid and gate_open) else 0.0
+    metrics = {"rule/gate": float(gate_open), "rule/entropy_mean": entropy_mean, "rule/W": W, "rule/M": M,
+               "rule/boosted_frac": boosted}
+    return RuleOutput(weights=weights, normalize=p.normalize, metrics=metrics, selected=l_plus | l_minus)

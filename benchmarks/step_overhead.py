@@ -1,0 +1,119 @@
+"""Step-time overhead of each token rule over plain TRL GRPOTrainer, and attention-entropy memory.
+
+Run: .venv/bin/python benchmarks/step_overhead.py [--steps 6] [--rounds 2] [--seq 2048]
+
+1. Every rule and plain `trl.GRPOTrainer` train the built-in model with the same config; the
+   mean optimizer-step time (TRL's own `step_time`, first step dropped) is measured in
+   interleaved rounds in this one process, and printed as a ratio over plain TRL.
+2. Peak resident memory of one forward at a long sequence, each in a fresh subprocess: plain
+   sdpa forward (baseline), our chunked attention entropy of one layer, and eager
+   `output_attentions=True`. The extra memory over the baseline is compared.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BENCH = ["trainer.per_device_train_batch_size=16", "trainer.num_generations=8", "trainer.gradient_accumulation_steps=2",
+         "trainer.save_steps=1000", "logger=none", "eval.enabled=false"]
+
+
+def step_times(rule: str | None, steps: int) -> list[float]:
+    from trl import GRPOTrainer
+
+    from stare_lab.config import compose
+    from stare_lab.runner import build_grpo_config, build_trainer, task_reward
+
+    cfg = compose([f"method={rule or 'full'}", f"trainer.max_steps={steps}", *BENCH])
+    with tempfile.TemporaryDirectory() as d:
+        trainer = build_trainer(cfg, Path(d))
+        if rule is None:  # plain TRL on the same model, data, reward and config
+            trainer = GRPOTrainer(model=trainer.model, reward_funcs=[task_reward_from(trainer)],
+                                  args=build_grpo_config(cfg, Path(d)), train_dataset=trainer.train_dataset,
+                                  processing_class=trainer.processing_class)
+        trainer.train()
+        times = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+    return times[1:]
+
+
+def task_reward_from(trainer):
+    return trainer.reward_funcs[0]
+
+
+MEM_CHILD = r"""
+import resource, sys, torch, json
+from stare_lab.models.builtin import build_model, build_tokenizer
+from stare_lab.signals import attention_entropy
+torch.set_num_threads(1)
+mode, T, B = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tok = build_tokenizer()
+model = build_model(tok, max_positions=T).eval()
+ids = torch.randint(3, len(tok), (B, T)); mask = torch.ones(B, T, dtype=torch.long)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with torch.no_grad():
+    if mode == "sdpa":
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
+    elif mode == "ae":
+        out = attention_entropy(model, ids, mask, layers=(2,))
+    else:
+        model.set_attn_implementation("eager")
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak_kb": after, "before_kb": before}))
+"""
+
+
+def peak_memory(mode: str, T: int, B: int) -> int:
+    out = subprocess.run([sys.executable, "-c", MEM_CHILD, mode, str(T), str(B)], capture_output=True, text=True,
+                         cwd=REPO, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_kb"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--rules", nargs="*", default=None)
+    a = p.parse_args()
+    import platform
+
+    import torch
+
+    from stare_lab.methods import list_methods
+
+    rules = a.rules or list_methods()
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    samples: dict[str, list[float]] = {"plain TRL": []}
+    for _ in range(a.rounds):
+        samples["plain TRL"] += step_times(None, a.steps)
+        for r in rules:
+            samples.setdefault(r, []).extend(step_times(r, a.steps))
+    base = statistics.median(samples["plain TRL"])
+    print(f"\n| rule | step time (s, median) | ratio over plain TRL |\n|---|---|---|")
+    for name, ts in samples.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med:.3f} | {med / base:.3f} |")
+    T, B = a.seq, a.batch
+    sdpa, ae, eager = (peak_memory(m, T, B) for m in ("sdpa", "ae", "eager"))
+    extra_ae, extra_eager = max(ae - sdpa, 0), max(eager - sdpa, 0)
+    print(f"\nattention entropy at T={T}, B={B} (built-in model, 4 layers × 4 heads), peak RSS over a plain sdpa forward:")
+    print(f"| method | peak RSS (MB) | extra over sdpa (MB) |\n|---|---|---|")
+    for name, v, extra in (("sdpa forward", sdpa, 0), ("chunked AE (1 layer)", ae, extra_ae),
+                           ("eager output_attentions", eager, extra_eager)):
+        print(f"| {name} | {v / 1024:.0f} | {extra / 1024:.0f} |")
+    print(f"extra memory ratio AE / eager: {extra_ae / max(extra_eager, 1):.3f} (target ≤ 0.1)")
+
+
+if __name__ == "__main__":
+    main()
