@@ -1,0 +1,19 @@
+"""Per-token statistics of one generation batch: vocabulary entropy, attention entropy, JS to the group.
+
+All are detached, computed in chunks (never [B, T, V] or [heads, T, T] in float32 at once), and
+aligned with logits: the value at input position t describes the distribution that generates
+token t+1. See docs/pitfalls_signals.md.
+"""
+from .attention import attention_entropy, forward_with_stats, resolve_layers
+from .js import js_to_group_mean
+from .vocab import lm_head_of, predictive_entropy, vocab_stats
+
+__all__ = [
+    "attention_entropy",
+    "forward_with_stats",
+    "js_to_group_mean",
+    "lm_head_of",
+    "predictive_entropy",
+    "resolve_layers",
+    "vocab_stats",
+]

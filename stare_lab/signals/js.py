@@ -1,0 +1,102 @@
+"""ICT's signal: Jensen-Shannon divergence of each rollout's next-token distribution to its group mean.
+
+METHODS.md "ICT": `P̄_t = mean_j p_j,t` over the rollouts j of the same prompt that are still
+generating at position t (live), `u_i,t = JS(p_i,t ‖ P̄_t) = ½KL(p_i‖M) + ½KL(P̄‖M)`,
+`M = ½(p_i + P̄)`, in [0, log 2]. u = 0 where the row is not live and where fewer than two
+rollouts are live at t [ours]. All in log space; one group and `chunk_positions` positions at a
+time, so a few G×chunk×V float32 buffers are alive, never G×T×V.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_LOG2 = math.log(2.0)
+
+
+def group_slices(group: Tensor) -> list[tuple[int, int]]:
+    """[(start, end)] of each run of equal ids; rows of one group must be contiguous (DESIGN.md §4)."""
+    g = group.tolist()
+    bounds = [0] + [i for i in range(1, len(g)) if g[i] != g[i - 1]] + [len(g)]
+    slices = list(zip(bounds[:-1], bounds[1:]))
+    if len({g[s] for s, _ in slices}) != len(slices):
+        raise ValueError("js_to_group_mean: rows of one group must be contiguous")
+    return slices
+
+
+def _js_chunk(logp: Tensor, live: Tensor) -> Tensor:
+    """logp [G, c, V] float32 log p; live [G, c] bool -> JS [G, c] (garbage where < 2 live)."""
+    n_live = live.sum(0)                                                   # [c]
+    log_w = torch.where(live, 0.0, float("-inf")).unsqueeze(-1)            # [G, c, 1]
+    log_mean = torch.logsumexp(logp + log_w, dim=0) - n_live.clamp(min=1).log().unsqueeze(-1)  # [c, V] log P̄
+    log_m = torch.logaddexp(logp, log_mean.unsqueeze(0)) - _LOG2           # [G, c, V] log M
+    kl_p = torch.linalg.vecdot(logp.exp(), logp - log_m)                   # [G, c] KL(p_i ‖ M)
+    kl_mean = torch.linalg.vecdot(log_mean.exp().unsqueeze(0), log_mean.unsqueeze(0) - log_m)  # KL(P̄ ‖ M)
+    return (0.5 * (kl_p + kl_mean)).clamp_(0.0, _LOG2)
+
+
+@torch.no_grad()
+def chunked_js_to_group_mean(
+    hidden: Tensor,                          # [B, T, H]
+    project: Callable[[Tensor], Tensor],     # [..., H] -> [..., V] logits
+    group: Tensor,                           # [B] int
+    live_mask: Tensor,                       # [B, T] 1 where the row still generates (valid completion token)
+    *,
+    temperature: float = 1.0,
+    chunk_positions: int = 64,
+    final_logit_softcapping: float | None = None,
+) -> Tensor:
+    """Core of `js_to_group_mean` with an arbitrary projection (a weight, or the model's LM head)."""
+    if chunk_positions < 1:
+        raise ValueError(f"chunk_positions must be >= 1, got {chunk_positions}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    B, T, _ = hidden.shape
+    if group.shape != (B,) or live_mask.shape != (B, T):
+        raise ValueError(f"js_to_group_mean: group must be [{B}] and live_mask [{B}, {T}], "
+                         f"got {tuple(group.shape)} and {tuple(live_mask.shape)}")
+    live_all = live_mask.bool()
+    out = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
+    for r0, r1 in group_slices(group):
+        if r1 - r0 < 2:
+            continue
+        for s in range(0, T, chunk_positions):
+            e = min(s + chunk_positions, T)
+            live = live_all[r0:r1, s:e]                                    # [G, c]
+            several = live.sum(0) >= 2                                     # [c]
+            if not several.any():
+                continue
+            z = project(hidden[r0:r1, s:e]).float()                        # [G, c, V]
+            if final_logit_softcapping is not None:
+                z = torch.tanh(z / final_logit_softcapping).mul_(final_logit_softcapping)
+            logp = torch.log_softmax(z / temperature if temperature != 1.0 else z, dim=-1)
+            del z
+            u = _js_chunk(logp, live)
+            keep = live & several.unsqueeze(0)
+            out[r0:r1, s:e] = torch.where(keep, u, torch.zeros_like(u))
+    return out
+
+
+@torch.no_grad()
+def js_to_group_mean(
+    hidden: Tensor,                # [B, T, H] last hidden states; position t generates token t+1
+    lm_head_weight: Tensor,        # [V, H]
+    group: Tensor,                 # [B] int: prompt index of each row, rows of a group contiguous
+    live_mask: Tensor,             # [B, T] 1 where the row is still generating at t
+    *,
+    temperature: float = 1.0,
+    chunk_positions: int = 64,
+    lm_head_bias: Tensor | None = None,
+    final_logit_softcapping: float | None = None,
+) -> Tensor:
+    """[B, T] float32 u_i,t = JS(p_i,t ‖ P̄_t) ∈ [0, log 2] with P̄ over the live rollouts of the group."""
+    def project(h: Tensor) -> Tensor:
+        return F.linear(h.to(lm_head_weight.dtype), lm_head_weight, lm_head_bias)
+
+    return chunked_js_to_group_mean(hidden, project, group, live_mask, temperature=temperature,
+                                    chunk_positions=chunk_positions,
+                                    final_logit_softcapping=final_logit_softcapping)

@@ -1,0 +1,145 @@
+"""Vocabulary statistics of the next-token distribution, chunked over positions.
+
+`p = softmax(z / τ)` (METHODS.md §0). A batch of B×T positions over a vocabulary V never holds
+B×T×V float32: positions are flattened and projected to logits `chunk_tokens` at a time, each
+chunk reduced at once to per-position scalars. Everything here is a detached statistic.
+
+Alignment: the value at input position t describes the distribution that generates token t+1,
+exactly like `logits[:, t]` of a forward pass (docs/pitfalls_signals.md).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+WANTS = ("entropy", "p2", "p2logp")
+
+
+def _check_want(want: Iterable[str]) -> tuple[str, ...]:
+    want = tuple(want)
+    unknown = [w for w in want if w not in WANTS]
+    if unknown:
+        raise ValueError(f"vocab_stats: unknown statistic(s) {unknown}; known: {list(WANTS)}")
+    return want
+
+
+@torch.no_grad()
+def chunked_vocab_stats(
+    hidden: Tensor,                                  # [B, T, H]
+    project: Callable[[Tensor], Tensor],             # [N, H] -> [N, V] logits (any dtype)
+    targets: Tensor | None,                          # [B, T] long, or None (no logp)
+    *,
+    temperature: float = 1.0,
+    want: Iterable[str] = ("entropy",),
+    chunk_tokens: int = 1024,
+    final_logit_softcapping: float | None = None,
+) -> dict[str, Tensor]:
+    """Core of `vocab_stats` with an arbitrary projection (a weight, or the model's LM head module)."""
+    want = _check_want(want)
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    B, T, H = hidden.shape
+    flat = hidden.reshape(B * T, H)
+    names = (("logp",) if targets is not None else ()) + want
+    out = {k: torch.zeros(B * T, dtype=torch.float32, device=hidden.device) for k in names}
+    flat_targets = targets.reshape(B * T) if targets is not None else None
+    for s in range(0, B * T, chunk_tokens):
+        e = min(s + chunk_tokens, B * T)
+        z = project(flat[s:e]).float()                       # [n, V]
+        if final_logit_softcapping is not None:
+            z = torch.tanh(z / final_logit_softcapping).mul_(final_logit_softcapping)
+        if temperature != 1.0:
+            z = z / temperature
+        V = z.shape[-1]
+        z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))     # z is now log p, in place
+        if flat_targets is not None:
+            tgt = flat_targets[s:e]
+            ok = (tgt >= 0) & (tgt < V)                      # e.g. -100 labels: logp 0
+            lp = z.gather(-1, tgt.clamp(0, V - 1).unsqueeze(-1)).squeeze(-1)
+            out["logp"][s:e] = torch.where(ok, lp, torch.zeros_like(lp))
+        if want:
+            p = z.exp()                                      # [n, V]
+            if "entropy" in want:
+                out["entropy"][s:e] = -torch.linalg.vecdot(p, z)
+            if "p2" in want or "p2logp" in want:
+                p.mul_(p)                                    # p is now p², in place
+                if "p2" in want:
+                    out["p2"][s:e] = p.sum(-1)
+                if "p2logp" in want:
+                    out["p2logp"][s:e] = torch.linalg.vecdot(p, z)
+            del p
+        del z
+    return {k: v.view(B, T) for k, v in out.items()}
+
+
+@torch.no_grad()
+def vocab_stats(
+    hidden: Tensor,                # [B, T, H] last hidden states (after the final norm)
+    lm_head_weight: Tensor,        # [V, H]
+    targets: Tensor,               # [B, T] long: the sampled token each position generates
+    *,
+    temperature: float = 1.0,
+    want: Iterable[str] = ("entropy",),
+    chunk_tokens: int = 1024,
+    lm_head_bias: Tensor | None = None,
+    final_logit_softcapping: float | None = None,
+) -> dict[str, Tensor]:
+    """Per-position statistics of `p = softmax(z/τ)`, `z = hidden @ W.T + b`, as [B, T] float32.
+
+    Always "logp" (log p of `targets`; 0 where a target is outside [0, V)), plus any of
+    "entropy" (−Σ p log p), "p2" (Σ p²), "p2logp" (Σ p² log p) listed in `want`.
+    Logits are computed in the weight's dtype (as a forward pass would), then reduced in float32;
+    at most a few `chunk_tokens`×V float32 buffers are alive at once.
+    """
+    def project(h: Tensor) -> Tensor:
+        return F.linear(h.to(lm_head_weight.dtype), lm_head_weight, lm_head_bias)
+
+    return chunked_vocab_stats(hidden, project, targets, temperature=temperature, want=want,
+                               chunk_tokens=chunk_tokens, final_logit_softcapping=final_logit_softcapping)
+
+
+def lm_head_of(model) -> tuple[Callable[[Tensor], Tensor], float | None]:
+    """The model's output projection as a function [N, H] -> [N, V], and its logit soft-cap.
+
+    Uses the module itself (not only its weight), so a bias or an adapter on the head is kept.
+    """
+    from .attention import unwrap_model  # local import: attention imports nothing from here
+
+    base = unwrap_model(model)
+    head = base.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(base).__name__} has no output embeddings (not a causal LM?)")
+    cap = getattr(base.config.get_text_config(), "final_logit_softcapping", None)
+    scale = getattr(base.config.get_text_config(), "logits_scaling", None)  # Granite divides by it
+    if scale not in (None, 1, 1.0):
+        return (lambda h: head(h) / scale), cap
+    return head, cap
+
+
+@torch.no_grad()
+def predictive_entropy(
+    model,
+    input_ids: Tensor,             # [B, T]
+    attention_mask: Tensor,        # [B, T] 1 = token, 0 = padding (left or right)
+    temperature: float = 1.0,
+    *,
+    chunk_tokens: int = 1024,
+) -> Tensor:
+    """[B, T] float32: entropy of softmax(logits/τ) at every input position; 0 at padding.
+
+    Position t is the distribution that generates token t+1. Runs the decoder once and projects
+    the last hidden states `chunk_tokens` positions at a time, never building [B, T, V] logits.
+    """
+    from .attention import forward_with_stats
+
+    hidden, _ = forward_with_stats(model, input_ids, attention_mask)
+    head, cap = lm_head_of(model)
+    stats = chunked_vocab_stats(hidden, head, None, temperature=temperature, want=("entropy",),
+                                chunk_tokens=chunk_tokens, final_logit_softcapping=cap)
+    entropy = stats["entropy"]
+    return torch.where(attention_mask.bool(), entropy, torch.zeros_like(entropy))
