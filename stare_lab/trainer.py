@@ -105,7 +105,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             input_ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1)
             attention_mask = torch.cat([prompt_mask[sl], mask[sl]], dim=1)
             hidden, ae = forward_with_stats(model, input_ids, attention_mask, ae_layers=layers,
-                                            chunk_queries=self.attn_chunk_queries)
+                                            chunk_queries=self.attn_chunk_queries, first_position=P - 1)
             h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
             vs = vocab_stats(h, lm_head.weight, completion_ids[sl], temperature=self.temperature, want=want,
                              chunk_tokens=self.stats_chunk_tokens, lm_head_bias=getattr(lm_head, "bias", None))

@@ -72,11 +72,20 @@ def select_top(score: Tensor, valid: Tensor, group: Tensor, rho: float, *, scope
             order = order[torch.argsort(s[order], descending=True, stable=True)]
             flat_out[idx[order[:k]]] = True
         elif ties == "quantile":
-            thr = torch.quantile(s, 1.0 - rho)
+            thr = quantile(s, 1.0 - rho)
             flat_out[idx[s >= thr]] = True
         else:
             raise ValueError(f"ties={ties!r} is not one of {', '.join(TIES)}")
     return out
+
+
+def quantile(x: Tensor, q: float) -> Tensor:
+    """`torch.quantile(x, q)` (linear interpolation) by sorting: torch.quantile refuses > 2^24 elements."""
+    v = torch.sort(x.flatten().double()).values
+    pos = q * (v.numel() - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, v.numel() - 1)
+    return (v[lo] + (pos - lo) * (v[hi] - v[lo])).to(x.dtype)
 
 
 def rank_normalise(score: Tensor, valid: Tensor, group: Tensor, scope: str = "batch") -> Tensor:

@@ -54,7 +54,7 @@ def stapo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     if n_valid == 0:
         return RuleOutput(weights=stats.mask.clone().float(), normalize=p.normalize, metrics={"rule/masked_frac": 0.0})
     q_h = quantile(stats.entropy[valid], p.tau_h_quantile)
-    drop = valid & (stats.token_advantages >= 0) & (stats.logp < math.log(p.tau_p)) & (stats.entropy < q_h)
+    drop = valid & (stats.token_advantages > 0) & (stats.logp < math.log(p.tau_p)) & (stats.entropy < q_h)
     keep = valid & ~drop
     metrics = {"rule/masked_frac": float(drop.sum()) / n_valid, "rule/entropy_quantile": q_h}
     return RuleOutput(weights=keep.float(), normalize=p.normalize, metrics=metrics, selected=keep)
