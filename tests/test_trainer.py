@@ -133,3 +133,20 @@ def test_weights_zero_on_padding_and_split_invariant(setup, tmp_path, rule):
 
     one, two = total(1), total(2)
     assert one == pytest.approx(two, rel=1e-5, abs=1e-7)
+
+
+def test_group_advantages_match_loop_reference(setup, tmp_path):
+    """A_i = (R_i − mean_j R_j) / (std_j R_j + 1e-4) within each group of G rows (std with Bessel's correction)."""
+    tok, _, _ = setup
+    _, ours, ds = _pair(setup, tmp_path)
+    batch = _generation_batch(ours, ds, n_prompts=3)
+    texts = tok.batch_decode(batch["completion_ids"] * batch["completion_mask"], skip_special_tokens=True)
+    rewards = length_reward(texts)
+    expected = []
+    for g in range(0, len(rewards), G):
+        r = rewards[g : g + G]
+        mean = sum(r) / G
+        std = (sum((x - mean) ** 2 for x in r) / (G - 1)) ** 0.5
+        expected += [(x - mean) / (std + 1e-4) for x in r]
+    assert batch["advantages"].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    assert any(abs(a) > 0.1 for a in expected)
