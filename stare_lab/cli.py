@@ -75,9 +75,14 @@ def cmd_train(argv: list[str]) -> int:
     print(f"run {cfg.run.id} ({cfg.method.name}, seed {cfg.seed}) → {run_dir}")
     from stare_lab.sweep.worker import run_one
 
-    state = run_one(run_dir)
+    try:
+        status = run_one(run_dir)
+    except Exception as e:  # the run's own failure: recorded in status.json with its traceback
+        print(f"stare-lab: run failed: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+              f"(traceback in {run_dir / 'status.json'})", file=sys.stderr)
+        return 1
     _print_last_metrics(run_dir)
-    return 0 if state in (None, "finished") else 1
+    return 0 if status.get("state") == "finished" else 1
 
 
 def _print_last_metrics(run_dir: Path) -> None:

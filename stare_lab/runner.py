@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -98,7 +99,9 @@ def task_reward(task):
 
 
 def train(cfg: DictConfig, run_dir: Path) -> None:
-    from stare_lab.tracking import METRICS_FILE, MetricsLogger, init_wandb, truncate_metrics
+    from transformers.trainer_callback import PrinterCallback
+
+    from stare_lab.tracking import METRICS_FILE, MetricsLogger, StepPrinter, init_wandb, truncate_metrics
 
     ckpt = last_checkpoint(run_dir)
     if ckpt is not None:
@@ -114,8 +117,10 @@ def train(cfg: DictConfig, run_dir: Path) -> None:
     fail_at = os.environ.get("STARE_LAB_FAIL_AT_STEP")
     if fail_at:
         callbacks.append(_FailAt(int(fail_at)))
+    callbacks.append(StepPrinter(f"{cfg.method.name} s{cfg.seed}"))
     try:
         trainer = build_trainer(cfg, run_dir, callbacks)
+        trainer.remove_callback(PrinterCallback)
         if ckpt is not None:
             trainer.load_rule_state(ckpt)
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
@@ -148,4 +153,6 @@ class _FailAt:
         return FailAt()
 
 
+# TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
 torch.set_num_threads(max(1, min(torch.get_num_threads(), int(os.environ.get("STARE_LAB_THREADS", "64")))))

@@ -91,3 +91,23 @@ class MetricsLogger(TrainerCallback):
             self.wandb_run.log({k: v for k, v in row.items() if k not in ("step", "time") and v is not None},
                                step=state.global_step)
         return control
+
+
+class StepPrinter(TrainerCallback):
+    """One compact line per optimizer step (replaces transformers' dict printer)."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:
+            return control
+        parts = [f"[{self.label}] step {state.global_step}/{state.max_steps}", f"reward={logs['reward']:.3f}"]
+        for key, short in (("entropy", "H"), ("tokens/selected_frac", "sel"), ("tokens/weight_mean", "w")):
+            if key in logs:
+                parts.append(f"{short}={logs[key]:.3f}")
+        parts += [f"{k[5:]}={v:.3g}" for k, v in logs.items() if k.startswith("rule/") and isinstance(v, (int, float))][:3]
+        if "step_time" in logs:
+            parts.append(f"{logs['step_time']:.2f}s/step")
+        print("  ".join(parts), flush=True)
+        return control
