@@ -1,0 +1,1 @@
+"""Sweeps: schema, expansion, run records, launching (submitit), status and Optuna search."""

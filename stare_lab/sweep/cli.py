@@ -1,0 +1,167 @@
+"""`stare-lab sweep run|status FILE`: the command line of sweeps.
+
+    stare-lab sweep run sweeps/demo.yaml [--launcher local|slurm] [--dry-run] [--retry-failed]
+        [--workers N] [--partition P] [--account A] [--gpus N] [--cpus N] [--mem-gb G]
+        [--time-min M] [--root DIR]
+    stare-lab sweep status sweeps/demo.yaml [--all] [--root DIR]
+
+User mistakes print one line on stderr and exit 2 with nothing launched. `run` exits 0 when
+every run (or, for a search, at least one trial) finished, 1 otherwise, 130 on Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from stare_lab.config import ConfigError
+from stare_lab.sweep.schema import SweepError, load_sweep
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stare-lab sweep", description="Run and inspect sweeps (docs/sweeps.md).")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="launch a sweep's runs (safe to repeat: finished runs are skipped)")
+    run.add_argument("file")
+    run.add_argument("--launcher", choices=("local", "slurm"), help="override the sweep's launcher")
+    run.add_argument("--dry-run", action="store_true", help="print the expanded runs and launch nothing")
+    run.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    run.add_argument("--workers", type=int, help="parallel runs: local workers, or the Slurm array's parallelism")
+    run.add_argument("--partition")
+    run.add_argument("--account")
+    run.add_argument("--gpus", type=int, help="GPUs per node (slurm)")
+    run.add_argument("--cpus", type=int, help="CPUs per task (slurm)")
+    run.add_argument("--mem-gb", type=float, help="memory per job in GB (slurm)")
+    run.add_argument("--time-min", type=int, help="time limit per job in minutes (slurm)")
+    run.add_argument("--root", help="output root (default: the sweep's `output:`, else ./runs)")
+    st = sub.add_parser("status", help="runs by state, Slurm job ids, failures with their first error line")
+    st.add_argument("file")
+    st.add_argument("--all", action="store_true", help="list finished runs even when there are many")
+    st.add_argument("--root", help="output root (default: the sweep's `output:`, else ./runs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sweep"]:
+        argv = argv[1:]
+    args = build_parser().parse_args(argv)
+    try:
+        return cmd_run(args) if args.command == "run" else cmd_status(args)
+    except (SweepError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
+    opts = {"name": args.launcher, "partition": args.partition, "account": args.account,
+            "gpus_per_node": args.gpus, "cpus_per_task": args.cpus, "mem_gb": args.mem_gb,
+            "timeout_min": args.time_min}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from stare_lab.sweep.launch import check_output
+
+    cli = _cli_launcher(args)
+    spec = load_sweep(args.file, launcher=cli, output=args.root)
+    if args.workers is not None:
+        spec.launcher["workers" if spec.launcher["name"] == "local" else "array_parallelism"] = args.workers
+        if args.workers < 1:
+            raise SweepError("--workers: expected an integer ≥ 1")
+    if spec.search is not None:
+        return _run_search(spec, args)
+    from stare_lab.sweep.expand import expand_sweep
+
+    runs = expand_sweep(spec)
+    if args.dry_run:
+        _print_plan(spec, runs)
+        return 0
+    check_output(spec)
+    return _launch(spec, runs, args.retry_failed)
+
+
+def _launch(spec, runs, retry_failed: bool) -> int:
+    from stare_lab.sweep.expand import verify_run
+    from stare_lab.sweep.launch import launch_runs, plan_runs
+    from stare_lab.sweep.lock import SweepLock
+    from stare_lab.sweep.records import write_manifest
+    from stare_lab.utils import atomic_write_text
+
+    with SweepLock(spec.folder, spec.name):
+        verify_run(runs[0])
+        write_manifest(spec.folder, spec.name, spec.digest, launcher=spec.launcher["name"],
+                       runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs])
+        if spec.path is not None:
+            atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
+        plan = plan_runs(runs, retry_failed)
+        print(f"sweep {spec.name!r} ({spec.launcher['name']}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
+              flush=True)
+        counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True))
+    print("done: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
+    bad = len(runs) - counts.get("finished", 0)
+    if bad:
+        print(f"{bad} run(s) not finished: `stare-lab sweep status {spec.path}` shows why", flush=True)
+    return 0 if bad == 0 else 1
+
+
+def _run_search(spec, args: argparse.Namespace) -> int:
+    from stare_lab.sweep.launch import check_output
+
+    s = spec.search
+    if args.dry_run:
+        print(f"sweep {spec.name!r}: Optuna search, {s.trials} trials, {s.parallelism} at a time, "
+              f"{s.direction} {s.metric}, sampler {s.sampler}, pruner {s.pruner.get('name')}, launcher {spec.launcher['name']}")
+        for k, p in s.params.items():
+            print(f"  {k}: {p}")
+        return 0
+    check_output(spec)
+    from stare_lab.sweep.expand import Composer, verify_run
+    from stare_lab.sweep.lock import SweepLock
+    from stare_lab.sweep.records import write_manifest
+    from stare_lab.sweep.search import best_trial, distributions, run_search, trial_run
+
+    with SweepLock(spec.folder, spec.name):
+        sample = {k: (d.choices[0] if hasattr(d, "choices") else d.low) for k, d in distributions(s).items()}
+        verify_run(trial_run(Composer(spec), spec, 0, sample))
+        write_manifest(spec.folder, spec.name, spec.digest, runs=[], launcher=spec.launcher["name"])
+        counts = run_search(spec, echo=lambda m: print(m, flush=True))
+    print("trials: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
+    best = best_trial(spec)
+    if best:
+        print(f"best trial: #{best['number']} value={best['value']:.6g} params={best['params']} run {best['run_id']}")
+    return 0 if counts.get("complete") else 1
+
+
+def _print_plan(spec, runs) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from stare_lab.sweep.records import read_status
+
+    la = spec.launcher
+    settings = ", ".join(f"{k}={v}" for k, v in la.items() if k != "name" and v not in (None, [], {}))
+    print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la['name']}: {settings}")
+    table = Table()
+    for col in ("#", "run id", "label", "method", "seed", "state"):
+        table.add_column(col)
+    for i, r in enumerate(runs):
+        state = (read_status(r.run_dir) or {}).get("state", "new")
+        table.add_row(str(i), r.id, Text(r.label), r.config["method"]["name"], str(r.seed), state)
+    Console(width=max(120, Console().width)).print(table)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from stare_lab.sweep.status import collect, format_status
+
+    spec = load_sweep(args.file, output=args.root)
+    best = None
+    if spec.search is not None:
+        from stare_lab.sweep.search import best_trial
+
+        best = best_trial(spec) if spec.folder.is_dir() else None
+    print(format_status(spec.name, collect(spec.folder), digest=spec.digest, show_all=args.all, best=best))
+    return 0

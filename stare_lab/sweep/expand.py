@@ -1,0 +1,277 @@
+"""Expansion: a validated sweep → one `RunSpec` per run (grid × variants × seeds). A pure function.
+
+A run is named by `run.id`, the hash of its resolved config (stare_lab.config.run_id), and
+labelled by its override delta ("top_entropy rho=0.1 seed=0"). `RunSpec.overrides` are the
+Hydra overrides that `stare_lab.config.compose` turns into the same resolved config.
+
+Composing 10,000 runs through Hydra takes minutes (~0.2 s each), so expansion composes the base
+once with Hydra, swaps config-group files in for other group choices, and applies the dotted
+overrides to plain dicts, converting each distinct value through the dataclass schema once.
+`verify_run` checks a run against the real `compose`; the launcher does so before it starts
+anything, and the tests do it for every run of the shipped sweeps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from stare_lab.config import CONF_DIR, Config, ConfigError, _jsonable, compose
+from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
+
+
+@dataclass
+class RunSpec:
+    overrides: list[str]          # Hydra overrides: compose(overrides) gives this run's config
+    config: dict[str, Any]        # the resolved config as plain data
+    id: str
+    label: str
+    variant: str | None
+    seed: int
+    run_dir: Path
+    _cfg: DictConfig | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cfg(self) -> DictConfig:
+        if self._cfg is None:
+            self._cfg = OmegaConf.create(self.config)
+        return self._cfg
+
+
+def fmt_value(v: Any) -> str:
+    """A value in Hydra override syntax that parses back to the same value and type."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(fmt_value(x) for x in v) + "]"
+    s = str(v)
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s) and s.lower() not in ("null", "true", "false", "inf", "nan"):
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def expand_sweep(spec: SweepSpec, composer: "Composer | None" = None) -> list[RunSpec]:
+    """Every run of a grid sweep, in a stable order (grid, then variants, then seeds)."""
+    composer = composer or Composer(spec)
+    axes = list(spec.grid.items())
+    points = list(itertools.product(*[[(k, i, v) for i, v in enumerate(vals)] for k, vals in axes])) or [()]
+    variants = list(spec.variants.items()) or [(None, {})]
+    short = _short_names([k for k, _ in axes])
+    groups = set(config_groups())
+    runs, seen = [], {}
+    for point in points:
+        for vname, bundle in variants:
+            assigned = [(k, v, f"grid.{k}[{i}]") for k, i, v in point]
+            assigned += [(k, v, f"variants.{vname}.{k}") for k, v in bundle.items()]
+            delta = ([vname] if vname else []) + [composer.delta(short[k], v, groups) for k, _, v in point]
+            for seed in spec.seeds:
+                label = " ".join(delta + [f"seed={seed}"])
+                run = composer.run(assigned, seed=seed, label=label, variant=vname)
+                if run.id in seen:
+                    raise SweepError(f"{spec.where()}: runs '{seen[run.id]}' and '{label}' resolve to the same "
+                                     f"config (run id {run.id}); drop one")
+                seen[run.id] = label
+                runs.append(run)
+    return runs
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    leaves = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (leaf if leaves.count(leaf) == 1 else k) for k, leaf in zip(keys, leaves)}
+
+
+def _delta(short: str, v: Any, groups: set[str]) -> str:
+    return str(v) if short in groups else f"{short}={fmt_value(v)}"
+
+
+def verify_run(run: RunSpec) -> None:
+    """Compare a fast-expanded run with the real `compose(run.overrides)`; raise on any difference."""
+    exact = OmegaConf.to_container(compose(run.overrides), resolve=True)
+    if exact != run.config:
+        diff = sorted(k for k in set(exact) | set(run.config) if exact.get(k) != run.config.get(k))
+        raise RuntimeError(f"sweep expansion differs from compose() for run {run.label!r} in {diff}; "
+                           "report this as a stare_lab bug")
+
+
+class Composer:
+    """Resolves runs of one sweep, caching each group combination and each converted value."""
+
+    def __init__(self, spec: SweepSpec):
+        self.spec = spec
+        self._combos: dict[tuple, dict] = {}
+        self._values: dict[tuple, Any] = {}
+        self._params: dict[str, dict] = {}
+        self._strings: dict[tuple[str, str], str] = {}
+        self._schema_nodes: dict[str, Any] = {}
+        self._base: dict | None = None
+        self._sections: dict[tuple[str, str], dict | None] = {}
+        self.base = [(k, v, "base.overrides." + k if not k.startswith("eval.") else k)
+                     for k, v in spec.overrides.items()]
+
+    def run(self, assigned: list[tuple[str, Any, str]], *, seed: int, label: str, variant: str | None) -> RunSpec:
+        spec = self.spec
+        groups = dict(spec.groups)
+        dotted: list[tuple[str, Any, str]] = []
+        origins = {}
+        for k, v, origin in self.base + assigned:
+            (groups.__setitem__(k, v) if "." not in k else dotted.append((k, v, origin)))
+            origins[k] = origin
+        run_block = {"root": str(spec.output), "sweep": spec.name, "label": label, "variant": variant}
+        overrides = [self._override(g, c) for g, c in groups.items()]
+        overrides += [self._override(k, v) for k, v, _ in dotted]
+        overrides += [f"seed={seed}"] + [self._override(f"run.{k}", v) for k, v in run_block.items() if k != "label"]
+        overrides.append(f"run.label={fmt_value(label)}")
+        cfg = self._resolve(groups, dotted, origins, label)
+        cfg["seed"] = seed
+        body = json.dumps({k: v for k, v in cfg.items() if k != "run"}, sort_keys=True, default=str)
+        run_id = hashlib.sha256(body.encode()).hexdigest()[:12]  # = stare_lab.config.run_id
+        cfg["run"] = {**run_block, "id": run_id}
+        return RunSpec(overrides=overrides, config=cfg, id=run_id, label=label, variant=variant,
+                       seed=seed, run_dir=spec.folder / run_id)
+
+    def delta(self, short: str, value: Any, groups: set[str]) -> str:
+        key = ("delta", short, repr(value))
+        if key not in self._strings:
+            self._strings[key] = _delta(short, value, groups)
+        return self._strings[key]
+
+    def _override(self, key: str, value: Any) -> str:
+        cache_key = (key, repr(value))
+        if cache_key not in self._strings:
+            self._strings[cache_key] = f"{key}={fmt_value(value)}"
+        return self._strings[cache_key]
+
+    # -- resolution ---------------------------------------------------------------------------
+
+    def _resolve(self, groups: dict[str, str], dotted, origins: dict[str, str], label: str) -> dict:
+        d = dict(self._combo(groups))
+        copied: set[str] = set()
+        for key, value, origin in dotted:
+            section, _, rest = key.partition(".")
+            if section not in copied:
+                d[section] = dict(d[section]) if isinstance(d.get(section), dict) else {}
+                copied.add(section)
+            if section == "method" and rest.startswith("params."):
+                d["method"]["params"] = {**d["method"].get("params", {}), rest[len("params."):]: value}
+            else:
+                d[section][rest] = self._convert(key, value, origin, groups)
+        d["method"] = dict(d["method"])
+        d["method"]["params"] = self._filled_params(d["method"], origins, label)
+        trainer = d["trainer"]
+        if trainer.get("steps_per_generation") is None:
+            d["trainer"] = {**trainer, "steps_per_generation": trainer["gradient_accumulation_steps"]}
+        return d
+
+    def _combo(self, groups: dict[str, str]) -> dict:
+        """The schema-merged config for these group choices, before any dotted override.
+
+        The defaults are composed once with Hydra; a chosen group's file then replaces its node,
+        merged with that section's schema (what Hydra and the Config merge do for plain group
+        files; sections merge independently). A file that is not plain goes through Hydra."""
+        key = tuple(sorted(groups.items()))
+        if key not in self._combos:
+            if self._base is None:
+                self._base = self._merged(_hydra_raw([]), "the defaults")
+            combo = dict(self._base)
+            for group, choice in groups.items():
+                section = self._section(group, choice)
+                if section is None:
+                    combo = self._merged(_hydra_raw([f"{g}={c}" for g, c in groups.items()]), str(dict(groups)))
+                    break
+                combo[group] = section
+            self._combos[key] = combo
+        return self._combos[key]
+
+    def _section(self, group: str, choice: str) -> dict | None:
+        if (group, choice) not in self._sections:
+            text = (CONF_DIR / group / f"{choice}.yaml").read_text()
+            package = re.search(r"^#\s*@package\s+(\S+)", text, re.M)
+            node = OmegaConf.create(text)
+            plain = "defaults" not in node and not (package and package.group(1) != group) and "${" not in text
+            field_ = Config.__dataclass_fields__.get(group)
+            if not plain or field_ is None:
+                self._sections[(group, choice)] = None
+            else:
+                default = field_.default_factory()  # type: ignore[misc]
+                schema = OmegaConf.structured(default) if dataclasses.is_dataclass(default) else OmegaConf.create(default)
+                try:
+                    merged = OmegaConf.merge(schema, node)
+                except Exception as e:  # noqa: BLE001 - a broken group file, named
+                    raise SweepError(f"{self.spec.where()}: conf/{group}/{choice}.yaml: {' '.join(str(e).split())}") from None
+                self._sections[(group, choice)] = OmegaConf.to_container(merged, resolve=True)
+        return self._sections[(group, choice)]
+
+    def _merged(self, raw: dict, what: str) -> dict:
+        try:
+            return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Config), raw), resolve=True)
+        except Exception as e:  # noqa: BLE001 - reported with the groups that caused it
+            raise SweepError(f"{self.spec.where()}: config groups {what}: {' '.join(str(e).split())}") from None
+
+    def _convert(self, key: str, value: Any, origin: str, groups: dict[str, str]) -> Any:
+        """The value as the dataclass schema stores it (1 → 1.0 for a float field)."""
+        cache_key = (key, repr(value), groups.get("task") if key.startswith("task.") else None)
+        if cache_key in self._values:
+            return self._values[cache_key]
+        section, _, leaf = key.partition(".")
+        section_type = {f.name: f.type for f in dataclasses.fields(Config)}.get(section)
+        if section == "task" and "." not in leaf and leaf in self._combo(groups)["task"]:
+            out = value  # free-form (dict[str, Any]); like compose(), only keys the task file declares
+        else:
+            try:
+                node = self._schema_node(section, section_type)
+                if "." in leaf or leaf not in node:
+                    raise KeyError(leaf)
+                node[leaf] = value
+                out = OmegaConf.to_container(node)[leaf]
+            except Exception:  # noqa: BLE001 - the exact message comes from compose() below
+                raise SweepError(f"{self.spec.where()}: {origin}: {self._compose_error(key, value, groups)}") from None
+        self._values[cache_key] = out
+        return out
+
+    def _schema_node(self, section: str, section_type: Any):
+        if section not in self._schema_nodes:
+            default = Config.__dataclass_fields__[section].default_factory()  # type: ignore[misc]
+            self._schema_nodes[section] = OmegaConf.structured(default)
+        return self._schema_nodes[section]
+
+    def _compose_error(self, key: str, value: Any, groups: dict[str, str]) -> str:
+        try:
+            compose([f"{g}={fmt_value(c)}" for g, c in groups.items()] + [f"{key}={fmt_value(value)}"])
+        except ConfigError as e:
+            return str(e)
+        return f"{key}={fmt_value(value)} can not be applied by the sweep expansion (a nested key?)"
+
+    def _filled_params(self, method: dict, origins: dict[str, str], label: str) -> dict:
+        params = method.get("params") or {}
+        cache_key = repr((method["name"], sorted(params.items())))
+        if cache_key not in self._params:
+            from stare_lab.methods import get_method
+
+            try:
+                rule = get_method(method["name"], **params)
+            except ValueError as e:
+                msg = str(e)
+                bad = re.search(r"parameter '([^']+)'", msg)
+                origin = origins.get(f"method.params.{bad.group(1)}" if bad else "method") or origins.get("method", "base")
+                raise SweepError(f"{self.spec.where()}: {origin}: {msg} (run '{label}')") from None
+            self._params[cache_key] = _jsonable(dataclasses.asdict(rule.params))
+        return dict(self._params[cache_key])
+
+
+def _hydra_raw(overrides: list[str]) -> dict:
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        raw = hydra_compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_container(raw, resolve=False)

@@ -1,0 +1,412 @@
+"""Sweep files: load a sweep YAML and check it against the schema before anything starts.
+
+Every mistake is a `SweepError` whose message is one line naming the file, the key path and,
+where there is a closed set, the valid choices: `sweeps/x.yaml: grid.method[2]: unknown method
+option 'nope'; valid: anchor, full, ...`. The schema is documented in docs/sweeps.md.
+This module checks the shape of the file; whether each override composes into a valid config
+is checked by `expand.expand_sweep`, which reports errors in the same form.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stare_lab.config import CONF_DIR, group_options
+
+TOP_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "eval", "launcher", "output", "search")
+EVAL_KEYS = ("benchmarks", "n", "temperature", "top_p", "max_tokens", "batch_size", "every_steps", "enabled")
+LAUNCHERS = ("local", "slurm")
+# Launcher keys beyond conf/launcher/<name>.yaml, with their defaults.
+LAUNCHER_EXTRAS: dict[str, dict[str, Any]] = {
+    "local": {"timeout_min": 7 * 24 * 60},
+    "slurm": {"max_requeue": 3, "signal_delay_s": 90, "qos": None, "constraint": None,
+              "setup": [], "additional": {}},
+}
+SEARCH_KEYS = ("params", "objective", "trials", "parallelism", "sampler", "seed", "pruner", "storage")
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("none", "median")
+DIRECTIONS = ("maximize", "minimize")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Variant names may carry a bracketed setting, read by analysis as the arm: "rsi_band[0.5,1]".
+_VARIANT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.,=+\[\]-]*$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class SweepError(ValueError):
+    """A user mistake in a sweep file or option: one line, printed without a traceback."""
+
+
+@dataclass
+class SearchSpec:
+    params: dict[str, dict[str, Any]]       # dotted key -> {low, high, log, step, type} | {choices}
+    metric: str                              # eval/<benchmark>/<metric> or train/<key>
+    direction: str
+    trials: int
+    parallelism: int
+    sampler: str = "tpe"
+    seed: int = 0
+    pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    storage: str | None = None               # None: sqlite (local) or a journal file (slurm) in the sweep folder
+
+
+@dataclass
+class SweepSpec:
+    name: str
+    groups: dict[str, str]                   # config group -> option (base choices)
+    overrides: dict[str, Any]                # base dotted overrides, eval block included
+    grid: dict[str, list[Any]]
+    variants: dict[str, dict[str, Any]]
+    seeds: list[int]
+    launcher: dict[str, Any]                 # name + every parameter, defaults filled in
+    output: Path                             # absolute root; the sweep folder is output/name
+    search: SearchSpec | None = None
+    path: Path | None = None
+    description: str = ""
+    digest: str = ""                         # sha256 of the file text: status notices an edited sweep
+
+    @property
+    def folder(self) -> Path:
+        return self.output / self.name
+
+    def where(self) -> str:
+        return str(self.path) if self.path else "<sweep>"
+
+
+def config_groups() -> list[str]:
+    """Config groups a sweep may choose in `base`, `grid` or a variant (not the launcher)."""
+    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "launcher" and any(p.glob("*.yaml")))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise SweepError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
+                             f"(first at line {seen[key] + 1})")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_sweep(path: Path | str, *, launcher: dict[str, Any] | None = None, output: Path | str | None = None) -> SweepSpec:
+    """Read and validate a sweep file. `launcher` (CLI options) and `output` override the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"{path}: no such sweep file")
+    text = path.read_text()
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except SweepError as e:
+        raise SweepError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise SweepError(f"{path}: invalid YAML: {where}{getattr(e, 'problem', None) or e}") from None
+    spec = parse_sweep(data, where=str(path), launcher=launcher, output=output)
+    spec.path, spec.digest = path, hashlib.sha256(text.encode()).hexdigest()
+    return spec
+
+
+def parse_sweep(data: Any, *, where: str = "<sweep>", launcher: dict[str, Any] | None = None,
+                output: Path | str | None = None) -> SweepSpec:
+    def fail(key: str, msg: str) -> None:
+        raise SweepError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
+
+    if not isinstance(data, dict):
+        fail("", "a sweep file is a mapping with keys " + ", ".join(TOP_KEYS))
+    for k in data:
+        if k not in TOP_KEYS:
+            fail("", f"unknown key {k!r}; valid keys: {', '.join(TOP_KEYS)}")
+    for k in ("name", "base"):
+        if k not in data:
+            fail("", f"missing required key {k!r}")
+    name = data["name"]
+    if not isinstance(name, str) or not _NAME.match(name):
+        fail("name", f"{name!r} is not a valid sweep name (letters, digits, '_', '-', '.')")
+    groups, overrides = _base(data["base"], fail)
+    overrides.update(_eval(data.get("eval"), fail))
+    grid = _grid(data.get("grid"), fail)
+    variants = _variants(data.get("variants"), fail, grid)
+    seeds = _seeds(data.get("seeds", [0]), fail)
+    launch = _launcher(data.get("launcher"), launcher or {}, fail)
+    out = output if output is not None else data.get("output", "runs")
+    if not isinstance(out, (str, Path)) or not str(out):
+        fail("output", f"expected a folder path, got {out!r}")
+    search = None
+    if data.get("search") is not None:
+        if grid or variants:
+            fail("search", "a search replaces grid and variants; remove one or the other")
+        if len(seeds) != 1:
+            fail("seeds", f"a search runs one seed per trial; got {len(seeds)} seeds")
+        search = _search(data["search"], fail, launch)
+    desc = data.get("description") or ""
+    return SweepSpec(name=name, groups=groups, overrides=overrides, grid=grid, variants=variants, seeds=seeds,
+                     launcher=launch, output=Path(out).expanduser().absolute(), search=search, description=str(desc))
+
+
+def _check_key(key: Any, path: str, fail) -> None:
+    if not isinstance(key, str) or not _KEY.match(key):
+        fail(path, f"{key!r} is not a config key (dotted identifiers, e.g. trainer.max_steps)")
+    head = key.split(".")[0]
+    if head in ("run", "seed"):
+        fail(path, f"{key!r} is set by the sweep itself (use seeds: for seeds)")
+    if head == "launcher":
+        fail(path, "the launcher is the sweep's top-level `launcher:` block, not a config override")
+
+
+def _check_choice(group: str, value: Any, path: str, fail) -> None:
+    options = group_options(group)
+    if not isinstance(value, str) or value not in options:
+        fail(path, f"unknown {group} option {value!r}; valid: {', '.join(options)}")
+
+
+def _split(mapping: dict, path: str, fail) -> tuple[dict[str, str], dict[str, Any]]:
+    """Config-group choices (`method: stare`) and dotted overrides (`method.params.W: 1.2`)."""
+    groups, overrides = {}, {}
+    known = config_groups()
+    for k, v in mapping.items():
+        _check_key(k, f"{path}.{k}" if path else str(k), fail)
+        if "." not in k and k in known:
+            _check_choice(k, v, f"{path}.{k}", fail)
+            groups[k] = v
+        elif "." not in k:
+            fail(f"{path}.{k}", f"unknown config group {k!r}; valid groups: {', '.join(known)} "
+                 "(or a dotted key such as trainer.max_steps)")
+        else:
+            if isinstance(v, dict):
+                fail(f"{path}.{k}", "an override value is a scalar or a list, not a mapping")
+            overrides[k] = v
+    return groups, overrides
+
+
+def _base(base: Any, fail) -> tuple[dict[str, str], dict[str, Any]]:
+    if not isinstance(base, dict):
+        fail("base", f"expected a mapping of config-group choices and `overrides:`, got {type(base).__name__}")
+    choices = {k: v for k, v in base.items() if k != "overrides"}
+    groups, overrides = _split(choices, "base", fail)
+    extra = base.get("overrides") or {}
+    if not isinstance(extra, dict):
+        fail("base.overrides", f"expected a mapping of dotted keys to values, got {type(extra).__name__}")
+    for k, v in extra.items():
+        if isinstance(k, str) and "." not in k:
+            fail(f"base.overrides.{k}", f"{k!r} is a group choice or a section: write it under base: "
+                 "or use a dotted key such as trainer.max_steps")
+    g2, o2 = _split(extra, "base.overrides", fail)
+    overrides.update(o2)
+    return groups, overrides
+
+
+def _eval(block: Any, fail) -> dict[str, Any]:
+    if block is None:
+        return {}
+    if block is False:
+        return {"eval.enabled": False}
+    if not isinstance(block, dict):
+        fail("eval", f"expected a mapping with keys {', '.join(EVAL_KEYS)} (or false), got {block!r}")
+    for k, v in block.items():
+        if k not in EVAL_KEYS:
+            fail(f"eval.{k}", f"unknown key; valid keys: {', '.join(EVAL_KEYS)} (choose eval configs in base: eval: NAME)")
+    if "benchmarks" in block and (not isinstance(block["benchmarks"], list) or not block["benchmarks"]):
+        fail("eval.benchmarks", "expected a non-empty list of benchmark names")
+    return {f"eval.{k}": v for k, v in block.items()}
+
+
+def _grid(grid: Any, fail) -> dict[str, list[Any]]:
+    if grid is None:
+        return {}
+    if not isinstance(grid, dict) or not grid:
+        fail("grid", "expected a non-empty mapping of keys to lists of values")
+    out = {}
+    for k, values in grid.items():
+        _check_key(k, f"grid.{k}", fail)
+        if not isinstance(values, list):
+            fail(f"grid.{k}", f"expected a list of values, got {values!r}")
+        if not values:
+            fail(f"grid.{k}", "empty list: a grid axis needs at least one value")
+        for i, v in enumerate(values):
+            if isinstance(v, dict):
+                fail(f"grid.{k}[{i}]", "a grid value is a scalar or a list (bundles of overrides are variants)")
+            if "." not in k:
+                if k not in config_groups():
+                    fail(f"grid.{k}", f"unknown config group {k!r}; valid groups: {', '.join(config_groups())}")
+                _check_choice(k, v, f"grid.{k}[{i}]", fail)
+        if len({repr(v) for v in values}) != len(values):
+            fail(f"grid.{k}", f"duplicate values in {values!r}")
+        out[k] = values
+    return out
+
+
+def _variants(variants: Any, fail, grid: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:
+    if variants is None:
+        return {}
+    if not isinstance(variants, dict) or not variants:
+        fail("variants", "expected a non-empty mapping of variant names to override bundles")
+    out = {}
+    for name, bundle in variants.items():
+        if not isinstance(name, str) or not _VARIANT.match(name):
+            fail(f"variants.{name}", f"{name!r} is not a valid variant name (letters, digits and _ . , = + - [ ])")
+        if not isinstance(bundle, dict) or not bundle:
+            fail(f"variants.{name}", "expected a non-empty mapping of overrides (e.g. method: rsi_band)")
+        groups, overrides = _split(bundle, f"variants.{name}", fail)
+        merged = {**groups, **overrides}
+        for k in merged:
+            if k in grid:
+                fail(f"variants.{name}.{k}", "also set by the grid; a key is either a grid axis or set by variants")
+        out[name] = merged
+    seen: dict[str, str] = {}
+    for name, bundle in out.items():
+        key = repr(sorted(bundle.items(), key=lambda kv: kv[0]))
+        if key in seen:
+            fail(f"variants.{name}", f"same overrides as variants.{seen[key]}")
+        seen[key] = name
+    return out
+
+
+def _seeds(seeds: Any, fail) -> list[int]:
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        if seeds < 1:
+            fail("seeds", f"a number of seeds must be ≥ 1, got {seeds}")
+        return list(range(seeds))
+    if not isinstance(seeds, list) or not seeds:
+        fail("seeds", f"expected a non-empty list of integers or a count, got {seeds!r}")
+    for i, s in enumerate(seeds):
+        if not isinstance(s, int) or isinstance(s, bool):
+            fail(f"seeds[{i}]", f"expected an integer, got {s!r}")
+    if len(set(seeds)) != len(seeds):
+        fail("seeds", f"duplicate seeds in {seeds}")
+    return list(seeds)
+
+
+def launcher_defaults(name: str) -> dict[str, Any]:
+    base = yaml.safe_load((CONF_DIR / "launcher" / f"{name}.yaml").read_text()) or {}
+    return {**base, **LAUNCHER_EXTRAS[name], "name": name}
+
+
+def _launcher(block: Any, cli: dict[str, Any], fail) -> dict[str, Any]:
+    block = {"name": "local"} if block is None else block
+    if isinstance(block, str):
+        block = {"name": block}
+    if not isinstance(block, dict):
+        fail("launcher", f"expected a mapping with `name: local|slurm`, got {block!r}")
+    name = cli.get("name") or block.get("name", "local")
+    if name not in LAUNCHERS:
+        fail("launcher.name", f"unknown launcher {name!r}; valid: {', '.join(LAUNCHERS)}")
+    out = launcher_defaults(name)
+    given = {k: v for k, v in block.items() if k != "name"}
+    if block.get("name", "local") != name:  # --launcher switched it: keep only keys the new one knows
+        given = {k: v for k, v in given.items() if k in out}
+    given.update({k: v for k, v in cli.items() if k != "name" and v is not None})
+    for k, v in given.items():
+        if k not in out:
+            fail(f"launcher.{k}", f"unknown key for the {name} launcher; valid keys: {', '.join(sorted(out))}")
+        out[k] = _launcher_value(name, k, v, out[k], fail)
+    return out
+
+
+def _launcher_value(name: str, key: str, value: Any, default: Any, fail) -> Any:
+    path = f"launcher.{key}"
+    if key in ("partition", "account", "qos", "constraint"):
+        if value is not None and not isinstance(value, str):
+            fail(path, f"expected a string, got {value!r}")
+        return value
+    if key == "setup":
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            fail(path, "expected a list of shell lines")
+        return value
+    if key == "additional":
+        if not isinstance(value, dict):
+            fail(path, "expected a mapping of extra sbatch options")
+        return value
+    minimum = 0 if key in ("gpus_per_node", "max_requeue", "signal_delay_s") else 1
+    kind = (int, float) if key in ("mem_gb", "timeout_min") else (int,)
+    if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
+        fail(path, f"expected {'a number' if float in kind else 'an integer'} ≥ {minimum}, got {value!r}")
+    return value
+
+
+def _search(block: Any, fail, launch: dict[str, Any]) -> SearchSpec:
+    if not isinstance(block, dict):
+        fail("search", "expected a mapping with params, objective and trials")
+    for k in block:
+        if k not in SEARCH_KEYS:
+            fail(f"search.{k}", f"unknown key; valid keys: {', '.join(SEARCH_KEYS)}")
+    params = block.get("params")
+    if not isinstance(params, dict) or not params:
+        fail("search.params", "expected a non-empty mapping of dotted keys to {low, high} or {choices}")
+    for k, p in params.items():
+        _search_param(k, p, fail)
+    obj = block.get("objective")
+    if not isinstance(obj, dict) or "metric" not in obj:
+        fail("search.objective", "expected {metric: eval/<benchmark>/<metric> | train/<key>, direction: maximize|minimize}")
+    for k in obj:
+        if k not in ("metric", "direction"):
+            fail(f"search.objective.{k}", "unknown key; valid keys: metric, direction")
+    metric = obj["metric"]
+    if not isinstance(metric, str) or not re.match(r"^(eval/[^/]+/\S+|train/\S+)$", metric):
+        fail("search.objective.metric", f"{metric!r}: expected eval/<benchmark>/<metric> (e.g. eval/arithmetic/avg@32) or train/<key>")
+    direction = obj.get("direction", "maximize")
+    if direction not in DIRECTIONS:
+        fail("search.objective.direction", f"unknown direction {direction!r}; valid: {', '.join(DIRECTIONS)}")
+    ints = {}
+    for k, lo in (("trials", 1), ("parallelism", 1), ("seed", 0)):
+        v = block.get(k, {"trials": None, "parallelism": None, "seed": 0}[k])
+        if k == "trials" and v is None:
+            fail("search.trials", "missing: how many trials to run")
+        if v is None:
+            v = launch.get("workers") or launch.get("array_parallelism") or 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            fail(f"search.{k}", f"expected an integer ≥ {lo}, got {v!r}")
+        ints[k] = v
+    sampler = block.get("sampler", "tpe")
+    if sampler not in SAMPLERS:
+        fail("search.sampler", f"unknown sampler {sampler!r}; valid: {', '.join(SAMPLERS)}")
+    pruner = block.get("pruner") or {"name": "none"}
+    if isinstance(pruner, str):
+        pruner = {"name": pruner}
+    if not isinstance(pruner, dict) or pruner.get("name") not in PRUNERS:
+        fail("search.pruner", f"unknown pruner {pruner!r}; valid: {', '.join(PRUNERS)}")
+    for k in pruner:
+        if k not in ("name", "n_startup_trials", "n_warmup_steps"):
+            fail(f"search.pruner.{k}", "unknown key; valid keys: name, n_startup_trials, n_warmup_steps")
+    storage = block.get("storage")
+    if storage is not None and not isinstance(storage, str):
+        fail("search.storage", f"expected a path or an sqlite:/// URL, got {storage!r}")
+    return SearchSpec(params=params, metric=metric, direction=direction, trials=ints["trials"],
+                      parallelism=ints["parallelism"], sampler=sampler, seed=ints["seed"], pruner=pruner, storage=storage)
+
+
+def _search_param(key: Any, p: Any, fail) -> None:
+    path = f"search.params.{key}"
+    _check_key(key, path, fail)
+    if "." not in key:
+        fail(path, "search parameters are dotted config keys (e.g. method.params.W)")
+    if not isinstance(p, dict):
+        fail(path, "expected {low, high[, log, step, type]} or {choices: [...]}")
+    if "choices" in p:
+        if set(p) != {"choices"} or not isinstance(p["choices"], list) or not p["choices"]:
+            fail(path, "a categorical parameter is {choices: [non-empty list]}")
+        return
+    for k in p:
+        if k not in ("low", "high", "log", "step", "type"):
+            fail(f"{path}.{k}", "unknown key; valid keys: low, high, log, step, type (or choices)")
+    lo, hi = p.get("low"), p.get("high")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)):
+        fail(path, f"low and high must be numbers, got low={lo!r} high={hi!r}")
+    if lo >= hi:
+        fail(path, f"low ({lo}) must be below high ({hi})")
+    if p.get("type", "float" if isinstance(lo, float) or isinstance(hi, float) else "int") not in ("int", "float"):
+        fail(f"{path}.type", f"unknown type {p.get('type')!r}; valid: int, float")
+    if p.get("log") and lo <= 0:
+        fail(path, "a log-scale range needs low > 0")

@@ -1,0 +1,223 @@
+"""Optuna search: a sweep's `search:` block as a study driven with ask/tell.
+
+Each trial is an ordinary run (its config is the base plus the sampled parameters, its id the
+config hash) launched through the sweep's launcher, at most `parallelism` at a time. Only this
+driver talks to the study storage: sqlite in the sweep folder for the local launcher, a
+JournalStorage file (safe on a shared filesystem) for Slurm. A driver that dies leaves its trials
+RUNNING in the storage; the next `sweep run` relaunches exactly those runs (they resume from their
+checkpoints) before asking for new trials. With a pruner, the driver reads each running trial's
+intermediate values (eval/step-<N>/ for an eval metric, metrics.jsonl rows for a train metric),
+reports them, and stops a trial Optuna prunes (its run is recorded interrupted, "pruned ...").
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from stare_lab.sweep.expand import Composer, RunSpec, fmt_value
+from stare_lab.sweep.launch import POLL_S, reconcile, Tracked, make_executor, prepare
+from stare_lab.sweep.records import read_status, update_status
+from stare_lab.sweep.schema import SearchSpec, SweepSpec
+from stare_lab.sweep.worker import RunWorker
+
+
+def storage_for(spec: SweepSpec):
+    """An Optuna storage object (or URL) for this sweep."""
+    import optuna
+
+    s = spec.search.storage
+    if s and "://" in s:
+        return s
+    if s:
+        path = Path(s) if Path(s).is_absolute() else spec.folder / s
+    else:
+        path = spec.folder / ("optuna.journal" if spec.launcher["name"] == "slurm" else "optuna.db")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix in (".db", ".sqlite", ".sqlite3"):
+        return f"sqlite:///{path}"
+    from optuna.storages.journal import JournalFileBackend
+
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+
+
+def load_study(spec: SweepSpec, create: bool = False):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    s: SearchSpec = spec.search
+    storage = storage_for(spec)
+    if not create:
+        return optuna.load_study(study_name=spec.name, storage=storage)
+    pruner = optuna.pruners.NopPruner()
+    if s.pruner.get("name") == "median":
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=int(s.pruner.get("n_startup_trials", 2)),
+                                             n_warmup_steps=int(s.pruner.get("n_warmup_steps", 0)))
+    study = optuna.create_study(study_name=spec.name, storage=storage, load_if_exists=True,
+                                direction=s.direction, pruner=pruner)
+    # A resumed study must not replay the first launch's suggestions: seed by trials so far.
+    seed = s.seed + len(study.trials)
+    study.sampler = (optuna.samplers.RandomSampler(seed=seed) if s.sampler == "random"
+                     else optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(1, s.trials // 3))))
+    return study
+
+
+def distributions(s: SearchSpec) -> dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    out = {}
+    for key, p in s.params.items():
+        if "choices" in p:
+            out[key] = CategoricalDistribution(p["choices"])
+            continue
+        kind = p.get("type") or ("float" if any(isinstance(p[k], float) for k in ("low", "high")) else "int")
+        cls = IntDistribution if kind == "int" else FloatDistribution
+        lo, hi = (int(p["low"]), int(p["high"])) if kind == "int" else (float(p["low"]), float(p["high"]))
+        out[key] = cls(lo, hi, log=bool(p.get("log", False)), step=p.get("step", 1 if kind == "int" else None))
+    return out
+
+
+def objective_value(run_dir: Path, metric: str) -> float | None:
+    """The objective of a finished run: eval/<benchmark>/<metric> or train/<key> (last row)."""
+    kind, _, rest = metric.partition("/")
+    if kind == "eval":
+        bench, _, name = rest.partition("/")
+        return _eval_metric(Path(run_dir) / "eval" / f"{bench}.json", name)
+    rows = [r for r in _metric_rows(Path(run_dir)) if rest in r]
+    return float(rows[-1][rest]) if rows else None
+
+
+def intermediate_values(run_dir: Path, metric: str) -> dict[int, float]:
+    """step → value so far: eval/step-<N>/<benchmark>.json, or metrics.jsonl rows."""
+    kind, _, rest = metric.partition("/")
+    if kind == "eval":
+        bench, _, name = rest.partition("/")
+        out = {}
+        for d in (Path(run_dir) / "eval").glob("step-*"):
+            v = _eval_metric(d / f"{bench}.json", name)
+            if v is not None and d.name[5:].isdigit():
+                out[int(d.name[5:])] = v
+        return out
+    return {int(r["step"]): float(r[rest]) for r in _metric_rows(Path(run_dir)) if rest in r and "step" in r}
+
+
+def _eval_metric(path: Path, name: str) -> float | None:
+    try:
+        v = json.loads(path.read_text())["metrics"].get(name)
+    except (OSError, ValueError, KeyError):
+        return None
+    return None if v is None else float(v)
+
+
+def _metric_rows(run_dir: Path) -> list[dict]:
+    rows = []
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return rows
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def trial_run(composer: Composer, spec: SweepSpec, number: int, params: dict[str, Any]) -> RunSpec:
+    assigned = [(k, v, f"search.params.{k}") for k, v in params.items()]
+    label = f"trial {number}: " + " ".join(f"{k.rsplit('.', 1)[-1]}={fmt_value(v)}" for k, v in params.items())
+    return composer.run(assigned, seed=spec.seeds[0], label=label, variant=None)
+
+
+def run_search(spec: SweepSpec, echo: Callable[[str], None] = print, executor=None) -> dict[str, int]:
+    """Run the study until `trials` trials have ended; returns counts of trial states."""
+    from optuna.trial import Trial, TrialState
+
+    s: SearchSpec = spec.search
+    study = load_study(spec, create=True)
+    composer, dists = Composer(spec), distributions(s)
+    executor = executor or make_executor(spec)
+    stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+    if stale:
+        echo(f"resuming {len(stale)} trial(s) left running by an earlier launch")
+    ended = lambda: len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+    inflight: list[tuple[Trial, Tracked]] = []
+    done = ended()
+    echo(f"study {spec.name!r}: {done} of {s.trials} trials ended; up to {s.parallelism} at a time")
+    while inflight or (stale or done + len(inflight) < s.trials):
+        while len(inflight) < s.parallelism and (stale or done + len(inflight) < s.trials):
+            if stale:
+                frozen = stale.pop(0)
+                trial, params = Trial(study, frozen._trial_id), frozen.params
+            else:
+                trial = study.ask(dists)
+                params = trial.params
+            run = trial_run(composer, spec, trial.number, params)
+            trial.set_user_attr("run_id", run.id)
+            trial.set_user_attr("label", run.label)
+            if (read_status(run.run_dir) or {}).get("state") == "finished":
+                done += _tell(study, trial, run, s, echo)
+                continue
+            prepare(run)
+            inflight.append((trial, Tracked(run, executor.submit(RunWorker(), str(run.run_dir)))))
+        for trial, tracked in list(inflight):
+            if s.pruner.get("name") != "none" and _prune(trial, tracked, s):
+                inflight.remove((trial, tracked))
+                study.tell(trial, state=TrialState.PRUNED)
+                echo(f"trial {trial.number} pruned  {tracked.run.label}")
+                done += 1
+            elif tracked.job.done():
+                inflight.remove((trial, tracked))
+                reconcile(tracked)
+                done += _tell(study, trial, tracked.run, s, echo)
+        time.sleep(POLL_S if inflight else 0)
+    states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
+    return {k: states.count(k) for k in sorted(set(states))}
+
+
+def _tell(study, trial, run: RunSpec, s: SearchSpec, echo) -> int:
+    from optuna.trial import TrialState
+
+    status = read_status(run.run_dir) or {}
+    value = objective_value(run.run_dir, s.metric) if status.get("state") == "finished" else None
+    if value is None:
+        study.tell(trial, state=TrialState.FAIL)
+        why = status.get("error") or f"no value for {s.metric}"
+        echo(f"trial {trial.number} failed  {run.label}: {why}")
+    else:
+        study.tell(trial, value)
+        echo(f"trial {trial.number} {s.metric}={value:.4g}  {run.label}")
+    return 1
+
+
+def _prune(trial, tracked: Tracked, s: SearchSpec) -> bool:
+    values = intermediate_values(tracked.run.run_dir, s.metric)
+    reported = trial.user_attrs.get("_reported_steps", [])
+    new = sorted(k for k in values if k not in reported)
+    for step in new:
+        trial.report(values[step], step)
+    if new:
+        trial.set_user_attr("_reported_steps", reported + new)
+    if not new or not trial.should_prune() or tracked.job.done():
+        return False
+    tracked.job.cancel(check=False)
+    deadline = time.time() + 30
+    while not tracked.job.done() and time.time() < deadline:
+        time.sleep(0.2)
+    update_status(tracked.run.run_dir, state="interrupted", error=f"pruned by Optuna at step {new[-1]}")
+    return True
+
+
+def best_trial(spec: SweepSpec) -> dict[str, Any] | None:
+    """The best completed trial (number, value, params, run id), or None."""
+    try:
+        study = load_study(spec)
+    except KeyError:
+        return None
+    try:
+        t = study.best_trial
+    except ValueError:
+        return None
+    return {"number": t.number, "value": t.value, "params": t.params, "run_id": t.user_attrs.get("run_id"),
+            "label": t.user_attrs.get("label"), "n_trials": len(study.trials)}

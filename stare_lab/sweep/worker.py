@@ -1,0 +1,127 @@
+"""The worker: one run, with its status.json bookkeeping around `stare_lab.runner.execute`.
+
+`run_one(run_dir)` is what every launcher runs (and what `stare-lab train` calls in-process):
+state running → finished | failed | interrupted, attempts, host, pid, Slurm job id, timings, and
+the error's first line plus traceback. `RunWorker` is the same as a submitit `Checkpointable`:
+on pre-emption or time-out submitit calls `checkpoint`, which records the run as interrupted and
+resubmits the worker itself; the requeued job calls `run_one` again, and the runner resumes from
+the last trainer checkpoint (and the same W&B run, whose id is the run id).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import submitit
+
+from stare_lab.sweep.records import (
+    elapsed,
+    first_line,
+    new_status,
+    now_iso,
+    read_status,
+    self_identity,
+    update_status,
+    write_status,
+)
+
+Execute = Callable[[Path], None]
+
+
+class Terminated(BaseException):
+    """SIGTERM in a worker: Slurm cancels, requeues or pre-empts the job."""
+
+
+def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool = False) -> dict[str, Any]:
+    """Run (or resume) the run in `run_dir`; returns its final status. Raises what the run raised.
+
+    A finished run is not run again unless `force`. `execute` defaults to the real runner; tests
+    pass a stand-in.
+    """
+    run_dir = Path(run_dir)
+    status = read_status(run_dir) or new_status()
+    if status.get("state") == "finished" and not force:
+        return status
+    if execute is None:
+        execute = _default_execute()
+    ident = self_identity()
+    if not ident["slurm_job_id"]:
+        ident["slurm_job_id"] = status.get("slurm_job_id") if ident["host"] == status.get("host") else None
+    t0 = time.time()
+    status.update(ident, state="running", attempts=int(status.get("attempts") or 0) + 1, error=None,
+                  traceback=None, finished=None, started=status.get("started") or now_iso(),
+                  attempt_started=now_iso())
+    write_status(run_dir, status)
+    try:
+        execute(run_dir)
+    except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
+        interrupted = isinstance(e, (KeyboardInterrupt, SystemExit, Terminated))
+        status.update(state="interrupted" if interrupted else "failed",
+                      error=first_line(f"{type(e).__name__}: {e}"), traceback=traceback.format_exc(),
+                      duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3),
+                      finished=None if interrupted else now_iso())
+        _write_unless_requeued(run_dir, status)
+        raise
+    status.update(state="finished", finished=now_iso(),
+                  duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3))
+    write_status(run_dir, status)
+    return status
+
+
+def _default_execute() -> Execute:
+    """stare_lab.runner.execute, or the `module:function` named by STARE_LAB_EXECUTE (a test hook
+    that lets launcher tests swap in a stand-in run without a model)."""
+    target = os.environ.get("STARE_LAB_EXECUTE")
+    if not target:
+        from stare_lab.runner import execute
+
+        return execute
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _write_unless_requeued(run_dir: Path, status: dict[str, Any]) -> None:
+    # checkpoint() may have recorded `interrupted` already; a SystemExit from submitit's requeue
+    # must not turn that into anything else.
+    current = read_status(run_dir) or {}
+    if current.get("state") == "interrupted" and status["state"] == "interrupted":
+        status["requeued"] = current.get("requeued")
+    write_status(run_dir, status)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated(f"received {signal.Signals(signum).name}: the job was cancelled, requeued or pre-empted")
+
+
+class RunWorker(submitit.helpers.Checkpointable):
+    """The submitit callable: `RunWorker()(run_dir)`; requeued as itself on pre-emption/time-out."""
+
+    def __call__(self, run_dir: str) -> dict[str, Any]:
+        # submitit ignores SIGTERM ("bypass") and leaves the job to Slurm's SIGKILL; a requeue
+        # (`scontrol requeue`, pre-emption) would then record nothing until KillWait ends. Here
+        # SIGTERM records the run interrupted and leaves at once, without a submitit result, so a
+        # requeued job still counts as running and a cancelled one ends interrupted (resumable).
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            return run_one(Path(run_dir))
+        except Terminated:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(143)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def checkpoint(self, run_dir: str, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        # The trainer checkpoints every save_steps on its own; there is nothing more to dump here.
+        try:
+            update_status(Path(run_dir), state="interrupted", requeued=now_iso(),
+                          error="requeued by Slurm (pre-emption or time-out)")
+        except OSError:
+            pass
+        return submitit.helpers.DelayedSubmission(self, run_dir, *args, **kwargs)

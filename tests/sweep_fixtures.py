@@ -1,0 +1,167 @@
+"""Fixtures and helpers of the sweep tests (imported by tests/test_sweep_*.py).
+
+- `slurm_cluster`: the local Slurm cluster started by scripts/slurm_cluster.sh. Without one the
+  test skips with the reason, except under CI (CI=1 or STARE_LAB_REQUIRE_SLURM=1), where it fails.
+- `write_sweep`: a sweep file in tmp_path with the tiny real-runner settings.
+- `standin_execute`: a stand-in for stare_lab.runner.execute with the same resume contract
+  (checkpoints every save_steps, metrics rows after the last checkpoint dropped on resume,
+  STARE_LAB_FAIL_AT_STEP); only for the launcher tests that do not need a model
+  (select it with env STARE_LAB_EXECUTE=sweep_fixtures:standin_execute).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SLURM_CONF = Path(os.environ.get("STARE_LAB_SLURM_DIR", "/tmp/stare_lab_slurm")) / "slurm.conf"
+# The tiny real-runner settings: a few seconds per run on the built-in model.
+TINY = {"trainer.max_steps": 2, "trainer.save_steps": 1, "trainer.per_device_train_batch_size": 8,
+        "trainer.num_generations": 4, "trainer.gradient_accumulation_steps": 1, "trainer.max_completion_length": 8,
+        "task.train_size": 64, "task.heldout_size": 16}
+# Small task splits where conf/task/arithmetic.yaml declares them (a sweep can only set declared keys).
+_TASK_KEYS = yaml.safe_load((ROOT / "conf" / "task" / "arithmetic.yaml").read_text()) or {}
+TINY = {k: v for k, v in TINY.items() if not k.startswith("task.") or k.split(".", 1)[1] in _TASK_KEYS}
+
+
+def slurm_required() -> bool:
+    return os.environ.get("CI") == "1" or os.environ.get("STARE_LAB_REQUIRE_SLURM") == "1"
+
+
+def _slurm_problem(conf: Path) -> str | None:
+    if not shutil.which("sbatch"):
+        return "Slurm is not installed (run scripts/slurm_cluster.sh start)"
+    if not conf.is_file():
+        return f"no cluster config at {conf} (run scripts/slurm_cluster.sh start)"
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    try:
+        nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=20)
+        acct = subprocess.run(["sacct", "-n", "-X", "-o", "JobID", "-S", "now-1minutes"], env=env,
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the Slurm cluster does not answer: {e}"
+    if nodes.returncode != 0 or not any(s.strip("*~#") in ("idle", "mix", "alloc") for s in nodes.stdout.split()):
+        return f"no usable Slurm node: {(nodes.stderr or nodes.stdout).strip()[:200]}"
+    if acct.returncode != 0:
+        return f"Slurm accounting (slurmdbd) does not answer: {acct.stderr.strip()[:200]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """SLURM_CONF of a running cluster with accounting; skip (or fail under CI) without one."""
+    conf = Path(os.environ.get("SLURM_CONF") or SLURM_CONF)
+    problem = _slurm_problem(conf)
+    if problem:
+        if slurm_required():
+            pytest.fail(f"Slurm cluster required (CI / STARE_LAB_REQUIRE_SLURM) but {problem}")
+        pytest.skip(problem)
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(conf)
+    yield conf
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old
+
+
+def write_sweep(tmp_path: Path, name: str = "s", overrides: dict | None = None, **fields) -> Path:
+    """A sweep file: built-in model, logger none, tiny trainer settings, eval n=2, output tmp_path/runs."""
+    data = {"name": name,
+            "base": {"model": "builtin", "logger": "none", "overrides": {**TINY, **(overrides or {})}},
+            "seeds": [0], "eval": {"n": 2}, "output": str(tmp_path / "runs")}
+    data.update(fields)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def sweep_env(**extra: str) -> dict[str, str]:
+    """Environment of a `python -m stare_lab.sweep` subprocess (tests dir importable for the stand-in)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+           "STARE_LAB_THREADS": "1", "WANDB_MODE": "disabled"}
+    env.update(extra)
+    return env
+
+
+def sweep_cli(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "stare_lab.sweep", *args], cwd=ROOT, env=env or sweep_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines if line.strip()]
+
+
+def wait_until(predicate, timeout: float, what: str, every: float = 0.3):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def run_dirs(tmp_path: Path, name: str) -> list[Path]:
+    folder = tmp_path / "runs" / name
+    return sorted(p for p in folder.iterdir() if (p / "status.json").is_file()) if folder.is_dir() else []
+
+
+# -- the stand-in runner ----------------------------------------------------------------------
+
+def standin_execute(run_dir: Path) -> None:
+    """Steps of STARE_LAB_STANDIN_STEP_S seconds; the runner's checkpoint/resume/metrics contract."""
+    run_dir = Path(run_dir)
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    t = cfg["trainer"]
+    if cfg["task"]["name"] not in ("arithmetic", "math"):
+        raise ValueError(f"task.name: unknown task {cfg['task']['name']!r}")
+    ckpts = [int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("checkpoint-*")
+             if (p / "trainer_state.json").is_file()]
+    last = max(ckpts, default=0)
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last))
+    fail_at = int(os.environ.get("STARE_LAB_FAIL_AT_STEP") or 0)
+    value = _standin_value(cfg)
+    for step in range(last + 1, t["max_steps"] + 1):
+        time.sleep(float(os.environ.get("STARE_LAB_STANDIN_STEP_S", "0.05")))
+        if fail_at and step >= fail_at:
+            raise RuntimeError(f"STARE_LAB_FAIL_AT_STEP: simulated crash at step {step}")
+        with metrics.open("a") as f:
+            f.write(json.dumps({"step": step, "time": time.time(), "reward": value * step / t["max_steps"]}) + "\n")
+        if step % t["save_steps"] == 0 or step == t["max_steps"]:
+            d = run_dir / "checkpoints" / f"checkpoint-{step}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        every = cfg["eval"].get("every_steps") or 0
+        if every and step % every == 0:
+            _write_eval(run_dir / "eval" / f"step-{step}", cfg, value * step / t["max_steps"])
+    _write_eval(run_dir / "eval", cfg, value)
+
+
+def _standin_value(cfg: dict) -> float:
+    """A smooth function of the rule's numeric params, best near 0.2 each (a search has a target)."""
+    nums = [v for v in cfg["method"]["params"].values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return 1.0 / (1.0 + sum(abs(v - 0.2) for v in nums))
+
+
+def _write_eval(folder: Path, cfg: dict, value: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    n = cfg["eval"]["n"]
+    for bench in cfg["eval"]["benchmarks"]:
+        (folder / f"{bench}.json").write_text(json.dumps({"benchmark": bench, "n": n, "metrics": {f"avg@{n}": value}}))

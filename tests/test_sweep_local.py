@@ -1,0 +1,157 @@
+"""Local launcher: safe re-runs after SIGKILL, the sweep lock, failures and retries, the worker.
+
+These run the real runner on the built-in model with tiny settings. STARE_LAB_SWEEP_TESTS_STANDIN=1
+swaps in the stand-in runner of sweep_fixtures (same resume contract, no model) for development.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stare_lab.sweep.cli import main
+from stare_lab.sweep.lock import SweepLock
+from stare_lab.sweep.records import read_status
+from stare_lab.sweep.schema import SweepError
+from stare_lab.sweep.worker import run_one
+from sweep_fixtures import metric_steps, read_json, run_dirs, standin_execute, sweep_cli, sweep_env, wait_until, write_sweep
+
+STANDIN = os.environ.get("STARE_LAB_SWEEP_TESTS_STANDIN") == "1"
+
+
+def runner_env(**extra: str) -> dict[str, str]:
+    if STANDIN:
+        extra = {"STARE_LAB_EXECUTE": "sweep_fixtures:standin_execute", "STARE_LAB_STANDIN_STEP_S": "0.3", **extra}
+    return sweep_env(**extra)
+
+
+@pytest.fixture
+def in_process_env(monkeypatch):
+    for k, v in runner_env().items():
+        monkeypatch.setenv(k, v)
+
+
+def by_label(tmp_path: Path, name: str) -> dict[str, Path]:
+    return {read_json(d / "status.json")["label"]: d for d in run_dirs(tmp_path, name)}
+
+
+def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_process_env, capsys):
+    path = write_sweep(tmp_path, "killed", overrides={"trainer.max_steps": 4},
+                       grid={"method": ["full", "top_entropy", "random"]}, launcher={"name": "local", "workers": 1})
+    proc = sweep_cli("run", str(path), env=runner_env(), start_new_session=True)
+
+    def first_done_second_checkpointed():
+        runs = {read_json(d / "status.json")["label"]: d for d in run_dirs(tmp_path, "killed")}
+        states = {k: (read_status(d) or {}).get("state") for k, d in runs.items()}
+        done = [k for k, s in states.items() if s == "finished"]
+        busy = [runs[k] for k, s in states.items() if s == "running"
+                and (runs[k] / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()]
+        return (done, busy[0]) if done and busy and (busy[0] / "metrics.jsonl").is_file() else None
+
+    try:
+        done, busy = wait_until(first_done_second_checkpointed, 240, "one run finished and one past its first checkpoint",
+                                every=0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)                   # the launcher, its worker, everything
+        proc.wait()
+    killed_at = time.time()
+    runs = by_label(tmp_path, "killed")
+    finished_metrics = {k: (runs[k] / "metrics.jsonl").read_bytes() for k in done}
+    assert read_status(busy)["state"] == "running"           # the record of a worker that died
+
+    assert main(["sweep", "run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(done)} finished (skipped)" in out
+    for label, d in by_label(tmp_path, "killed").items():
+        status = read_json(d / "status.json")
+        assert status["state"] == "finished" and (d / "config.yaml").is_file()
+        assert metric_steps(d) == [1, 2, 3, 4], label          # every step once: nothing duplicated
+        assert status["host"] and status["started"] and status["finished"] and status["duration_s"] > 0
+        if label in done:                                     # not retrained
+            assert status["attempts"] == 1 and (d / "metrics.jsonl").read_bytes() == finished_metrics[label]
+        elif d == busy:                                       # resumed from its checkpoint, not restarted
+            assert status["attempts"] == 2
+            first = read_json_lines(d / "metrics.jsonl")[0]
+            assert first["time"] < killed_at
+        else:
+            assert status["attempts"] == 1
+
+
+def read_json_lines(path: Path) -> list[dict]:
+    import json
+
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_process_env, capsys):
+    path = write_sweep(tmp_path, "failing", grid={"task.name": ["arithmetic", "no_such_task"]},
+                       launcher={"name": "local", "workers": 2})
+    assert main(["sweep", "run", str(path)]) == 1
+    runs = by_label(tmp_path, "failing")
+    good, bad = runs["name=arithmetic seed=0"], runs["name=no_such_task seed=0"]
+    assert read_status(good)["state"] == "finished"
+    failed = read_status(bad)
+    assert failed["state"] == "failed" and "no_such_task" in failed["error"] and "\n" not in failed["error"]
+    assert "Traceback" in failed["traceback"] and failed["attempts"] == 1
+
+    capsys.readouterr()
+    assert main(["sweep", "status", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 failed" in out and "1 finished" in out and f"error: {failed['error']}" in out
+
+    assert main(["sweep", "run", str(path)]) == 1            # without --retry-failed: left alone
+    assert "1 failed (skipped; --retry-failed" in capsys.readouterr().out
+    assert read_status(bad)["attempts"] == 1 and read_status(good)["attempts"] == 1
+    assert main(["sweep", "run", str(path), "--retry-failed"]) == 1
+    assert read_status(bad)["attempts"] == 2 and read_status(good)["attempts"] == 1
+
+
+def test_one_sweep_run_at_a_time_and_a_dead_holder_frees_the_lock(tmp_path, capsys):
+    path = write_sweep(tmp_path, "locked")
+    folder = tmp_path / "runs" / "locked"
+    with SweepLock(folder, "locked"):
+        assert main(["sweep", "run", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert "already running" in err and f"pid {os.getpid()}" in err
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from stare_lab.sweep.lock import SweepLock; "
+                               f"SweepLock(Path({str(folder)!r}), 'locked').acquire(); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True, env=sweep_env())
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(SweepError, match="already running"):
+        SweepLock(folder, "locked").acquire()
+    holder.kill()
+    holder.wait()
+    SweepLock(folder, "locked").acquire().release()           # a crashed holder leaves no lock behind
+
+
+def test_run_one_records_each_outcome(tmp_path):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
+                                         "method: {params: {}}\ntask: {name: arithmetic}\n")
+    status = run_one(run_dir, execute=standin_execute)
+    assert status["state"] == "finished" and status["attempts"] == 1 and status["error"] is None
+    assert run_one(run_dir, execute=lambda d: pytest.fail("a finished run ran again"))["attempts"] == 1
+
+    def crash(d):
+        raise RuntimeError("boom\nsecond line")
+
+    with pytest.raises(RuntimeError):
+        run_one(run_dir, execute=crash, force=True)
+    s = read_status(run_dir)
+    assert s["state"] == "failed" and s["error"] == "RuntimeError: boom" and "crash" in s["traceback"]
+    assert s["attempts"] == 2 and s["finished"]
+
+    def interrupted(d):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_one(run_dir, execute=interrupted)
+    s = read_status(run_dir)
+    assert s["state"] == "interrupted" and s["attempts"] == 3 and s["pid"] == os.getpid()

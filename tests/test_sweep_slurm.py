@@ -1,0 +1,91 @@
+"""The slurm launcher on a real single-node cluster with accounting (scripts/slurm_cluster.sh).
+
+Skipped without a cluster; under CI (CI=1 or STARE_LAB_REQUIRE_SLURM=1) a missing cluster fails.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from stare_lab.sweep.cli import main
+from stare_lab.sweep.records import read_status
+from sweep_fixtures import metric_steps, read_json, run_dirs, slurm_cluster, sweep_cli, wait_until, write_sweep  # noqa: F401
+from test_sweep_local import in_process_env, read_json_lines, runner_env  # noqa: F401
+
+pytestmark = pytest.mark.slurm
+
+SLURM = {"name": "slurm", "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 15, "array_parallelism": 2,
+         "gpus_per_node": 0, "signal_delay_s": 10}
+
+
+def sacct_states(job: str) -> set[str]:
+    out = subprocess.run(["sacct", "-n", "-X", "-j", job.split("_")[0], "-o", "State"], capture_output=True, text=True)
+    return {s.strip() for s in out.stdout.split()}
+
+
+def squeue_state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def test_small_slurm_sweep_completes_with_correct_records(slurm_cluster, tmp_path, in_process_env, capsys):
+    path = write_sweep(tmp_path, "slurm_ok", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
+    assert main(["sweep", "run", str(path)]) == 0
+    dirs = run_dirs(tmp_path, "slurm_ok")
+    assert len(dirs) == 2
+    jobs = set()
+    for d in dirs:
+        s = read_json(d / "status.json")
+        assert s["state"] == "finished" and s["attempts"] == 1 and s["error"] is None
+        assert re.fullmatch(r"\d+_[01]", s["slurm_job_id"]), s["slurm_job_id"]
+        assert metric_steps(d) == [1, 2] and (d / "config.yaml").is_file()
+        assert (d / "eval" / "arithmetic.json").is_file()
+        jobs.add(s["slurm_job_id"].split("_")[0])
+    assert len(jobs) == 1                                  # one job array
+    job = jobs.pop()
+    wait_until(lambda: sacct_states(job) == {"COMPLETED"}, 60, "sacct to show the array COMPLETED")
+    capsys.readouterr()
+    assert main(["sweep", "status", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 finished" in out and all(f"job {read_json(d / 'status.json')['slurm_job_id']}" in out for d in dirs)
+
+
+def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slurm_cluster, tmp_path):
+    path = write_sweep(tmp_path, "slurm_requeue", overrides={"trainer.max_steps": 8}, launcher=SLURM)
+    proc = sweep_cli("run", str(path), env=runner_env())
+    try:
+        def checkpointed():
+            dirs = run_dirs(tmp_path, "slurm_requeue")
+            s = read_status(dirs[0]) if dirs else None
+            ok = s and s["state"] == "running" and (dirs[0] / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+            return (dirs[0], s) if ok else None
+
+        run_dir, status = wait_until(checkpointed, 240, "the run past its second checkpoint", every=0.1)
+        requeued_at = time.time()
+        job = status["slurm_job_id"]
+        subprocess.run(["scontrol", "requeue", job], check=True)
+        # Slurm holds a requeued job back (BeginTime, ~2 minutes); release it to keep the test short.
+        wait_until(lambda: squeue_state(job) == "PENDING", 60, "the requeued job to be pending", every=0.2)
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    s = read_status(run_dir)
+    assert s["state"] == "finished" and s["attempts"] == 2 and s["restarts"] >= 1, s
+    assert metric_steps(run_dir) == list(range(1, 9))      # every step exactly once
+    assert read_json_lines(run_dir / "metrics.jsonl")[0]["time"] < requeued_at   # resumed, not restarted
+
+
+def test_a_crashing_job_is_recorded_failed_while_the_others_finish(slurm_cluster, tmp_path, in_process_env):
+    crash_second = 'if [ "$SLURM_ARRAY_TASK_ID" = 1 ]; then export STARE_LAB_FAIL_AT_STEP=1; fi'
+    path = write_sweep(tmp_path, "slurm_crash", grid={"method": ["full", "top_entropy"]},
+                       launcher={**SLURM, "setup": [crash_second]})
+    assert main(["sweep", "run", str(path)]) == 1
+    states = {read_json(d / "status.json")["label"]: read_json(d / "status.json") for d in run_dirs(tmp_path, "slurm_crash")}
+    assert states["full seed=0"]["state"] == "finished"
+    failed = states["top_entropy seed=0"]
+    assert failed["state"] == "failed" and "simulated crash at step 1" in failed["error"]
+    assert "Traceback" in failed["traceback"] and failed["slurm_job_id"].endswith("_1")
