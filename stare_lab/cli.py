@@ -34,10 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in commands:
         return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
     from stare_lab.config import ConfigError
+    from stare_lab.sweep.schema import SweepError
 
     try:
         return commands[cmd](rest)
-    except (UserError, ConfigError, FileNotFoundError) as e:
+    except (UserError, ConfigError, SweepError, FileNotFoundError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
@@ -135,7 +136,7 @@ def _sweep_root(path: Path) -> Path:
         return path
     if not path.is_file():
         raise UserError(f"no such sweep file or run folder: {path}")
-    from stare_lab.sweep import load_sweep
+    from stare_lab.sweep.schema import load_sweep
 
     spec = load_sweep(path)
     return Path(spec.output) / spec.name

@@ -146,6 +146,9 @@ def resolve(raw: DictConfig | dict) -> DictConfig:
         cfg = OmegaConf.merge(OmegaConf.structured(Config), raw)
     except OmegaConfBaseException as e:
         raise ConfigError(_one_line(e)) from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"missing value for {', '.join(missing)} (set it, e.g. {missing[0]}=...)")
     params = OmegaConf.to_container(cfg.method.params, resolve=True)
     try:
         rule = get_method(cfg.method.name, **params)

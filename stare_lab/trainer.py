@@ -186,10 +186,11 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
                                    weight_total=inputs["num_items_in_batch"], **common)
         g_w = torch.autograd.grad(weighted, params, retain_graph=True, allow_unused=True)
         g_f = torch.autograd.grad(full, params, retain_graph=True, allow_unused=True)
-        flat_w = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(g_w, params)])
-        flat_f = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(g_f, params)])
+        # float64: a float32 cosine of two equal million-entry vectors is off by ~1e-4
+        flat_w = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_w, params)])
+        flat_f = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_f, params)])
         norm_f = flat_f.norm()
-        cos = torch.nn.functional.cosine_similarity(flat_w, flat_f, dim=0) if norm_f > 0 else torch.tensor(float("nan"))
+        cos = flat_w @ flat_f / (flat_w.norm() * norm_f) if norm_f > 0 else torch.tensor(float("nan"))
         self._metrics["train"]["geometry/cosine"].append(cos.item())
         self._metrics["train"]["geometry/norm_ratio"].append((flat_w.norm() / norm_f).item() if norm_f > 0 else float("nan"))
 

@@ -65,3 +65,21 @@ def test_resumed_run_continues_rule_state_and_metrics(tmp_path, monkeypatch):
     assert [r["step"] for r in read_metrics(crashed / "metrics.jsonl")] == [1, 2, 3, 4]
     assert [r["step"] for r in read_metrics(straight / "metrics.jsonl")] == [1, 2, 3, 4]
     assert (crashed / "final" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("rule, same", [("full", True), ("random", False)])
+def test_gradient_geometry_is_logged(rule, same, tmp_path):
+    """geometry/cosine and norm_ratio of the weighted vs the full-token gradient: exactly 1 for `full`."""
+    cfg = compose([f"method={rule}", "trainer.max_steps=2", "trainer.save_steps=100", "trainer.grad_geometry_every=1",
+                   *SMALL])
+    trainer = build_trainer(cfg, tmp_path)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "geometry/cosine" in h]
+    assert len(logs) == 2
+    for h in logs:
+        if same:
+            assert h["geometry/cosine"] == pytest.approx(1.0, abs=1e-5)
+            assert h["geometry/norm_ratio"] == pytest.approx(1.0, abs=1e-5)
+        else:
+            assert -1.0 <= h["geometry/cosine"] < 0.999  # a random 20% drops most of the informative tokens
+            assert h["geometry/norm_ratio"] > 0

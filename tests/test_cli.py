@@ -1,0 +1,48 @@
+"""Bad input on the command line: one clear line on stderr, exit code 2, nothing written."""
+from __future__ import annotations
+
+import pytest
+
+from stare_lab.cli import main
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["method=nope"], "unknown method option 'nope'; valid: anchor, attn_soft"),
+    (["method=stare", "method.params.Q=1"], "unknown parameter 'Q' for rule 'stare'; valid parameters:"),
+    (["method=top_entropy", "method.params.rho=1.5"], "rho=1.5 is out of range"),
+    (["method=rsi_band", "method.params.low=3", "method.params.high=2"], "low"),
+    (["trainer.max_stepz=3"], "unknown config key 'trainer.max_stepz'; valid keys under trainer:"),
+    (["trainer.max_steps=abc"], "trainer.max_steps"),
+    (["task=math"], "missing value for task.train_source"),
+    (["model=gpt5"], "unknown model option 'gpt5'"),
+])
+def test_train_bad_input_is_one_line_exit_2_and_writes_nothing(args, needle, tmp_path, capsys):
+    rc = main(["train", *args, f"run.root={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("stare-lab: error: ")
+    assert needle in err
+    assert "Traceback" not in err
+    assert not any(tmp_path.iterdir()), "a rejected run must not create its run directory"
+
+
+def test_unknown_command_and_missing_run_dir(tmp_path, capsys):
+    assert main(["trian"]) == 2
+    assert "unknown command 'trian'" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    assert main(["table", str(tmp_path / "missing.yaml")]) == 2
+    assert "no such sweep file or run folder" in capsys.readouterr().err
+
+
+def test_train_refuses_to_overwrite_another_runs_record(tmp_path, capsys):
+    """A run dir holding a different run's config is never overwritten."""
+    from stare_lab.config import compose, save_config
+
+    other = compose(["method=stare", "seed=5"])
+    d = tmp_path / "taken"
+    save_config(other, d / "config.yaml")
+    before = (d / "config.yaml").read_text()
+    assert main(["train", "method=full", f"run_dir={d}"]) == 2
+    assert "holds another run" in capsys.readouterr().err
+    assert (d / "config.yaml").read_text() == before
