@@ -279,24 +279,16 @@ def write_eval_files(dest: Path, name: str, rows: list[dict[str, Any]], result: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from stare_lab.utils import atomic_write
+
     schema = pa.schema([("problem_id", pa.string()), ("sample_index", pa.int64()), ("answer", pa.string()),
                         ("extracted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
                         ("length", pa.int64())])
     dest.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
-    _atomic_write(dest / f"{name}.parquet", lambda tmp: pq.write_table(table, tmp))
+    atomic_write(dest / f"{name}.parquet", lambda tmp: pq.write_table(table, tmp))
     text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    _atomic_write(dest / f"{name}.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(dest / f"{name}.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:

@@ -23,12 +23,14 @@ ACCURACY_KEY = "rewards/accuracy/mean"
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Rows of metrics.jsonl; a torn last line (a crash mid-write) is skipped."""
     rows = []
-    if not Path(path).is_file():
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
         return rows
-    for line in Path(path).read_text().splitlines():
+    for line in lines:
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:
+        except ValueError:
             continue
     return rows
 

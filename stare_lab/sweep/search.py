@@ -111,17 +111,9 @@ def _eval_metric(path: Path, name: str) -> float | None:
 
 
 def _metric_rows(run_dir: Path) -> list[dict]:
-    rows = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return rows
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+    from stare_lab.tracking import read_metrics
+
+    return read_metrics(run_dir / "metrics.jsonl")
 
 
 def trial_run(composer: Composer, spec: SweepSpec, number: int, params: dict[str, Any]) -> RunSpec:
