@@ -200,7 +200,7 @@ def cmd_demo(argv: list[str]) -> int:
     p.add_argument("--sweep", type=Path, default=REPO / "sweeps" / "demo.yaml")
     p.add_argument("--out", type=Path, default=REPO / "analysis" / "demo")
     a = _parse(p, argv)
-    rc = cmd_sweep(["run", str(a.sweep)])
+    rc = cmd_sweep(["run", str(a.sweep), "--retry-failed"])  # the demo is one button: a failed run is retried
     if rc != 0:
         print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
     cmd_table([str(a.sweep), "--out", str(a.out)])

@@ -10,6 +10,8 @@ lost). The caller holds the sweep lock.
 """
 from __future__ import annotations
 
+import os
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -96,6 +98,9 @@ def make_executor(spec: SweepSpec):
 
     la, logs = spec.launcher, spec.folder / "submitit" / "%j"
     if la["name"] == "local":
+        # N workers share this machine's cores: one worker with torch's default thread count per
+        # core would oversubscribe them (the runner reads STARE_LAB_THREADS).
+        os.environ.setdefault("STARE_LAB_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, int(la.get("workers", 1))))))
         ex = submitit.LocalExecutor(folder=logs)
         ex.update_parameters(timeout_min=la["timeout_min"])
         return ex
