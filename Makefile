@@ -20,10 +20,10 @@ demo: $(STAMP)
 	$(VENV)/bin/stare-lab demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -x --durations=15
+	$(PY) -m pytest -q -rs --durations=10
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m "" --durations=15
+	$(PY) -m pytest -q -rs -m "" --durations=10
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py

@@ -40,8 +40,11 @@ def step_times(rule: str | None, steps: int) -> list[float]:
             trainer = GRPOTrainer(model=trainer.model, reward_funcs=[task_reward_from(trainer)],
                                   args=build_grpo_config(cfg, Path(d)), train_dataset=trainer.train_dataset,
                                   processing_class=trainer.processing_class)
+        from transformers.trainer_callback import PrinterCallback
+
         clock = StepClock()
         trainer.add_callback(clock)
+        trainer.remove_callback(PrinterCallback)
         trainer.train()
     return clock.times[1:]  # the first step pays one-off costs
 
@@ -115,12 +118,16 @@ def main() -> None:
     rules = a.rules or list_methods()
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     samples: dict[str, list[float]] = {"plain TRL": []}
+    for warm in (None, "anchor", "ict"):  # first-use costs (allocator, attention registration) out of the way
+        step_times(warm, 2)
     for _ in range(a.rounds):
         samples["plain TRL"] += step_times(None, a.steps)
         for r in rules:
             samples.setdefault(r, []).extend(step_times(r, a.steps))
     base = statistics.median(samples["plain TRL"])
-    print(f"\n| rule | step time (s, median) | ratio over plain TRL |\n|---|---|---|")
+    print(f"\n{a.rounds} interleaved rounds × {a.steps - 1} timed steps per rule; built-in model, "
+          f"{BENCH[0].split('=')[1]} rollouts of ≤ 24 tokens per micro-batch")
+    print(f"| rule | step time (s, median) | ratio over plain TRL |\n|---|---|---|")
     for name, ts in samples.items():
         med = statistics.median(ts)
         print(f"| {name} | {med:.3f} | {med / base:.3f} |")

@@ -179,7 +179,25 @@ def _ended(t: Tracked, force: bool) -> bool:
     if t.job is None:  # started by an earlier launch: its record and its holder tell
         status = read_status(t.run.run_dir) or {}
         return status.get("state") not in ("pending", "running") or (force and not holder_alive(status))
-    return t.job.done(force_check=force) if hasattr(t.job, "watcher") else t.job.done()
+    if not hasattr(t.job, "watcher"):
+        return t.job.done()
+    if not t.job.done(force_check=force):
+        return False
+    # A requeued (pre-empted, timed-out, `scontrol requeue`d) job can look done to submitit while
+    # Slurm still holds it: the worker recorded the run interrupted and the job went back to the queue.
+    # Slurm's queue is the source of truth: a job it still lists has not ended.
+    return not _still_queued(str(t.job.job_id))
+
+
+def _still_queued(job_id: str) -> bool:
+    import subprocess
+
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    states = out.stdout.split() if out.returncode == 0 else []
+    return any(st not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL") for st in states)
 
 
 def reconcile(t: Tracked) -> str:
