@@ -189,15 +189,26 @@ def _ended(t: Tracked, force: bool) -> bool:
     return not _still_queued(str(t.job.job_id))
 
 
+_SQUEUE_ERRORS: dict[str, int] = {}
+
+
 def _still_queued(job_id: str) -> bool:
+    """Slurm lists the job in a live state. An unanswered squeue (a busy controller) counts as
+    listed, up to 30 times in a row, so a loaded cluster never ends a sweep's wait early."""
     import subprocess
 
     try:
         out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        # a job the controller no longer knows (purged after MinJobAge) has ended
+        answered = out.returncode == 0 or "Invalid job id" in out.stderr
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    states = out.stdout.split() if out.returncode == 0 else []
-    return any(st not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL") for st in states)
+        out, answered = None, False
+    if not answered:
+        _SQUEUE_ERRORS[job_id] = _SQUEUE_ERRORS.get(job_id, 0) + 1
+        return _SQUEUE_ERRORS[job_id] <= 30
+    _SQUEUE_ERRORS.pop(job_id, None)
+    return any(st not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+               for st in out.stdout.split())
 
 
 def reconcile(t: Tracked) -> str:
