@@ -1,10 +1,13 @@
 """Step-time overhead of each token rule over plain TRL GRPOTrainer, and attention-entropy memory.
 
-Run: .venv/bin/python benchmarks/step_overhead.py [--steps 6] [--rounds 2] [--seq 2048]
+Run: .venv/bin/python benchmarks/step_overhead.py [--steps 10] [--rounds 3] [--seq 2048] [--threads 1]
 
-1. Every rule and plain `trl.GRPOTrainer` train the built-in model with the same config; the
-   mean optimizer-step time (TRL's own `step_time`, first step dropped) is measured in
-   interleaved rounds in this one process, and printed as a ratio over plain TRL.
+1. Every rule and plain `trl.GRPOTrainer` train the built-in model with the same config (one
+   torch thread: the least noisy setting on a laptop); the median wall time of an optimizer step
+   (first step dropped) is measured in interleaved rounds in this one process and printed as a
+   ratio over plain TRL. Because end-to-end step times of tiny steps move by several percent
+   between identical configurations, stare_lab's own generation-time work (stats pass + rule) is
+   also timed directly and shown as (plain step + that) / plain step.
 2. Peak resident memory of one forward at a long sequence, each in a fresh subprocess: plain
    sdpa forward (baseline), our chunked attention entropy of one layer, and eager
    `output_attentions=True`. The extra memory over the baseline is compared.
@@ -12,6 +15,7 @@ Run: .venv/bin/python benchmarks/step_overhead.py [--steps 6] [--rounds 2] [--se
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -27,13 +31,40 @@ BENCH = ["trainer.per_device_train_batch_size=16", "trainer.num_generations=8", 
          "trainer.save_steps=1000", "logger=none", "eval.enabled=false"]
 
 
-def step_times(rule: str | None, steps: int) -> list[float]:
+def _timed(fn, sink: list[float]):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sink.append(time.perf_counter() - t0)
+
+    return wrapper
+
+
+class TimedRule:
+    """The configured rule with its calls timed (attributes such as `needs` pass through)."""
+
+    def __init__(self, rule, sink: list[float]):
+        self._rule, self._call = rule, _timed(rule.__call__, sink)
+
+    def __getattr__(self, name):
+        return getattr(self._rule, name)
+
+    def __call__(self, stats, state):
+        return self._call(stats, state)
+
+
+def step_times(rule: str | None, steps: int, tokens: int = 0) -> tuple[list[float], float]:
+    """Wall time of each optimizer step after the first, and stare_lab's own generation-time work
+    (stats pass + rule) per step, timed directly."""
     from trl import GRPOTrainer
 
     from stare_lab.config import compose
     from stare_lab.runner import build_grpo_config, build_trainer, task_reward
 
-    cfg = compose([f"method={rule or 'full'}", f"trainer.max_steps={steps}", *BENCH])
+    longer = [f"trainer.max_completion_length={tokens}", f"+trainer.generation_kwargs.min_new_tokens={tokens}"] if tokens else []
+    cfg = compose([f"method={rule or 'full'}", f"trainer.max_steps={steps}", *BENCH, *longer])
     with tempfile.TemporaryDirectory() as d:
         trainer = build_trainer(cfg, Path(d))
         if rule is None:  # plain TRL on the same model, data, reward and config
@@ -45,8 +76,13 @@ def step_times(rule: str | None, steps: int) -> list[float]:
         clock = StepClock()
         trainer.add_callback(clock)
         trainer.remove_callback(PrinterCallback)
+        own: list[float] = []
+        if rule is not None:
+            trainer._token_stats = _timed(trainer._token_stats, own)
+            trainer.rule = TimedRule(trainer.rule, own)
+        gc.collect()  # the previous trainer's garbage is not collected inside this one's timing
         trainer.train()
-    return clock.times[1:]  # the first step pays one-off costs
+    return clock.times[1:], sum(own) / max(steps, 1)  # the first step pays one-off costs
 
 
 class StepClock:
@@ -108,6 +144,10 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--rules", nargs="*", default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: least noisy on a laptop)")
+    p.add_argument("--completion-tokens", type=int, default=0,
+                   help="force completions of exactly this many tokens (min_new_tokens); 0: the task's own ≤ 24")
+    p.add_argument("--skip-memory", action="store_true")
     a = p.parse_args()
     import platform
 
@@ -115,22 +155,32 @@ def main() -> None:
 
     from stare_lab.methods import list_methods
 
+    torch.set_num_threads(a.threads)
+
     rules = a.rules or list_methods()
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     samples: dict[str, list[float]] = {"plain TRL": []}
+    own: dict[str, list[float]] = {}
     for warm in (None, "anchor", "ict"):  # first-use costs (allocator, attention registration) out of the way
-        step_times(warm, 2)
+        step_times(warm, 2, a.completion_tokens)
     for _ in range(a.rounds):
-        samples["plain TRL"] += step_times(None, a.steps)
+        samples["plain TRL"] += step_times(None, a.steps, a.completion_tokens)[0]
         for r in rules:
-            samples.setdefault(r, []).extend(step_times(r, a.steps))
+            times, extra = step_times(r, a.steps, a.completion_tokens)
+            samples.setdefault(r, []).extend(times)
+            own.setdefault(r, []).append(extra)
     base = statistics.median(samples["plain TRL"])
+    length = f"exactly {a.completion_tokens}" if a.completion_tokens else "≤ 24"
     print(f"\n{a.rounds} interleaved rounds × {a.steps - 1} timed steps per rule; built-in model, "
-          f"{BENCH[0].split('=')[1]} rollouts of ≤ 24 tokens per micro-batch")
-    print(f"| rule | step time (s, median) | ratio over plain TRL |\n|---|---|---|")
+          f"{BENCH[0].split('=')[1]} rollouts of {length} tokens per micro-batch, 2 micro-batches per step")
+    print("| rule | step time (s, median) | ratio over plain TRL | stats pass + rule (s/step) | (plain + that) / plain |")
+    print("|---|---|---|---|---|")
     for name, ts in samples.items():
         med = statistics.median(ts)
-        print(f"| {name} | {med:.3f} | {med / base:.3f} |")
+        extra = statistics.median(own[name]) if name in own else 0.0
+        print(f"| {name} | {med:.3f} | {med / base:.3f} | {extra:.4f} | {(base + extra) / base:.3f} |")
+    if a.skip_memory:
+        return
     T, B = a.seq, a.batch
     sdpa, ae, eager = (peak_memory(m, T, B) for m in ("sdpa", "ae", "eager"))
     extra_ae, extra_eager = max(ae - sdpa, 0), max(eager - sdpa, 0)

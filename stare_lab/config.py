@@ -71,6 +71,7 @@ class TrainerConfig:
     bf16: bool = False
     gradient_checkpointing: bool = False
     use_vllm: bool = False
+    generation_kwargs: dict[str, Any] = field(default_factory=dict)  # extra GenerationConfig keys for rollouts
 
 
 @dataclass

@@ -60,6 +60,7 @@ def build_grpo_config(cfg: DictConfig, output_dir: Path):
         save_strategy="steps", save_steps=t.save_steps, save_total_limit=t.save_total_limit,
         logging_steps=t.logging_steps, use_cpu=t.use_cpu, bf16=t.bf16,
         gradient_checkpointing=t.gradient_checkpointing, use_vllm=t.use_vllm,
+        generation_kwargs=OmegaConf.to_container(t.generation_kwargs, resolve=True) or None,
         report_to="none", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
     )
 
