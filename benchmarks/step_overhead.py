@@ -148,6 +148,7 @@ def main() -> None:
     p.add_argument("--completion-tokens", type=int, default=0,
                    help="force completions of exactly this many tokens (min_new_tokens); 0: the task's own ≤ 24")
     p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--memory-only", action="store_true")
     a = p.parse_args()
     import platform
 
@@ -159,6 +160,8 @@ def main() -> None:
 
     rules = a.rules or list_methods()
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    if a.memory_only:
+        return memory(a.seq, a.batch)
     samples: dict[str, list[float]] = {"plain TRL": []}
     own: dict[str, list[float]] = {}
     for warm in (None, "anchor", "ict"):  # first-use costs (allocator, attention registration) out of the way
@@ -179,9 +182,11 @@ def main() -> None:
         med = statistics.median(ts)
         extra = statistics.median(own[name]) if name in own else 0.0
         print(f"| {name} | {med:.3f} | {med / base:.3f} | {extra:.4f} | {(base + extra) / base:.3f} |")
-    if a.skip_memory:
-        return
-    T, B = a.seq, a.batch
+    if not a.skip_memory:
+        memory(a.seq, a.batch)
+
+
+def memory(T: int, B: int) -> None:
     sdpa, ae, eager = (peak_memory(m, T, B) for m in ("sdpa", "ae", "eager"))
     extra_ae, extra_eager = max(ae - sdpa, 0), max(eager - sdpa, 0)
     print(f"\nattention entropy at T={T}, B={B} (built-in model, 4 layers × 4 heads): growth of peak RSS during one "
