@@ -83,7 +83,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         )
 
     def _stats_forward(self, out, needs) -> dict[str, torch.Tensor]:
-        from stare_lab.signals import forward_with_stats, js_to_group_mean, vocab_stats
+        from stare_lab.signals import forward_with_stats, js_to_group_mean, resolve_layers, vocab_stats
 
         model = self.accelerator.unwrap_model(self.model)
         lm_head = model.get_output_embeddings()
@@ -96,9 +96,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             want = want + ("p2logp",)
         if "entropy" not in want:
             want = ("entropy",) + want  # cheap once logits exist; logged as tokens/entropy
-        layers = self.rule.attn_layers if "attn_entropy" in needs else None
-        if "attn_entropy" in needs and layers is None:
-            layers = (model.config.num_hidden_layers // 2,)
+        layers = resolve_layers(model, self.rule.attn_layers) if "attn_entropy" in needs else None
+        head = dict(lm_head_bias=getattr(lm_head, "bias", None),
+                    final_logit_softcapping=getattr(model.config, "final_logit_softcapping", None))
         chunks: dict[str, list[torch.Tensor]] = {}
         for start in range(0, completion_ids.size(0), rows):
             sl = slice(start, start + rows)
@@ -108,7 +108,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
                                             chunk_queries=self.attn_chunk_queries, first_position=P - 1)
             h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
             vs = vocab_stats(h, lm_head.weight, completion_ids[sl], temperature=self.temperature, want=want,
-                             chunk_tokens=self.stats_chunk_tokens, lm_head_bias=getattr(lm_head, "bias", None))
+                             chunk_tokens=self.stats_chunk_tokens, **head)
             for k, v in vs.items():
                 chunks.setdefault(k, []).append(v)
             if ae is not None:
@@ -117,7 +117,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
                 group = torch.arange(h.size(0), device=h.device) // G
                 chunks.setdefault("js", []).append(js_to_group_mean(
                     h, lm_head.weight, group, mask[sl], temperature=self.temperature,
-                    chunk_positions=self.js_chunk_positions))
+                    chunk_positions=self.js_chunk_positions, **head))
         return {k: torch.cat(v, dim=0).float() for k, v in chunks.items()}
 
     def _log_rule_metrics(self, mode, stats, weights, selected, rule_metrics) -> None:
