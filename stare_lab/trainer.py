@@ -83,7 +83,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         )
 
     def _stats_forward(self, out, needs) -> dict[str, torch.Tensor]:
-        from stare_lab.signals import forward_with_stats, js_to_group_mean, resolve_layers, vocab_stats
+        from stare_lab.signals import attention_entropy, forward_with_stats, js_to_group_mean, resolve_layers, vocab_stats
 
         model = self.accelerator.unwrap_model(self.model)
         lm_head = model.get_output_embeddings()
@@ -91,12 +91,11 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         completion_ids, mask = out["completion_ids"], out["completion_mask"]
         P, T, G = prompt_ids.size(1), completion_ids.size(1), self.num_generations
         rows = max(G, (self.args.per_device_train_batch_size // G) * G)
-        want = tuple(n for n in VOCAB_STATS if n in needs)
-        if "p2" in want:
-            want = want + ("p2logp",)
-        if "entropy" not in want:
-            want = ("entropy",) + want  # cheap once logits exist; logged as tokens/entropy
+        want = tuple(n for n in VOCAB_STATS if n in needs) + (("p2logp",) if "p2" in needs else ())
         layers = resolve_layers(model, self.rule.attn_layers) if "attn_entropy" in needs else None
+        # A rule that reads only attention entropy stops the forward after its last layer and never
+        # builds logits: about half a forward for the middle layer.
+        ae_only = needs & {"entropy", "js", "p2"} == set()
         head = dict(lm_head_bias=getattr(lm_head, "bias", None),
                     final_logit_softcapping=getattr(model.config, "final_logit_softcapping", None))
         chunks: dict[str, list[torch.Tensor]] = {}
@@ -104,11 +103,16 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             sl = slice(start, start + rows)
             input_ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1)
             attention_mask = torch.cat([prompt_mask[sl], mask[sl]], dim=1)
+            if ae_only:
+                ae = attention_entropy(model, input_ids, attention_mask, layers, self.attn_chunk_queries,
+                                       first_position=P - 1)
+                chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
+                continue
             hidden, ae = forward_with_stats(model, input_ids, attention_mask, ae_layers=layers,
                                             chunk_queries=self.attn_chunk_queries, first_position=P - 1)
             h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
-            vs = vocab_stats(h, lm_head.weight, completion_ids[sl], temperature=self.temperature, want=want,
-                             chunk_tokens=self.stats_chunk_tokens, **head)
+            vs = vocab_stats(h, lm_head.weight, completion_ids[sl], temperature=self.temperature,
+                             want=want or ("entropy",), chunk_tokens=self.stats_chunk_tokens, **head)
             for k, v in vs.items():
                 chunks.setdefault(k, []).append(v)
             if ae is not None:
