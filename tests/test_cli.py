@@ -46,3 +46,28 @@ def test_train_refuses_to_overwrite_another_runs_record(tmp_path, capsys):
     assert main(["train", "method=full", f"run_dir={d}"]) == 2
     assert "holds another run" in capsys.readouterr().err
     assert (d / "config.yaml").read_text() == before
+
+
+def test_train_writes_a_complete_run_record(tmp_path, capsys):
+    """`stare-lab train method=stare seed=1 ...`: resolved config, status, metrics, checkpoint, eval."""
+    import json
+
+    from stare_lab.config import load_config
+
+    args = ["method=stare", "seed=1", "trainer.max_steps=2", "trainer.save_steps=1", "trainer.num_generations=4",
+            "trainer.per_device_train_batch_size=8", "trainer.gradient_accumulation_steps=1", "logger=none",
+            "task.heldout_size=8", "eval.n=2", f"run.root={tmp_path}"]
+    assert main(["train", *args]) == 0
+    (run_dir,) = list((tmp_path / "train").iterdir())
+    cfg = load_config(run_dir / "config.yaml")
+    assert cfg.run.id == run_dir.name and cfg.method.name == "stare" and cfg.seed == 1
+    assert cfg.method.params.W == 1.1 and cfg.method.params.variant == "O1"  # defaults filled in
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert (run_dir / "checkpoints" / "checkpoint-2" / "rule_state.json").is_file()
+    assert (run_dir / "eval" / "arithmetic.parquet").is_file()
+    out = capsys.readouterr().out
+    assert "rule/gate=" in out and "arithmetic: avg@2=" in out
+    # the same command again reuses the finished run
+    assert main(["train", *args]) == 0
+    assert json.loads((run_dir / "status.json").read_text())["attempts"] == 1
