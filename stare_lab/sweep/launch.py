@@ -179,7 +179,9 @@ def _ended(t: Tracked, force: bool) -> bool:
     if t.job is None:  # started by an earlier launch: its record and its holder tell
         status = read_status(t.run.run_dir) or {}
         return status.get("state") not in ("pending", "running") or (force and not holder_alive(status))
-    if not hasattr(t.job, "watcher"):
+    from submitit.slurm.slurm import SlurmJob
+
+    if not isinstance(t.job, SlurmJob):  # local jobs: submitit knows their process
         return t.job.done()
     if not t.job.done(force_check=force):
         return False
