@@ -68,6 +68,11 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
         subprocess.run(["scontrol", "requeue", job], check=True)
         # Slurm holds a requeued job back (BeginTime, ~2 minutes); release it to keep the test short.
         wait_until(lambda: squeue_state(job) == "PENDING", 60, "the requeued job to be pending", every=0.2)
+        # Released at once, the job can be re-allocated before slurmd has cleaned up the first
+        # attempt ("Killing non-startable batch job: Job credential revoked"); that is what
+        # Slurm's own ~2-minute hold avoids. Wait for the node to be idle again, then a little more.
+        wait_until(lambda: _node_idle(), 120, "the node to finish cleaning up the first attempt", every=0.5)
+        time.sleep(5)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
         out, _ = proc.communicate(timeout=400)
     finally:
@@ -89,3 +94,8 @@ def test_a_crashing_job_is_recorded_failed_while_the_others_finish(slurm_cluster
     failed = states["top_entropy seed=0"]
     assert failed["state"] == "failed" and "simulated crash at step 1" in failed["error"]
     assert "Traceback" in failed["traceback"] and failed["slurm_job_id"].endswith("_1")
+
+
+def _node_idle() -> bool:
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.split() == ["idle"]

@@ -185,12 +185,22 @@ def _ended(t: Tracked, force: bool) -> bool:
         return t.job.done()
     if not t.job.done(force_check=force):
         return False
-    # A requeued (pre-empted, timed-out, `scontrol requeue`d) job can look done to submitit while
-    # Slurm still holds it: the worker recorded the run interrupted and the job went back to the queue.
-    # Slurm's queue is the source of truth: a job it still lists has not ended.
-    return not _still_queued(str(t.job.job_id))
+    # A requeued (pre-empted, timed-out, `scontrol requeue`d) job can look done to submitit (it may
+    # even hold the first attempt's result) while Slurm requeues it. Slurm's queue decides; and a run
+    # whose worker did not record an end (interrupted, running) must stay out of the queue for a
+    # grace period before the sweep stops waiting for it.
+    job_id = str(t.job.job_id)
+    if _still_queued(job_id):
+        _GONE_SINCE.pop(job_id, None)
+        return False
+    if (read_status(t.run.run_dir) or {}).get("state") in ("finished", "failed"):
+        return True
+    gone = _GONE_SINCE.setdefault(job_id, time.time())
+    return time.time() - gone > REQUEUE_GRACE_S
 
 
+REQUEUE_GRACE_S = 30.0
+_GONE_SINCE: dict[str, float] = {}
 _SQUEUE_ERRORS: dict[str, int] = {}
 
 
@@ -200,7 +210,8 @@ def _still_queued(job_id: str) -> bool:
     import subprocess
 
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["squeue", "--states=all", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                             text=True, timeout=30)
         # a job the controller no longer knows (purged after MinJobAge) has ended
         answered = out.returncode == 0 or "Invalid job id" in out.stderr
     except (OSError, subprocess.TimeoutExpired):
