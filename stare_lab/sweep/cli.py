@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return cmd_run(args) if args.command == "run" else cmd_status(args)
     except (SweepError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"stare-lab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
