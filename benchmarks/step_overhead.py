@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from transformers import TrainerCallback  # noqa: E402
+
 BENCH = ["trainer.per_device_train_batch_size=16", "trainer.num_generations=8", "trainer.gradient_accumulation_steps=2",
          "trainer.save_steps=1000", "logger=none", "eval.enabled=false"]
 
@@ -85,23 +87,17 @@ def step_times(rule: str | None, steps: int, tokens: int = 0) -> tuple[list[floa
     return clock.times[1:], sum(own) / max(steps, 1)  # the first step pays one-off costs
 
 
-class StepClock:
+class StepClock(TrainerCallback):
     """Wall time of each optimizer step (generation, stats pass, rule, forward/backward, update)."""
 
-    def __new__(cls):
-        from transformers import TrainerCallback
+    def __init__(self):
+        self.times, self._t0 = [], None
 
-        class Clock(TrainerCallback):
-            def __init__(self):
-                self.times, self._t0 = [], None
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._t0 = time.perf_counter()
 
-            def on_step_begin(self, args, state, control, **kwargs):
-                self._t0 = time.perf_counter()
-
-            def on_step_end(self, args, state, control, **kwargs):
-                self.times.append(time.perf_counter() - self._t0)
-
-        return Clock()
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self._t0)
 
 
 def task_reward_from(trainer):

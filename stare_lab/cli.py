@@ -157,14 +157,13 @@ def cmd_table(argv: list[str]) -> int:
     if df.empty:
         raise UserError(f"no evaluation results under {root} yet")
     table = results_table(df, metric=a.metric, baseline=a.baseline, expected=run_states(root))
-    text = {"md": table.to_markdown, "latex": table.to_latex, "csv": table.to_csv}[a.format]()
-    print(text)
+    rendered = {"md": table.to_markdown(), "latex": table.to_latex(), "csv": table.to_csv()}
+    print(rendered[a.format])
     if a.out:
         from stare_lab.utils import atomic_write_text
 
         for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv")):
-            atomic_write_text(a.out / f"results.{ext}", {"md": table.to_markdown, "latex": table.to_latex,
-                                                         "csv": table.to_csv}[fmt]())
+            atomic_write_text(a.out / f"results.{ext}", rendered[fmt])
         for bench in sorted(df["benchmark"].unique()):
             atomic_write_text(a.out / f"passk_{bench}.md", passk_table(df, bench, baseline=a.baseline).to_markdown())
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from transformers import TrainerCallback
 
 from stare_lab.config import load_config
 
@@ -139,19 +140,16 @@ def train(cfg: DictConfig, run_dir: Path) -> None:
             wandb_run.finish()
 
 
-class _FailAt:
+class _FailAt(TrainerCallback):
     """Test hook (env STARE_LAB_FAIL_AT_STEP=N): raise at optimizer step N, like a crashing job."""
 
-    def __new__(cls, step: int):
-        from transformers import TrainerCallback
+    def __init__(self, step: int):
+        self.step = step
 
-        class FailAt(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step >= step:
-                    raise RuntimeError(f"STARE_LAB_FAIL_AT_STEP: simulated crash at step {state.global_step}")
-                return control
-
-        return FailAt()
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            raise RuntimeError(f"STARE_LAB_FAIL_AT_STEP: simulated crash at step {state.global_step}")
+        return control
 
 
 # TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.

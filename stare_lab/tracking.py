@@ -41,7 +41,7 @@ def truncate_metrics(path: Path, last_step: int) -> int:
 
     rows = read_metrics(path)
     keep = [r for r in rows if r.get("step", 0) <= last_step]
-    if len(keep) != len(rows) or Path(path).is_file():
+    if Path(path).is_file():  # rewritten even when nothing is dropped: a torn last line must go too
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
     return len(rows) - len(keep)
 

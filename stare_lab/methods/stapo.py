@@ -17,11 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
-
 from stare_lab.methods.registry import RuleOutput, RuleState, register
-from stare_lab.methods.select import check_common, check_fraction
+from stare_lab.methods.select import check_common, check_fraction, quantile
 from stare_lab.stats import TokenStats
 
 
@@ -37,15 +34,6 @@ class Params:
         check_fraction("tau_h_quantile", self.tau_h_quantile, open_low=False)
 
 
-def quantile(x: Tensor, q: float) -> float:
-    """Linear-interpolation quantile of a 1-D tensor, as `torch.quantile` but without its 2^24-element limit."""
-    xs = torch.sort(x.double()).values
-    pos = q * (xs.numel() - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, xs.numel() - 1)
-    return float(xs[lo] + (pos - lo) * (xs[hi] - xs[lo]))
-
-
 @register("stapo", Params, needs={"entropy"})
 def stapo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("entropy", rule="stapo")
@@ -53,7 +41,7 @@ def stapo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     n_valid = int(valid.sum())
     if n_valid == 0:
         return RuleOutput(weights=stats.mask.clone().float(), normalize=p.normalize, metrics={"rule/masked_frac": 0.0})
-    q_h = quantile(stats.entropy[valid], p.tau_h_quantile)
+    q_h = float(quantile(stats.entropy[valid].double(), p.tau_h_quantile))
     drop = valid & (stats.token_advantages > 0) & (stats.logp < math.log(p.tau_p)) & (stats.entropy < q_h)
     keep = valid & ~drop
     metrics = {"rule/masked_frac": float(drop.sum()) / n_valid, "rule/entropy_quantile": q_h}
