@@ -1,0 +1,239 @@
+"""The kept generation batch: one safetensors file per kept step, `<run_dir>/batches/step-<N>.safetensors`.
+
+Tensors (docs/viewer.md has the full table):
+    completion_ids int32 [B, T]   mask uint8 [B, T]   group int32 [B]
+    rewards float32 [B]           advantages float32 [B] or [B, T]
+    prompt_ids int32 [B, P], prompt_mask uint8 [B, P]   (optional)
+    stat/<name> float32 [B, T]    (logp, entropy, attn_entropy, js, p2, p2logp, old_logp, ref_logp, ...)
+    trained_weights float32 [B, T] (optional: the weights the trainer used on this batch)
+Strings and small values (prompts, the text piece of every token id used, the run's rule, the rule
+state before the rule ran, meta) are one JSON document in the safetensors header metadata under
+`stare_lab_batch`.
+
+Precision: statistics are stored as float32, exactly the values the trainer computed, so every rule
+gives on the loaded batch the weights it gave (or would have given) during training; float16
+would move top-k boundaries of ties-sensitive rules. A 64 × 1k batch with every statistic is ~3 MB.
+
+Attention entropy depends on the layers: the key `attn_entropy` holds the layers listed in
+`meta["attn_layers"]` (resolved indices, or null when unknown); other layer sets are stored as
+`attn_entropy@3,5`. `Batch.token_stats(layers)` picks the one a rule reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from stare_lab.stats import TokenStats
+
+BATCH_DIR = "batches"
+FORMAT = "stare_lab.batch/1"
+META_KEY = "stare_lab_batch"
+ATTN = "attn_entropy"
+_STEP_FILE = re.compile(r"^step-(\d+)\.safetensors$")
+# TokenStats fields a batch may carry besides logp (attention entropy is resolved by layers).
+STAT_FIELDS = ("entropy", "js", "old_logp", "ref_logp", "p2", "p2logp")
+
+
+class BatchError(ValueError):
+    """A kept batch that is missing or unreadable; the message is one line for the user."""
+
+
+def batch_path(run_dir: Path | str, step: int) -> Path:
+    return Path(run_dir) / BATCH_DIR / f"step-{int(step)}.safetensors"
+
+
+def kept_steps(run_dir: Path | str) -> list[int]:
+    """Steps with a kept batch file in `run_dir`, ascending."""
+    folder = Path(run_dir) / BATCH_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
+
+
+def attn_key(layers: tuple[int, ...] | None) -> str:
+    return ATTN if layers is None else f"{ATTN}@{','.join(str(int(l)) for l in layers)}"
+
+
+@dataclass
+class Batch:
+    step: int
+    completion_ids: Tensor            # [B, T] long
+    mask: Tensor                      # [B, T] float32
+    rewards: Tensor                   # [B] float32
+    advantages: Tensor                # [B] or [B, T] float32
+    group: Tensor                     # [B] long
+    stats: dict[str, Tensor]          # name -> [B, T] float32 ("logp" always)
+    prompts: list[str]                # [B] prompt text of each row
+    pieces: dict[int, str]            # token id -> its decoded text
+    run_rule: dict[str, Any]          # {"name": str, "params": dict}
+    rule_state: dict[str, Any]        # RuleState.to_dict() as it was before the run's rule ran
+    meta: dict[str, Any] = field(default_factory=dict)
+    trained_weights: Tensor | None = None  # [B, T] float32
+    prompt_ids: Tensor | None = None  # [B, P] long
+    prompt_mask: Tensor | None = None  # [B, P] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.completion_ids.shape)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [int(n) for n in self.mask.sum(1).tolist()]
+
+    def token_pieces(self, row: int) -> list[str]:
+        """Text of each valid completion token of `row`, in order."""
+        ids = self.completion_ids[row][self.mask[row] > 0].tolist()
+        return [self.pieces.get(i, f"<{i}>") for i in ids]
+
+    def resolve_layers(self, layers: int | tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """A rule's attention layers as stored indices (None = the middle layer), or None when unknown."""
+        n = self.meta.get("num_layers")
+        if n is None:
+            return None if layers is None else tuple([layers] if isinstance(layers, int) else layers)
+        if layers is None:
+            return (int(n) // 2,)
+        items = [layers] if isinstance(layers, int) else list(layers)
+        return tuple(sorted({l + n if l < 0 else l for l in items}))
+
+    def attn_for(self, layers: int | tuple[int, ...] | None) -> Tensor | None:
+        """The stored attention entropy for a rule's `layers`, or None when it was not kept."""
+        want = self.resolve_layers(layers)
+        stored = self.meta.get("attn_layers")
+        stored = tuple(stored) if stored is not None else None
+        if ATTN in self.stats and (stored is None or want is None or want == stored):
+            return self.stats[ATTN]
+        return self.stats.get(attn_key(want)) if want is not None else None
+
+    def token_stats(self, attn_layers: int | tuple[int, ...] | None = None) -> TokenStats:
+        """TokenStats of the batch, with the attention entropy of `attn_layers` (None = the middle layer)."""
+        fields = {k: self.stats[k] for k in STAT_FIELDS if k in self.stats}
+        return TokenStats(logp=self.stats["logp"], mask=self.mask, advantages=self.advantages, group=self.group,
+                          attn_entropy=self.attn_for(attn_layers), **fields)
+
+
+def _as(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return None if t is None else t.detach().to("cpu", dtype).contiguous()
+
+
+def save_batch(
+    path: Path | str,
+    step: int,
+    *,
+    completion_ids: Tensor,               # [B, T]
+    mask: Tensor,                         # [B, T]
+    rewards: Tensor,                      # [B]
+    advantages: Tensor,                   # [B] or [B, T]
+    group: Tensor,                        # [B]
+    stats: dict[str, Tensor],             # name -> [B, T]; "logp" required
+    token_pieces: dict[int, str],         # id -> decoded text, for every id in completion_ids
+    prompts: list[str],                   # [B]
+    run_rule: dict[str, Any],             # {"name", "params"}
+    rule_state: dict[str, Any] | None = None,
+    prompt_ids: Tensor | None = None,
+    prompt_mask: Tensor | None = None,
+    trained_weights: Tensor | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write one batch record atomically (temp file + rename); returns its path."""
+    from safetensors.torch import save_file
+
+    B, T = completion_ids.shape
+    if "logp" not in stats:
+        raise ValueError("save_batch: stats must hold 'logp'")
+    if len(prompts) != B:
+        raise ValueError(f"save_batch: {len(prompts)} prompts for {B} rows")
+    tensors = {"completion_ids": _as(completion_ids, torch.int32), "mask": _as(mask > 0, torch.uint8),
+               "rewards": _as(rewards, torch.float32), "advantages": _as(advantages, torch.float32),
+               "group": _as(group, torch.int32)}
+    for name, value in stats.items():
+        if value is None:
+            continue
+        if tuple(value.shape) != (B, T):
+            raise ValueError(f"save_batch: stat {name!r} has shape {tuple(value.shape)}, expected {(B, T)}")
+        tensors[f"stat/{name}"] = _as(value, torch.float32)
+    optional = {"prompt_ids": (prompt_ids, torch.int32), "prompt_mask": (prompt_mask, torch.uint8),
+                "trained_weights": (trained_weights, torch.float32)}
+    for name, (value, dtype) in optional.items():
+        if value is not None:
+            tensors[name] = _as(value if name != "prompt_mask" else value > 0, dtype)
+    used = set(completion_ids.reshape(-1).tolist())
+    header = {"format": FORMAT, "step": int(step), "prompts": list(prompts),
+              "pieces": {str(i): token_pieces.get(i, f"<{i}>") for i in sorted(used)},
+              "run_rule": {"name": str(run_rule["name"]), "params": dict(run_rule.get("params") or {})},
+              "rule_state": rule_state or {"step": int(step), "total_steps": 1, "seed": 0, "memory": {}},
+              "meta": meta or {}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(header, default=_jsonable)})
+    os.replace(tmp, path)
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (tuple, set, frozenset)):
+        return list(value)
+    if isinstance(value, Tensor):
+        return value.tolist()
+    return str(value)
+
+
+def load_batch(path: Path | str) -> Batch:
+    """Read a batch record; BatchError (one line) if it is missing, truncated or not a batch record."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise BatchError(f"{path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = json.loads((f.metadata() or {})[META_KEY])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        if header.get("format") != FORMAT:
+            raise ValueError(f"format {header.get('format')!r}, expected {FORMAT!r}")
+        mask = tensors["mask"].float()
+        stats = {k[5:]: v.float() for k, v in tensors.items() if k.startswith("stat/")}
+        batch = Batch(
+            step=int(header["step"]), completion_ids=tensors["completion_ids"].long(), mask=mask,
+            rewards=tensors["rewards"].float(), advantages=tensors["advantages"].float(),
+            group=tensors["group"].long(), stats=stats, prompts=list(header["prompts"]),
+            pieces={int(k): v for k, v in header["pieces"].items()}, run_rule=dict(header["run_rule"]),
+            rule_state=dict(header["rule_state"]), meta=dict(header.get("meta") or {}),
+            trained_weights=tensors.get("trained_weights"),
+            prompt_ids=tensors["prompt_ids"].long() if "prompt_ids" in tensors else None,
+            prompt_mask=tensors["prompt_mask"].float() if "prompt_mask" in tensors else None)
+        batch.token_stats()  # checks every shape
+    except BatchError:
+        raise
+    except Exception as err:  # safetensors raises its own error types for torn or foreign files
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise BatchError(f"{path} is not a readable batch record ({type(err).__name__}: {reason})") from None
+    return batch
+
+
+def load_run_batch(run_dir: Path | str, step: int | None = None) -> Batch:
+    """The kept batch of `run_dir` at `step` (None = the last kept); BatchError naming the kept steps."""
+    run_dir = Path(run_dir)
+    steps = kept_steps(run_dir)
+    if not steps:
+        raise BatchError(f"run {run_dir} has no kept batches ({BATCH_DIR}/step-<N>.safetensors); "
+                         f"set trainer.keep_batches_every to keep them")
+    if step is None:
+        step = steps[-1]
+    if step not in steps:
+        raise BatchError(f"step {step} was not kept in run {run_dir}; kept steps: {_steps_text(steps)}")
+    try:
+        return load_batch(batch_path(run_dir, step))
+    except BatchError as err:
+        raise BatchError(f"{err}; kept steps: {_steps_text(steps)}") from None
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps)) if steps else "none"

@@ -1,0 +1,163 @@
+"""Keeping generation batches during training: the statistics every rule reads, and the trainer hook.
+
+The trainer's own stats pass computes only what its rule needs (DESIGN.md §3). A kept batch must
+let *every* registered rule run, so on a kept step `stats_for_all_rules` adds the missing
+statistics with one more no-grad pass (only on kept steps: a run that keeps no batch pays nothing).
+Statistics the trainer already computed are kept as they are, so the run's own rule reproduces
+its training weights exactly on the saved batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from stare_lab.stats import TokenStats
+from stare_lab.viewer.batch import ATTN, STAT_FIELDS, attn_key, batch_path, save_batch
+
+def needed_statistics(run_rule=None, trainer=None) -> tuple[set[str], list[tuple[int, ...] | None]]:
+    """(union of the statistics every registered rule with default params and `run_rule` read with
+    these trainer values, the attention layer sets they read; None = the middle layer)."""
+    from stare_lab.methods import get_method, list_methods
+
+    rules = [get_method(name) for name in list_methods()] + ([run_rule] if run_rule is not None else [])
+    needs: set[str] = set()
+    layers: list[tuple[int, ...] | None] = []
+    for rule in rules:
+        n = set(rule.needs_for(trainer))
+        needs |= n
+        if "attn_entropy" in n and rule.attn_layers not in layers:
+            layers.append(rule.attn_layers)
+    return needs, layers
+
+
+@torch.no_grad()
+def stats_for_all_rules(model, out: dict[str, Tensor], stats: TokenStats | None = None, *, num_generations: int,
+                        temperature: float = 1.0, run_rule=None, trainer=None, rows_per_forward: int | None = None,
+                        **chunks: int) -> dict[str, Tensor]:
+    """Every statistic any registered rule (and `run_rule`) reads, for TRL's generation batch `out`.
+
+    Returns name -> [B, T] float32 ("logp", "entropy", "p2", "p2logp", "js", "old_logp", ... as the
+    rules declare them), "attn_entropy" for the middle layer and "attn_entropy@<layers>" for any
+    other layer set a rule reads. Statistics already in `stats` (the trainer's) are kept unchanged;
+    the rest come from `signals.token_statistics`, one call per attention layer set. `trainer` is the
+    run's `TrainerValues`; `chunks` are token_statistics' chunk_tokens / chunk_queries / chunk_positions.
+    """
+    from stare_lab.signals import resolve_layers, token_statistics
+    from stare_lab.signals.attention import unwrap_model
+
+    needs, layer_sets = needed_statistics(run_rule, trainer)
+    base = unwrap_model(model)
+    have: dict[str, Tensor] = {}
+    if stats is not None:
+        for name in ("logp", *STAT_FIELDS):
+            value = getattr(stats, name, None)
+            if value is not None and bool(torch.isfinite(value).all()):  # NaN logp: not declared by the rule
+                have[name] = value.float()
+        if stats.attn_entropy is not None and run_rule is not None:
+            have[attn_key(resolve_layers(base, run_rule.attn_layers))] = stats.attn_entropy.float()
+    kw = dict(num_generations=num_generations, temperature=temperature, rows_per_forward=rows_per_forward, **chunks)
+    plain = (needs - {"attn_entropy"}) | {"logp"}
+    missing_attn = [lay for lay in layer_sets if attn_key(resolve_layers(base, lay)) not in have]
+    result = dict(have)
+    todo = plain - set(have)
+    if todo:  # one forward gives the vocabulary and group statistics and one attention layer set
+        first = missing_attn.pop(0) if missing_attn else None
+        computed = token_statistics(model, out, todo | ({"attn_entropy"} if first is not None else set()),
+                                    attn_layers=first, **kw)
+        if first is not None:
+            result[attn_key(resolve_layers(base, first))] = computed.pop("attn_entropy")
+        result.update({k: v for k, v in computed.items() if k not in have})
+    for lay in missing_attn:
+        ae = token_statistics(model, out, {"attn_entropy"}, attn_layers=lay, **kw)["attn_entropy"]
+        result[attn_key(resolve_layers(base, lay))] = ae
+    # the middle layer's attention entropy is stored under the plain key (meta["attn_layers"] names it)
+    mid = attn_key(resolve_layers(base, None))
+    if mid in result:
+        result[ATTN] = result.pop(mid)
+    return {k: v.float() for k, v in result.items()}
+
+
+def token_pieces(tokenizer, ids: Tensor) -> dict[int, str]:
+    """id -> decoded text of that single token, for every id in `ids`."""
+    unique = sorted(set(ids.reshape(-1).tolist()))
+    texts = tokenizer.batch_decode([[i] for i in unique], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+    return dict(zip(unique, texts))
+
+
+def rewards_from_trainer(trainer, rows: int) -> Tensor:
+    """[rows] total reward of this process's rows of the last generation batch, from TRL's log buffer
+    (`_logs["rewards"]`, gathered over processes, weighted by `reward_weights`); NaN when unavailable."""
+    logs = getattr(trainer, "_logs", {}).get("rewards", {})
+    names = list(getattr(trainer, "reward_func_names", []))
+    weights = getattr(trainer, "reward_weights", None)
+    world = trainer.accelerator.num_processes
+    if not names or any(len(logs.get(n, ())) < rows * world for n in names):
+        return torch.full((rows,), float("nan"))
+    first = trainer.accelerator.process_index * rows
+    per_func = torch.tensor([list(logs[n])[-rows * world:][first: first + rows] for n in names]).T  # [rows, F]
+    w = weights.float().cpu() if weights is not None else torch.ones(len(names))
+    return (per_func.float() * w).nansum(1)
+
+
+def keep_due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats, *, run_dir: Path | str, every: int,
+                        rule_state: dict[str, Any], trained_weights: Tensor | None = None,
+                        meta: dict[str, Any] | None = None) -> Path | None:
+    """The trainer hook: on a kept step (`trainer.state.global_step % every == 0`) write
+    `<run_dir>/batches/step-<N>.safetensors` with every statistic any rule reads; else None.
+
+    `out` is the dict `_generate_and_score_completions` returns, `stats` the TokenStats the trainer
+    built, `rule_state` the rule state *before* the rule ran (`RuleState.to_dict()`), and
+    `trained_weights` the weights it returned. Only the main process writes.
+    """
+    step = int(trainer.state.global_step)
+    if not keep_due(step, every) or not trainer.accelerator.is_main_process:
+        return None
+    from stare_lab.signals import resolve_layers
+    from stare_lab.signals.attention import unwrap_model
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    values = getattr(trainer, "trainer_values", None)
+    G, temperature = int(trainer.num_generations), float(getattr(trainer, "temperature", 1.0))
+    was_training = model.training
+    model.eval()
+    try:
+        all_stats = stats_for_all_rules(
+            model, out, stats, num_generations=trainer.num_generations, temperature=temperature, run_rule=trainer.rule,
+            trainer=values, rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
+            chunk_tokens=getattr(trainer, "stats_chunk_tokens", 1024),
+            chunk_queries=getattr(trainer, "attn_chunk_queries", 128),
+            chunk_positions=getattr(trainer, "js_chunk_positions", 64))
+    finally:
+        model.train(was_training)
+    tok = trainer.processing_class
+    tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
+    B = out["completion_ids"].size(0)
+    prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
+    prompts = tok.batch_decode([row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask)],
+                               skip_special_tokens=True)
+    base = unwrap_model(model)
+    info = {"num_layers": int(base.config.get_text_config().num_hidden_layers),
+            "attn_layers": list(resolve_layers(base, None)), "num_generations": G,
+            "temperature": temperature, "model": type(base).__name__,
+            "trainer": dataclasses.asdict(values) if values is not None else None,
+            "process_index": int(trainer.accelerator.process_index),
+            "num_processes": int(trainer.accelerator.num_processes), **(meta or {})}
+    return save_batch(
+        batch_path(run_dir, step), step, completion_ids=out["completion_ids"], mask=out["completion_mask"],
+        rewards=rewards_from_trainer(trainer, B), advantages=out["advantages"], group=stats.group,
+        stats=all_stats, token_pieces=token_pieces(tok, out["completion_ids"]), prompts=prompts,
+        run_rule={"name": trainer.rule.name, "params": _params_dict(trainer.rule.params)}, rule_state=rule_state,
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, trained_weights=trained_weights, meta=info)
+
+
+def _params_dict(params) -> dict[str, Any]:
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}

@@ -1,0 +1,220 @@
+"""`stare-lab view RUN_DIR|SWEEP.yaml [--step N] [--out FILE]`: one self-contained HTML page of a kept batch.
+
+The page embeds its data as JSON (<script id="data" type="application/json">; docs/viewer.md lists
+the fields). Per-token arrays hold the valid tokens of every rollout, row after row, as base64 of
+little-endian float32 (weights, signals), int32 (token ids) or uint8 (selected): the page shows
+exactly the float32 weights the rules returned. Nothing is written when the input is bad.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch
+from stare_lab.viewer.selection import (RuleView, apply_all_rules, overlap_matrix, position_histogram,
+                                        selected_fraction, top_tokens)
+from stare_lab.viewer.template import CSS, HTML, SCRIPT
+
+BINS = 20
+SIGNAL_LABELS = {"entropy": "entropy", "surprisal": "surprisal (−log π)", "js": "JS to group mean",
+                 "p2": "collision prob Σp²"}
+
+
+class ViewError(ValueError):
+    """Bad input to `stare-lab view`; the message is one line."""
+
+
+def _b64(t: torch.Tensor, dtype) -> str:
+    return base64.b64encode(np.ascontiguousarray(t.numpy().astype(dtype)).tobytes()).decode("ascii")
+
+
+def _flat(t: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Values of the valid tokens, row after row (the page's token order)."""
+    return t[valid]
+
+
+def signal_tensors(batch: Batch) -> dict[str, tuple[str, torch.Tensor]]:
+    """key -> (label, [B, T]) of the signals the page can colour by."""
+    out: dict[str, tuple[str, torch.Tensor]] = {}
+    if "entropy" in batch.stats:
+        out["entropy"] = (SIGNAL_LABELS["entropy"], batch.stats["entropy"])
+    out["surprisal"] = (SIGNAL_LABELS["surprisal"], -batch.stats["logp"])
+    for key in sorted(k for k in batch.stats if k.startswith(ATTN)):
+        layers = key.split("@")[1] if "@" in key else ",".join(map(str, batch.meta.get("attn_layers") or [])) or "?"
+        out[key] = (f"attention entropy (layer {layers})", batch.stats[key])
+    for key in ("js", "p2"):
+        if key in batch.stats:
+            out[key] = (SIGNAL_LABELS[key], batch.stats[key])
+    return out
+
+
+def _signal_entry(key: str, label: str, values: torch.Tensor, valid: torch.Tensor) -> dict[str, Any]:
+    v = _flat(values.float(), valid)
+    finite = v[torch.isfinite(v)]
+    lo = float(finite.min()) if finite.numel() else 0.0
+    hi = float(torch.quantile(finite.double(), 0.99)) if finite.numel() else 1.0
+    return {"key": key, "label": label, "values": _b64(v, "<f4"), "lo": lo, "hi": hi if hi > lo else lo + 1e-9}
+
+
+def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, Any]:
+    entry: dict[str, Any] = {"key": view.key, "name": view.name, "label": view.label, "own": view.own,
+                             "params": json.loads(json.dumps(view.params, default=list)),
+                             "computable": view.computable, "reason": view.reason}
+    if not view.computable:
+        return entry
+    w = _flat(view.weights, valid)
+    n = max(int(valid.sum()), 1)
+    entry.update({
+        "normalize": view.normalize, "metrics": view.metrics,
+        "weights": _b64(w, "<f4"), "selected": _b64(_flat(view.selected, valid), "u1"),
+        "selected_frac": selected_fraction(view, batch.mask), "weight_mean": float(w.double().sum()) / n,
+        "weight_max": float(w.max()) if w.numel() else 0.0,
+        "binary": bool(((w == 0) | (w == 1)).all()),
+        "positions": position_histogram(view.selected, batch.mask, BINS),
+        "top_tokens": [list(t) for t in top_tokens(batch, view.selected)],
+    })
+    if view.own and batch.trained_weights is not None:
+        entry["reproduces_training"] = bool(torch.equal(view.weights, batch.trained_weights.float()))
+    return entry
+
+
+def arm_data(batch: Batch, *, label: str, run_dir: Path | str, views: list[RuleView] | None = None) -> dict[str, Any]:
+    """The page's data for one batch: rollouts, token ids, signals, every rule, the overlap matrix."""
+    views = apply_all_rules(batch) if views is None else views
+    valid = batch.mask > 0
+    lengths = batch.lengths
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist() if lengths else []
+    adv = batch.advantages
+    row_adv = ((adv * batch.mask).sum(1) / batch.mask.sum(1).clamp(min=1)) if adv.dim() == 2 else adv
+    prompts = list(dict.fromkeys(batch.prompts))
+    rollouts = [{"row": i, "group": int(batch.group[i]), "prompt": prompts.index(batch.prompts[i]),
+                 "reward": _num(batch.rewards[i]), "advantage": _num(row_adv[i]), "length": lengths[i],
+                 "offset": int(offsets[i])} for i in range(batch.shape[0])]
+    keys, matrix = overlap_matrix(views)
+    rule = batch.run_rule
+    info = (f"run {Path(run_dir).name} · rule {rule['name']} · step {batch.step} · {batch.shape[0]} rollouts · "
+            f"{int(valid.sum())} tokens · kept steps: {', '.join(map(str, kept_steps(run_dir))) or batch.step}")
+    return {
+        "label": label, "run_dir": str(run_dir), "step": batch.step, "info": info, "run_rule": rule,
+        "B": batch.shape[0], "T": batch.shape[1], "rollouts": rollouts, "prompts": prompts,
+        "vocab": {str(k): v for k, v in batch.pieces.items()}, "ids": _b64(_flat(batch.completion_ids, valid), "<i4"),
+        "signals": [_signal_entry(k, lab, v, valid) for k, (lab, v) in signal_tensors(batch).items()],
+        "rules": [_rule_entry(v, batch, valid) for v in views],
+        "overlap": {"keys": keys, "matrix": matrix.tolist()},
+    }
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def write_page(arms: list[dict[str, Any]], out: Path, title: str) -> Path:
+    payload = {"title": title, "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "bins": BINS, "arms": arms}
+    # "<" escaped as \u003c: the JSON can never close its <script> element
+    data = json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    html = HTML.format(title=_escape(title), css=CSS, data=data, script=SCRIPT)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _run_label(run_dir: Path) -> str:
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        return str((cfg.get("run") or {}).get("label") or (cfg.get("run") or {}).get("id") or run_dir.name)
+    except (OSError, yaml.YAMLError):
+        return run_dir.name
+
+
+def render_run(run_dir: Path | str, step: int | None = None, out: Path | str | None = None) -> Path:
+    """The page of `run_dir`'s kept batch at `step` (None = the last kept); default out:
+    `<run_dir>/batches/step-<N>.html`. ViewError (one line) on bad input, nothing written."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ViewError(f"{run_dir} is not a directory")
+    try:
+        batch = load_run_batch(run_dir, step)
+    except BatchError as err:
+        raise ViewError(str(err)) from None
+    label = _run_label(run_dir)
+    out = Path(out) if out else run_dir / "batches" / f"step-{batch.step}.html"
+    return write_page([arm_data(batch, label=label, run_dir=run_dir)], out, f"{label} — step {batch.step}")
+
+
+def sweep_runs(sweep_yaml: Path | str) -> list[tuple[str, Path]]:
+    """(label, run dir) of every run of a sweep, in expansion order."""
+    from stare_lab.sweep.expand import expand_sweep
+    from stare_lab.sweep.schema import SweepError, load_sweep
+
+    try:
+        return [(r.label, Path(r.run_dir)) for r in expand_sweep(load_sweep(sweep_yaml))]
+    except (SweepError, ValueError, OSError) as err:
+        raise ViewError(f"{sweep_yaml}: {str(err).splitlines()[0]}") from None
+
+
+def render_sweep(sweep_yaml: Path | str, step: int | None = None, out: Path | str | None = None) -> Path:
+    """One page with every arm of the sweep that kept a batch at `step` (None = the last step every
+    such run kept); default out: `<sweep folder>/view-step-<N>.html`."""
+    runs = sweep_runs(sweep_yaml)
+    kept = {d: kept_steps(d) for _, d in runs}
+    with_batches = [(lab, d) for lab, d in runs if kept[d]]
+    if not with_batches:
+        raise ViewError(f"no run of sweep {sweep_yaml} has kept batches (batches/step-<N>.safetensors); "
+                        f"set trainer.keep_batches_every to keep them")
+    all_steps = sorted({s for _, d in with_batches for s in kept[d]})
+    if step is None:
+        common = set.intersection(*(set(kept[d]) for _, d in with_batches))
+        step = max(common) if common else max(all_steps)
+    chosen = [(lab, d) for lab, d in with_batches if step in kept[d]]
+    if not chosen:
+        raise ViewError(f"step {step} was not kept by any run of sweep {sweep_yaml}; kept steps: "
+                        f"{', '.join(map(str, all_steps))}")
+    arms = []
+    for lab, d in chosen:
+        try:
+            arms.append(arm_data(load_run_batch(d, step), label=lab, run_dir=d))
+        except BatchError as err:
+            raise ViewError(str(err)) from None
+    name = Path(sweep_yaml).stem
+    out = Path(out) if out else chosen[0][1].parent / f"view-step-{step}.html"
+    return write_page(arms, out, f"sweep {name} — step {step}")
+
+
+def main_view(argv: list[str] | None = None) -> int:
+    """`stare-lab view RUN_DIR|SWEEP.yaml [--step N] [--out FILE]`; 0, or 2 with one error line."""
+    parser = argparse.ArgumentParser(prog="stare-lab view", description="Write the token page of a kept batch.")
+    parser.add_argument("target", help="a run directory or a sweep YAML")
+    parser.add_argument("--step", type=int, default=None, help="kept step (default: the last kept)")
+    parser.add_argument("--out", default=None, help="HTML file to write")
+    args = parser.parse_args(argv)
+    target = Path(args.target)
+    try:
+        if target.suffix in (".yaml", ".yml") and target.is_file():
+            path = render_sweep(target, args.step, args.out)
+        elif target.is_dir():
+            path = render_run(target, args.step, args.out)
+        else:
+            raise ViewError(f"{target} is neither a run directory nor a sweep YAML")
+    except ViewError as err:
+        print(f"stare-lab: error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
