@@ -119,7 +119,7 @@ class Batch:
 
 
 def _as(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    return None if t is None else t.detach().to("cpu", dtype).contiguous()
+    return None if t is None else t.detach().to("cpu", dtype, copy=True).contiguous()  # copy: no shared storage
 
 
 def save_batch(

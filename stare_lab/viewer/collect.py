@@ -61,7 +61,8 @@ def stats_for_all_rules(model, out: dict[str, Tensor], stats: TokenStats | None 
             have[attn_key(resolve_layers(base, run_rule.attn_layers))] = stats.attn_entropy.float()
     kw = dict(num_generations=num_generations, temperature=temperature, rows_per_forward=rows_per_forward, **chunks)
     plain = (needs - {"attn_entropy"}) | {"logp"}
-    missing_attn = [lay for lay in layer_sets if attn_key(resolve_layers(base, lay)) not in have]
+    wanted = dict.fromkeys(resolve_layers(base, lay) for lay in layer_sets)   # resolved, in order
+    missing_attn = [lay for lay in wanted if attn_key(lay) not in have]
     result = dict(have)
     todo = plain - set(have)
     if todo:  # one forward gives the vocabulary and group statistics and one attention layer set
@@ -69,11 +70,10 @@ def stats_for_all_rules(model, out: dict[str, Tensor], stats: TokenStats | None 
         computed = token_statistics(model, out, todo | ({"attn_entropy"} if first is not None else set()),
                                     attn_layers=first, **kw)
         if first is not None:
-            result[attn_key(resolve_layers(base, first))] = computed.pop("attn_entropy")
+            result[attn_key(first)] = computed.pop("attn_entropy")
         result.update({k: v for k, v in computed.items() if k not in have})
     for lay in missing_attn:
-        ae = token_statistics(model, out, {"attn_entropy"}, attn_layers=lay, **kw)["attn_entropy"]
-        result[attn_key(resolve_layers(base, lay))] = ae
+        result[attn_key(lay)] = token_statistics(model, out, {"attn_entropy"}, attn_layers=lay, **kw)["attn_entropy"]
     # the middle layer's attention entropy is stored under the plain key (meta["attn_layers"] names it)
     mid = attn_key(resolve_layers(base, None))
     if mid in result:
@@ -108,14 +108,14 @@ def keep_due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats, *, run_dir: Path | str, every: int,
+def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | None, *, run_dir: Path | str, every: int,
                         rule_state: dict[str, Any], trained_weights: Tensor | None = None,
                         meta: dict[str, Any] | None = None) -> Path | None:
     """The trainer hook: on a kept step (`trainer.state.global_step % every == 0`) write
     `<run_dir>/batches/step-<N>.safetensors` with every statistic any rule reads; else None.
 
     `out` is the dict `_generate_and_score_completions` returns, `stats` the TokenStats the trainer
-    built, `rule_state` the rule state *before* the rule ran (`RuleState.to_dict()`), and
+    built (None: everything is recomputed, through the same `signals.token_statistics`), `rule_state` the rule state *before* the rule ran (`RuleState.to_dict()`), and
     `trained_weights` the weights it returned. Only the main process writes.
     """
     step = int(trainer.state.global_step)
@@ -141,6 +141,7 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats, *, r
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
     B = out["completion_ids"].size(0)
+    group = stats.group if stats is not None else (trainer.accelerator.process_index * B + torch.arange(B)) // G
     prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
     prompts = tok.batch_decode([row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask)],
                                skip_special_tokens=True)
@@ -153,7 +154,7 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats, *, r
             "num_processes": int(trainer.accelerator.num_processes), **(meta or {})}
     return save_batch(
         batch_path(run_dir, step), step, completion_ids=out["completion_ids"], mask=out["completion_mask"],
-        rewards=rewards_from_trainer(trainer, B), advantages=out["advantages"], group=stats.group,
+        rewards=rewards_from_trainer(trainer, B), advantages=out["advantages"], group=group,
         stats=all_stats, token_pieces=token_pieces(tok, out["completion_ids"]), prompts=prompts,
         run_rule={"name": trainer.rule.name, "params": _params_dict(trainer.rule.params)}, rule_state=rule_state,
         prompt_ids=prompt_ids, prompt_mask=prompt_mask, trained_weights=trained_weights, meta=info)

@@ -1,0 +1,153 @@
+"""Kept batches: the record round-trips exactly; the trainer hook keeps, on kept steps only, every
+statistic any rule reads (aligned with a plain forward of the model), and on the loaded batch the
+run's own rule gives exactly the weights the trainer trained with."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trl import GRPOConfig
+
+from stare_lab.methods import get_method, list_methods
+from stare_lab.models.builtin import build_model, build_tokenizer
+from stare_lab.tasks.arithmetic import ArithmeticTask
+from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.viewer import collect_for_trainer, kept_steps, load_batch, save_batch
+from stare_lab.viewer.batch import BatchError
+from stare_lab.viewer.collect import needed_statistics
+from stare_lab.viewer.selection import apply_all_rules, apply_rule
+from stare_lab.viewer.synthetic import random_batch_tensors
+
+G = 4
+
+
+def test_record_round_trips_exactly(tmp_path):
+    kw = random_batch_tensors(B=8, T=12, G=G, seed=1)
+    kw["advantages"] = torch.randn(8, 12)                    # token-level advantages are kept as [B, T]
+    kw["prompts"][0] = "naïve </script> ∑ \n"
+    kw["stats"]["entropy"] = kw["stats"]["entropy"] + 1e-7    # float32 values that float16 would round
+    path = save_batch(tmp_path / "batches" / "step-3.safetensors", 3, **kw,
+                      run_rule={"name": "rsi_band", "params": {"low": 0.4}},
+                      rule_state={"step": 3, "total_steps": 9, "seed": 5, "memory": {"x": 1.5}},
+                      trained_weights=torch.rand(8, 12), meta={"num_layers": 2, "attn_layers": [1]})
+    b = load_batch(path)
+    assert kept_steps(tmp_path) == [3] and b.step == 3
+    assert torch.equal(b.completion_ids, kw["completion_ids"]) and torch.equal(b.mask, kw["mask"])
+    assert torch.equal(b.advantages, kw["advantages"]) and torch.equal(b.rewards, kw["rewards"])
+    assert torch.equal(b.group, kw["group"]) and b.prompts == kw["prompts"]
+    for name, value in kw["stats"].items():
+        assert b.stats[name].dtype == torch.float32 and torch.equal(b.stats[name], value.float()), name
+    assert b.run_rule == {"name": "rsi_band", "params": {"low": 0.4}} and b.rule_state["memory"] == {"x": 1.5}
+    assert b.token_pieces(0) == [kw["token_pieces"][i] for i in kw["completion_ids"][0][kw["mask"][0] > 0].tolist()]
+    assert path.stat().st_size < 20_000
+
+
+def test_loading_something_else_is_a_batch_error(tmp_path):
+    with pytest.raises(BatchError, match="does not exist"):
+        load_batch(tmp_path / "nope.safetensors")
+    (tmp_path / "x.safetensors").write_text("{}")
+    with pytest.raises(BatchError, match="not a readable batch record"):
+        load_batch(tmp_path / "x.safetensors")
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c) % 3) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    return tok, model, ArithmeticTask(train_size=32, heldout_size=8)
+
+
+def _trainer(setup, tmp_path, rule):
+    tok, model, task = setup
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=G,
+                      gradient_accumulation_steps=1, max_completion_length=12, max_steps=2, learning_rate=1e-3,
+                      use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1, save_strategy="no",
+                      disable_tqdm=True, epsilon_high=0.28)
+    return TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
+                                train_dataset=task.train_dataset(), processing_class=tok, rule=rule)
+
+
+def _plain_forward(model, batch):
+    """log π of the sampled tokens and the entropy at each completion position, from model(...).logits."""
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
+    att = torch.cat([batch.prompt_mask, batch.mask], 1).long()
+    P, T = batch.prompt_ids.size(1), batch.completion_ids.size(1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=att).logits[:, P - 1: P + T - 1].float()
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    return logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+@pytest.mark.parametrize("rule", [("stare", {"H_tgt": 10.0, "W": 1.25}), ("anchor", {"layers": 0}), ("full", {})],
+                         ids=["stare", "anchor-layer0", "full"])
+def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(setup, tmp_path, rule):
+    name, params = rule
+    trainer = _trainer(setup, tmp_path, get_method(name, **params))
+    ds = trainer.train_dataset
+    trainer.model.train()
+    state_before = trainer.rule_state.to_dict()
+    torch.manual_seed(1)
+    out = trainer._generate_and_score_completions([ds[i] for i in range(2) for _ in range(G)])
+
+    trainer.state.global_step = 3
+    assert collect_for_trainer(trainer, out, None, run_dir=tmp_path, every=2, rule_state=state_before) is None
+    assert collect_for_trainer(trainer, out, None, run_dir=tmp_path, every=0, rule_state=state_before) is None
+    trainer.state.global_step = 0
+    path = collect_for_trainer(trainer, out, None, run_dir=tmp_path, every=2, rule_state=state_before,
+                               trained_weights=out["token_weights"])
+    assert path == tmp_path / "batches" / "step-0.safetensors" and kept_steps(tmp_path) == [0]
+    batch = load_batch(path)
+
+    # every statistic any rule reads, and a second attention layer set for anchor(layers=0)
+    needs, _ = needed_statistics(trainer.rule, trainer.trainer_values)
+    assert needs - {"attn_entropy"} <= set(batch.stats) and "attn_entropy" in batch.stats
+    assert batch.meta["attn_layers"] == [1] and ("attn_entropy@0" in batch.stats) == (name == "anchor")
+    views = apply_all_rules(batch)
+    assert [v.key for v in views] == [f"run:{name}", *list_methods()]
+    assert all(v.computable for v in views), [(v.key, v.reason) for v in views if not v.computable]
+
+    # the run's rule on the loaded batch = the weights the trainer trained with, exactly
+    own = views[0]
+    assert torch.equal(own.weights, out["token_weights"].float()) and torch.equal(batch.trained_weights, own.weights)
+    if name == "stare":
+        assert (own.weights == 1.25).any()
+
+    # statistics aligned with a plain forward; rewards, pieces and prompts as the trainer saw them
+    valid = batch.mask > 0
+    logp, entropy = _plain_forward(trainer.model, batch)
+    assert torch.allclose(batch.stats["logp"][valid], logp[valid], atol=1e-4)
+    assert torch.allclose(batch.stats["entropy"][valid], entropy[valid], atol=1e-4)
+    if name == "anchor":
+        from stare_lab.signals import attention_entropy
+
+        ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
+        att = torch.cat([batch.prompt_mask, batch.mask], 1).long()
+        P, T = batch.prompt_ids.size(1), batch.completion_ids.size(1)
+        ae0 = attention_entropy(trainer.model, ids, att, layers=(0,))[:, P - 1: P + T - 1]
+        assert torch.allclose(batch.stats["attn_entropy@0"][valid], ae0[valid], atol=1e-5)
+        assert not torch.allclose(batch.stats["attn_entropy@0"][valid], batch.stats["attn_entropy"][valid])
+    tok = trainer.processing_class
+    texts = [tok.decode(row[m > 0].tolist(), skip_special_tokens=True) for row, m in zip(batch.completion_ids, batch.mask)]
+    assert batch.rewards.tolist() == length_reward(texts)
+    for row in range(batch.shape[0]):
+        ids = batch.completion_ids[row][valid[row]].tolist()
+        assert "".join(batch.token_pieces(row)) == tok.decode(ids, skip_special_tokens=False)
+    assert len(set(batch.prompts)) == 2 and all(p for p in batch.prompts)
+
+
+def test_applying_a_rule_the_batch_can_not_feed_names_what_is_missing(tmp_path):
+    kw = random_batch_tensors(B=8, T=10, G=G)
+    del kw["stats"]["attn_entropy"]
+    path = save_batch(tmp_path / "b.safetensors", 0, **kw, run_rule={"name": "full", "params": {}},
+                      meta={"num_layers": 4, "attn_layers": [2]})
+    batch = load_batch(path)
+    assert apply_rule(batch, "anchor").reason == "not computable: needs attn_entropy at layers [2]"
+    assert apply_rule(batch, "gmts").reason.startswith("not computable: rule 'gmts'")  # no trainer values kept
+    assert apply_rule(batch, "nope").reason.startswith("not computable: unknown token rule 'nope'")
