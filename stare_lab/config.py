@@ -1,127 +1,254 @@
 """Config: Hydra compose API over `conf/`, dataclass schemas, and the resolved run config.
 
-`compose(overrides)` returns a fully resolved DictConfig: the dataclass schema catches unknown
-keys and wrong types, the rule's Params fill in `method.params` (so a changed default is a new
-run id), and `run.id` is a hash of everything but the `run` block. Errors are `ConfigError`
-with one line naming the bad key, option or value.
+The dataclasses below hold types and the ranges a value must lie in, never a value: every value
+lives once, in a YAML file of `conf/` (with a comment above it). `compose(overrides)` returns a
+fully resolved DictConfig: the schema catches unknown keys and wrong types, the rule's Params
+fill in `method.params` (so a changed default is a new run id), `finalize` fills the derived
+defaults and `run.id` (a hash of everything but the `run` block), and `check_values` refuses any
+value the trainer, TRL or evaluation would reject later. The `method` group has no files: it is
+generated from the rule registry. Errors are `ConfigError` with one line naming the bad key,
+option or value.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+PACKAGE_DIR = Path(__file__).resolve().parent
+CONF_DIR = PACKAGE_DIR.parent / "conf"
 
 
 class ConfigError(ValueError):
     """A user mistake in a config or override: the message is one line naming it."""
 
 
+def bounded(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, choices: Any = None) -> Any:
+    """A schema field without a value (YAML holds it) and the range or choices its value must meet.
+    `choices` is a tuple or a function returning one (read lazily: it may live in a torch module)."""
+    rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
+    return field(default=MISSING, metadata=rules)
+
+
+def _loss_types() -> tuple[str, ...]:
+    from stare_lab.objective import SUPPORTED_LOSS_TYPES
+
+    return tuple(SUPPORTED_LOSS_TYPES)
+
+
+def _lr_schedulers() -> tuple[str, ...]:
+    from transformers.trainer_utils import SchedulerType
+
+    # these two need an evaluation strategy, which the GRPO trainer does not run
+    return tuple(s.value for s in SchedulerType if s.value not in ("reduce_lr_on_plateau", "greedy"))
+
+
+# ------------------------------------------------------------------------------- the schemas
 @dataclass
 class ModelConfig:
-    name_or_path: str = "builtin"
-    dtype: str = "float32"
-    attn_implementation: Any = None
-    lora: Any = None                 # null or {r, alpha, dropout, target_modules}
+    name_or_path: str = MISSING
+    dtype: str = bounded(choices=("float32", "bfloat16", "float16"))
+    attn_implementation: Optional[str] = MISSING
+    lora: Any = MISSING                              # null or {r, alpha, dropout, target_modules}
 
 
 @dataclass
 class MethodConfig:
-    name: str = "full"
-    params: dict[str, Any] = field(default_factory=dict)
+    name: str = MISSING
+    params: dict[str, Any] = MISSING                 # the rule's Params dataclass is their schema
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 20
-    learning_rate: float = 3e-4
-    lr_scheduler_type: str = "constant"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    num_generations: int = 8
-    per_device_train_batch_size: int = 16
-    gradient_accumulation_steps: int = 2
-    steps_per_generation: Any = None
-    num_iterations: int = 1
-    max_completion_length: int = 24
-    temperature: float = 1.0
-    top_p: float = 1.0
-    loss_type: str = "dapo"
-    beta: float = 0.0
-    epsilon: float = 0.2
-    epsilon_high: float = 0.28
-    scale_rewards: str = "group"
-    save_steps: int = 10
-    save_total_limit: int = 2
-    logging_steps: int = 1
-    grad_geometry_every: int = 0
-    stats_chunk_tokens: int = 1024
-    attn_chunk_queries: int = 128
-    js_chunk_positions: int = 64
-    use_cpu: bool = True
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    use_vllm: bool = False
-    generation_kwargs: dict[str, Any] = field(default_factory=dict)  # extra GenerationConfig keys for rollouts
+    max_steps: int = bounded(ge=1)
+    learning_rate: float = bounded(ge=0)
+    lr_scheduler_type: str = bounded(choices=_lr_schedulers)
+    warmup_steps: int = bounded(ge=0)
+    weight_decay: float = bounded(ge=0)
+    max_grad_norm: float = bounded(ge=0)
+    num_generations: int = bounded(ge=2)             # TRL: GRPO needs ≥ 2 completions per prompt
+    per_device_train_batch_size: int = bounded(ge=1)
+    gradient_accumulation_steps: int = bounded(ge=1)
+    steps_per_generation: Optional[int] = bounded(ge=1)
+    num_iterations: int = bounded(ge=1)
+    max_completion_length: int = bounded(ge=1)
+    temperature: float = bounded(gt=0)               # rollouts are sampled
+    top_p: float = bounded(gt=0, le=1)
+    loss_type: str = bounded(choices=_loss_types)
+    beta: float = bounded(ge=0)
+    epsilon: float = bounded(ge=0)
+    epsilon_high: float = bounded(ge=0)
+    scale_rewards: str = bounded(choices=("group", "batch", "none"))
+    save_steps: int = bounded(ge=1)
+    save_total_limit: int = bounded(ge=1)
+    logging_steps: int = bounded(ge=1)
+    grad_geometry_every: int = bounded(ge=0)
+    stats_chunk_tokens: int = bounded(ge=1)
+    attn_chunk_queries: int = bounded(ge=1)
+    js_chunk_positions: int = bounded(ge=1)
+    use_cpu: bool = MISSING
+    bf16: bool = MISSING
+    gradient_checkpointing: bool = MISSING
+    use_vllm: bool = MISSING
+    generation_kwargs: dict[str, Any] = MISSING
 
 
 @dataclass
 class LoggerConfig:
-    wandb: bool = True
-    project: str = "stare_lab"
-    entity: Any = None
-    mode: str = "auto"
+    wandb: bool = MISSING
+    project: str = MISSING
+    entity: Optional[str] = MISSING
+    mode: str = bounded(choices=("auto", "offline", "online", "disabled"))
 
 
 @dataclass
 class EvalConfig:
-    benchmarks: list[str] = field(default_factory=lambda: ["arithmetic"])
-    n: int = 32
-    temperature: float = 1.0
-    top_p: float = 0.7
-    max_tokens: Any = None
-    batch_size: int = 64
-    every_steps: int = 0
-    enabled: bool = True
+    benchmarks: list[str] = MISSING                  # names of conf/benchmark/, or the run's own task
+    n: int = bounded(ge=1)
+    temperature: float = bounded(ge=0)               # 0: greedy
+    top_p: float = bounded(gt=0, le=1)
+    max_tokens: Optional[int] = bounded(ge=1)
+    batch_size: int = bounded(ge=1)
+    every_steps: int = bounded(ge=0)
+    enabled: bool = MISSING
 
 
 @dataclass
 class RunConfig:
-    root: str = "runs"
-    sweep: str = "train"
-    id: Any = None
-    label: Any = None
-    variant: Any = None
+    root: str = MISSING
+    sweep: str = MISSING
+    id: Optional[str] = MISSING
+    label: Optional[str] = MISSING
+    variant: Optional[str] = MISSING
 
 
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
+    task: dict[str, Any] = MISSING                   # free-form: the task's builder checks its keys
     method: MethodConfig = field(default_factory=MethodConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    seed: int = 0
+    seed: int = bounded(ge=0, lt=2**32)              # numpy and torch seeds are 32-bit
     run: RunConfig = field(default_factory=RunConfig)
 
 
+@dataclass
+class LocalLauncherConfig:
+    name: str = MISSING
+    workers: int = bounded(ge=1)
+    timeout_min: float = bounded(ge=1)
+
+
+@dataclass
+class SlurmLauncherConfig:
+    name: str = MISSING
+    partition: Optional[str] = MISSING
+    account: Optional[str] = MISSING
+    gpus_per_node: int = bounded(ge=0)
+    cpus_per_task: int = bounded(ge=1)
+    mem_gb: float = bounded(ge=1)
+    timeout_min: float = bounded(ge=1)
+    array_parallelism: int = bounded(ge=1)
+    max_requeue: int = bounded(ge=0)
+    signal_delay_s: int = bounded(ge=0)
+    qos: Optional[str] = MISSING
+    constraint: Optional[str] = MISSING
+    setup: list[str] = MISSING                       # shell lines run before each job
+    additional: dict[str, Any] = MISSING             # extra sbatch options
+
+
+LAUNCHER_SCHEMAS: dict[str, type] = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig}
+
+
+@functools.cache
+def schema_fields(schema: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
+    """{field name: (type, range metadata)} of a schema dataclass."""
+    hints = typing.get_type_hints(schema)
+    return {f.name: (hints[f.name], f.metadata) for f in dataclasses.fields(schema)}
+
+
+_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+               dict: "a mapping"}
+
+
+def field_problem(value: Any, hint: Any, rules: Mapping[str, Any]) -> str | None:
+    """Why `value` does not fit a schema field of type `hint` with `rules`, or None.
+    Numbers are not converted (an int is a valid float)."""
+    args = typing.get_args(hint)
+    if value is None:
+        return None if hint is Any or type(None) in args else "must be set, got null"
+    if type(None) in args:
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint) or hint
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list, tuple), dict: (dict, Mapping)}
+    if origin in kinds:
+        if not isinstance(value, kinds[origin]) or (origin in (int, float) and isinstance(value, bool)):
+            return f"expected {_KIND_NAMES[origin]}, got {value!r}"
+        item = typing.get_args(hint)[:1] if origin is list else ()
+        if item and item[0] is not Any and not all(field_problem(v, item[0], {}) is None for v in value):
+            return f"expected a list of {_KIND_NAMES[item[0]].split(' ', 1)[1]}s, got {value!r}"
+    choices = rules.get("choices")
+    if choices is not None:
+        choices = choices() if callable(choices) else choices
+        if value not in choices:
+            return f"{value!r} is not one of {', '.join(map(str, choices))}"
+    for op, bound, ok in (("≥", rules.get("ge"), lambda v, b: v >= b), (">", rules.get("gt"), lambda v, b: v > b),
+                          ("≤", rules.get("le"), lambda v, b: v <= b), ("<", rules.get("lt"), lambda v, b: v < b)):
+        if bound is not None and not ok(value, bound):
+            return f"must be {op} {bound}, got {value!r}"
+    return None
+
+
+# ---------------------------------------------------------------------------- config groups
+def group_names() -> list[str]:
+    """The config groups: folders of `conf/` with YAML files, and `method` (from the registry)."""
+    return sorted({p.name for p in CONF_DIR.iterdir() if p.is_dir() and any(p.glob("*.yaml"))} | {"method"})
+
+
 def group_options(group: str) -> list[str]:
+    if group == "method":
+        from stare_lab.methods import list_methods
+
+        return sorted(list_methods())
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+def store_methods() -> None:
+    """The `method` config group: one ConfigStore node per registered rule (its params come
+    from the rule's Params dataclass in `resolve`)."""
+    from hydra.core.config_store import ConfigStore
+
+    from stare_lab.methods import list_methods
+
+    store = ConfigStore.instance()
+    for name in list_methods():
+        store.store(group="method", name=name, node={"name": name, "params": {}})
+
+
+def hydra_raw(overrides: list[str]) -> DictConfig:
+    """`conf/config.yaml` composed by Hydra with these overrides, before the schema."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    store_methods()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+# ------------------------------------------------------------------------------ resolution
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose `conf/config.yaml` with Hydra overrides and resolve it (see module docstring)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -130,18 +257,16 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     overrides = ["++" + o if o.startswith("method.params.") else o for o in overrides]
     _check_group_choices(overrides)
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            raw = hydra_compose(config_name="config", overrides=overrides)
+        raw = hydra_raw(overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_one_line(e)) from None
     return resolve(raw)
 
 
 def resolve(raw: DictConfig | dict) -> DictConfig:
-    """Validate against the schema, fill the rule's params, and compute run id and label."""
+    """Validate against the schema, fill the rule's params, the derived defaults and the run id,
+    and check every value (`check_values`)."""
     from omegaconf.errors import OmegaConfBaseException
-
-    from stare_lab.methods import get_method
 
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(Config), raw)
@@ -150,23 +275,76 @@ def resolve(raw: DictConfig | dict) -> DictConfig:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing value for {', '.join(missing)} (set it, e.g. {missing[0]}=...)")
+    check_values(OmegaConf.to_container(cfg, resolve=True), rule=False)
     params = OmegaConf.to_container(cfg.method.params, resolve=True)
+    cfg.method.params = rule_params(cfg.method.name, params, cfg.trainer)
+    return finalize(cfg)
+
+
+def rule_params(name: str, params: dict[str, Any], trainer: Any) -> dict[str, Any]:
+    """The rule's full params (its Params defaults filled in) as plain data, after checking them
+    and the rule's agreement with the trainer values. ValueError from the rule → ConfigError."""
+    from stare_lab.methods import get_method
+
     try:
-        rule = get_method(cfg.method.name, **params)
+        rule = get_method(name, **params)
+        import stare_lab.methods as methods
+
+        if hasattr(methods, "TrainerValues") and hasattr(rule, "check_trainer"):
+            rule.check_trainer(methods.TrainerValues.from_config(trainer))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    cfg.method.params = _jsonable(dataclasses.asdict(rule.params))
-    if cfg.trainer.steps_per_generation is None:
-        cfg.trainer.steps_per_generation = cfg.trainer.gradient_accumulation_steps
-    if cfg.run.id is None:
-        cfg.run.id = run_id(cfg)
+    return _jsonable(dataclasses.asdict(rule.params))
+
+
+def finalize(cfg: Any) -> Any:
+    """Fill the derived defaults and `run.id` of a resolved config (DictConfig or plain dict, in
+    place). The one place they are computed: `compose` and the sweep expansion both call it."""
+    trainer = cfg["trainer"]
+    if trainer["steps_per_generation"] is None:      # TRL's default: one rollout batch per optimizer step
+        trainer["steps_per_generation"] = trainer["gradient_accumulation_steps"]
+    if cfg["run"]["id"] is None:
+        cfg["run"]["id"] = run_id(cfg)
     return cfg
 
 
-def run_id(cfg: DictConfig) -> str:
+def run_id(cfg: Any) -> str:
     """Hash of the resolved config without the `run` block (where and how it is named)."""
-    body = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "run"}
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    body = {k: v for k, v in data.items() if k != "run"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
+    """Every value of a resolved config (plain data) against its schema field's type and range,
+    and the combinations TRL or evaluation would refuse later. ConfigError naming the key."""
+    _check_section(Config, cfg, "")
+    t = cfg["trainer"]
+    per_generation = t["steps_per_generation"] or t["gradient_accumulation_steps"]
+    batch = t["per_device_train_batch_size"] * per_generation
+    if batch % t["num_generations"]:
+        raise ConfigError(
+            f"trainer.num_generations: the generation batch (per_device_train_batch_size × steps_per_generation "
+            f"= {t['per_device_train_batch_size']} × {per_generation} = {batch}) is not divisible by "
+            f"num_generations = {t['num_generations']}: TRL needs whole groups of completions per prompt")
+    known = group_options("benchmark")
+    for i, name in enumerate(cfg["eval"]["benchmarks"]):
+        if name not in known and name != cfg["task"].get("name"):
+            raise ConfigError(f"eval.benchmarks[{i}]: unknown benchmark {name!r}; valid: "
+                              f"{', '.join(sorted(set(known) | {cfg['task'].get('name')}))}")
+    if rule:
+        rule_params(cfg["method"]["name"], cfg["method"]["params"], t)
+
+
+def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
+    for name, (hint, rules) in schema_fields(schema).items():
+        value = data[name]
+        if dataclasses.is_dataclass(hint):
+            _check_section(hint, value, f"{prefix}{name}.")
+            continue
+        problem = field_problem(value, hint, rules)
+        if problem:
+            raise ConfigError(f"{prefix}{name}: {problem}")
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -182,10 +360,11 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 
 def _check_group_choices(overrides: list[str]) -> None:
     """`method=nope` → one line listing the valid options of that config group."""
+    groups = group_names()
     for o in overrides:
         key, sep, value = o.partition("=")
         key = key.lstrip("+~")
-        if sep and "." not in key and (CONF_DIR / key).is_dir() and value not in group_options(key):
+        if sep and "." not in key and key in groups and value not in group_options(key):
             raise ConfigError(f"unknown {key} option {value!r}; valid: {', '.join(group_options(key))}")
 
 

@@ -13,17 +13,16 @@ anything, and the tests do it for every run of the shipped sweeps.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
-import json
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from stare_lab.config import CONF_DIR, Config, ConfigError, _jsonable, compose
+from stare_lab.config import CONF_DIR, Config, ConfigError, check_values, compose, finalize, hydra_raw, rule_params
 from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
 
 
@@ -134,11 +133,26 @@ class Composer:
         overrides.append(f"run.label={fmt_value(label)}")
         cfg = self._resolve(groups, dotted, origins, label)
         cfg["seed"] = seed
-        body = json.dumps({k: v for k, v in cfg.items() if k != "run"}, sort_keys=True, default=str)
-        run_id = hashlib.sha256(body.encode()).hexdigest()[:12]  # = stare_lab.config.run_id
-        cfg["run"] = {**run_block, "id": run_id}
+        cfg["run"] = {**run_block, "id": None}
+        finalize(cfg)
+        self._check(cfg, origins, label)
+        run_id = cfg["run"]["id"]
         return RunSpec(overrides=overrides, config=cfg, id=run_id, label=label, variant=variant,
                        seed=seed, run_dir=spec.folder / run_id)
+
+    def _check(self, cfg: dict, origins: dict[str, str], label: str) -> None:
+        """`check_values` on a run, its error named by where the sweep set the bad key."""
+        try:
+            check_values(cfg, rule=False)
+        except ConfigError as e:
+            msg = str(e)
+            key = msg.split(":", 1)[0]
+            origin = origins.get(key) or origins.get(key.split("[")[0])
+            if origin and key in origin:             # base.overrides.trainer.max_steps: must be ≥ 1, ...
+                msg = origin + msg[len(key):]
+            elif origin and not key.startswith(origin):
+                msg = f"{origin}: {msg}"
+            raise SweepError(f"{self.spec.where()}: {msg} (run '{label}')") from None
 
     def delta(self, short: str, value: Any, groups: set[str]) -> str:
         key = ("delta", short, repr(value))
@@ -166,11 +180,9 @@ class Composer:
                 d["method"]["params"] = {**d["method"].get("params", {}), rest[len("params."):]: value}
             else:
                 d[section][rest] = self._convert(key, value, origin, groups)
+        d["trainer"] = dict(d["trainer"])           # finalize fills it in place; the combo is shared
         d["method"] = dict(d["method"])
-        d["method"]["params"] = self._filled_params(d["method"], origins, label)
-        trainer = d["trainer"]
-        if trainer.get("steps_per_generation") is None:
-            d["trainer"] = {**trainer, "steps_per_generation": trainer["gradient_accumulation_steps"]}
+        d["method"]["params"] = self._filled_params(d["method"], d["trainer"], origins, label)
         return d
 
     def _combo(self, groups: dict[str, str]) -> dict:
@@ -182,35 +194,41 @@ class Composer:
         key = tuple(sorted(groups.items()))
         if key not in self._combos:
             if self._base is None:
-                self._base = self._merged(_hydra_raw([]), "the defaults")
+                self._base = self._merged(_raw([]), "the defaults")
             combo = dict(self._base)
             for group, choice in groups.items():
                 section = self._section(group, choice)
                 if section is None:
-                    combo = self._merged(_hydra_raw([f"{g}={c}" for g, c in groups.items()]), str(dict(groups)))
+                    combo = self._merged(_raw([f"{g}={c}" for g, c in groups.items()]), str(dict(groups)))
                     break
                 combo[group] = section
             self._combos[key] = combo
         return self._combos[key]
 
     def _section(self, group: str, choice: str) -> dict | None:
+        """A group option's node merged with its section's schema; None when the file is not
+        self-contained (it moves to another package or interpolates other sections)."""
         if (group, choice) not in self._sections:
-            text = (CONF_DIR / group / f"{choice}.yaml").read_text()
-            package = re.search(r"^#\s*@package\s+(\S+)", text, re.M)
-            node = OmegaConf.create(text)
-            plain = "defaults" not in node and not (package and package.group(1) != group) and "${" not in text
-            field_ = Config.__dataclass_fields__.get(group)
-            if not plain or field_ is None:
-                self._sections[(group, choice)] = None
-            else:
-                default = field_.default_factory()  # type: ignore[misc]
-                schema = OmegaConf.structured(default) if dataclasses.is_dataclass(default) else OmegaConf.create(default)
-                try:
-                    merged = OmegaConf.merge(schema, node)
-                except Exception as e:  # noqa: BLE001 - a broken group file, named
-                    raise SweepError(f"{self.spec.where()}: conf/{group}/{choice}.yaml: {' '.join(str(e).split())}") from None
-                self._sections[(group, choice)] = OmegaConf.to_container(merged, resolve=True)
+            self._sections[(group, choice)] = self._load_section(group, choice)
         return self._sections[(group, choice)]
+
+    def _load_section(self, group: str, choice: str) -> dict | None:
+        if group == "method":                       # generated from the registry (config.store_methods)
+            return {"name": choice, "params": {}}
+        if group not in Config.__dataclass_fields__:
+            return None
+        text = (CONF_DIR / group / f"{choice}.yaml").read_text()
+        package = re.search(r"^#\s*@package\s+(\S+)", text, re.M)
+        if (package and package.group(1) != group) or "${" in text:
+            return None
+        node = OmegaConf.create(text)
+        if "defaults" in node:                      # a base plus differences: Hydra composes it
+            node = OmegaConf.create(OmegaConf.to_container(hydra_raw([f"{group}={choice}"])[group]))
+        try:
+            merged = OmegaConf.merge(self._schema_node(group), node)
+        except Exception as e:  # noqa: BLE001 - a broken group file, named
+            raise SweepError(f"{self.spec.where()}: conf/{group}/{choice}.yaml: {' '.join(str(e).split())}") from None
+        return OmegaConf.to_container(merged, resolve=True)
 
     def _merged(self, raw: dict, what: str) -> dict:
         try:
@@ -224,13 +242,12 @@ class Composer:
         if cache_key in self._values:
             return self._values[cache_key]
         section, _, leaf = key.partition(".")
-        section_type = {f.name: f.type for f in dataclasses.fields(Config)}.get(section)
         if section == "task" and "." not in leaf and leaf in self._combo(groups)["task"]:
             out = value  # free-form (dict[str, Any]); like compose(), only keys the task file declares
         else:
             try:
-                node = self._schema_node(section, section_type)
-                if "." in leaf or leaf not in node:
+                node = self._schema_node(section)
+                if "." in leaf or leaf not in node.keys():
                     raise KeyError(leaf)
                 node[leaf] = value
                 out = OmegaConf.to_container(node)[leaf]
@@ -239,10 +256,11 @@ class Composer:
         self._values[cache_key] = out
         return out
 
-    def _schema_node(self, section: str, section_type: Any):
+    def _schema_node(self, section: str):
+        """A fresh schema node of a config section (a dataclass schema, or free-form)."""
         if section not in self._schema_nodes:
-            default = Config.__dataclass_fields__[section].default_factory()  # type: ignore[misc]
-            self._schema_nodes[section] = OmegaConf.structured(default)
+            hint = typing.get_type_hints(Config)[section]
+            self._schema_nodes[section] = OmegaConf.structured(hint) if dataclasses.is_dataclass(hint) else OmegaConf.create({})
         return self._schema_nodes[section]
 
     def _compose_error(self, key: str, value: Any, groups: dict[str, str]) -> str:
@@ -252,26 +270,19 @@ class Composer:
             return str(e)
         return f"{key}={fmt_value(value)} can not be applied by the sweep expansion (a nested key?)"
 
-    def _filled_params(self, method: dict, origins: dict[str, str], label: str) -> dict:
+    def _filled_params(self, method: dict, trainer: dict, origins: dict[str, str], label: str) -> dict:
         params = method.get("params") or {}
-        cache_key = repr((method["name"], sorted(params.items())))
+        cache_key = repr((method["name"], sorted(params.items()), sorted(trainer.items())))
         if cache_key not in self._params:
-            from stare_lab.methods import get_method
-
             try:
-                rule = get_method(method["name"], **params)
-            except ValueError as e:
+                self._params[cache_key] = rule_params(method["name"], params, trainer)
+            except ConfigError as e:
                 msg = str(e)
                 bad = re.search(r"parameter '([^']+)'", msg)
                 origin = origins.get(f"method.params.{bad.group(1)}" if bad else "method") or origins.get("method", "base")
                 raise SweepError(f"{self.spec.where()}: {origin}: {msg} (run '{label}')") from None
-            self._params[cache_key] = _jsonable(dataclasses.asdict(rule.params))
         return dict(self._params[cache_key])
 
 
-def _hydra_raw(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        raw = hydra_compose(config_name="config", overrides=overrides)
-    return OmegaConf.to_container(raw, resolve=False)
+def _raw(overrides: list[str]) -> dict:
+    return OmegaConf.to_container(hydra_raw(overrides), resolve=False)

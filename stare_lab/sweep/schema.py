@@ -9,6 +9,7 @@ is checked by `expand.expand_sweep`, which reports errors in the same form.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,17 +17,16 @@ from typing import Any
 
 import yaml
 
-from stare_lab.config import CONF_DIR, group_options
+from stare_lab.config import (CONF_DIR, LAUNCHER_SCHEMAS, Config, EvalConfig, field_problem, group_names,
+                              group_options, schema_fields)
 
 TOP_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "eval", "launcher", "output", "search")
-EVAL_KEYS = ("benchmarks", "n", "temperature", "top_p", "max_tokens", "batch_size", "every_steps", "enabled")
-LAUNCHERS = ("local", "slurm")
-# Launcher keys beyond conf/launcher/<name>.yaml, with their defaults.
-LAUNCHER_EXTRAS: dict[str, dict[str, Any]] = {
-    "local": {"timeout_min": 7 * 24 * 60},
-    "slurm": {"max_requeue": 3, "signal_delay_s": 90, "qos": None, "constraint": None,
-              "setup": [], "additional": {}},
-}
+EVAL_KEYS = tuple(schema_fields(EvalConfig))
+LAUNCHERS = tuple(LAUNCHER_SCHEMAS)
+# A sweep file is written by hand (the shipped ones are < 3 kB); a bigger one is refused unread.
+MAX_FILE_BYTES = 1 << 20
+# Runs of one sweep: 10,000 expand in under a second; past this a sweep is refused before expansion.
+MAX_RUNS = 50_000
 SEARCH_KEYS = ("params", "objective", "trials", "parallelism", "sampler", "seed", "pruner", "storage")
 SAMPLERS = ("tpe", "random")
 PRUNERS = ("none", "median")
@@ -79,7 +79,7 @@ class SweepSpec:
 
 def config_groups() -> list[str]:
     """Config groups a sweep may choose in `base`, `grid` or a variant (not the launcher)."""
-    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "launcher" and any(p.glob("*.yaml")))
+    return [g for g in group_names() if g != "launcher"]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -105,7 +105,16 @@ def load_sweep(path: Path | str, *, launcher: dict[str, Any] | None = None, outp
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file")
-    text = path.read_text()
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise SweepError(f"{path}: {size:,} bytes; a sweep file is at most {MAX_FILE_BYTES:,} bytes "
+                         "(list values in grid:, seeds: N for N seeds)")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SweepError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); save it as UTF-8") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except SweepError as e:
@@ -151,6 +160,7 @@ def parse_sweep(data: Any, *, where: str = "<sweep>", launcher: dict[str, Any] |
         if len(seeds) != 1:
             fail("seeds", f"a search runs one seed per trial; got {len(seeds)} seeds")
         search = _search(data["search"], fail, launch)
+    _check_run_count(grid, variants, seeds, fail)
     desc = data.get("description") or ""
     return SweepSpec(name=name, groups=groups, overrides=overrides, grid=grid, variants=variants, seeds=seeds,
                      launcher=launch, output=Path(out).expanduser().absolute(), search=search, description=str(desc))
@@ -215,10 +225,14 @@ def _eval(block: Any, fail) -> dict[str, Any]:
         return {"eval.enabled": False}
     if not isinstance(block, dict):
         fail("eval", f"expected a mapping with keys {', '.join(EVAL_KEYS)} (or false), got {block!r}")
+    fields = schema_fields(EvalConfig)
     for k, v in block.items():
-        if k not in EVAL_KEYS:
+        if k not in fields:
             fail(f"eval.{k}", f"unknown key; valid keys: {', '.join(EVAL_KEYS)} (choose eval configs in base: eval: NAME)")
-    if "benchmarks" in block and (not isinstance(block["benchmarks"], list) or not block["benchmarks"]):
+        problem = field_problem(v, *fields[k])
+        if problem:
+            fail(f"eval.{k}", problem)
+    if "benchmarks" in block and (not block["benchmarks"] or not all(isinstance(b, str) for b in block["benchmarks"])):
         fail("eval.benchmarks", "expected a non-empty list of benchmark names")
     return {f"eval.{k}": v for k, v in block.items()}
 
@@ -231,6 +245,8 @@ def _grid(grid: Any, fail) -> dict[str, list[Any]]:
     out = {}
     for k, values in grid.items():
         _check_key(k, f"grid.{k}", fail)
+        if values == "all" and k in config_groups():   # every option; for method, every registered rule
+            values = _all_options(k)
         if not isinstance(values, list):
             fail(f"grid.{k}", f"expected a list of values, got {values!r}")
         if not values:
@@ -246,6 +262,22 @@ def _grid(grid: Any, fail) -> dict[str, list[Any]]:
             fail(f"grid.{k}", f"duplicate values in {values!r}")
         out[k] = values
     return out
+
+
+def _all_options(group: str) -> list[str]:
+    if group == "method":
+        from stare_lab.methods import list_methods
+
+        return list(list_methods())                   # registration order
+    return group_options(group)
+
+
+def _check_run_count(grid: dict[str, list[Any]], variants: dict[str, Any], seeds: list[int], fail) -> None:
+    sizes = [len(v) for v in grid.values()] + [max(len(variants), 1), len(seeds)]
+    if math.prod(sizes) > MAX_RUNS:
+        fail("", f"{math.prod(sizes):,} runs (grid {' × '.join(str(len(v)) for v in grid.values()) or '1'} × "
+             f"{max(len(variants), 1)} variants × {len(seeds):,} seeds); a sweep is at most {MAX_RUNS:,} runs: "
+             "split it or search it (search:)")
 
 
 def _variants(variants: Any, fail, grid: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:
@@ -278,20 +310,24 @@ def _seeds(seeds: Any, fail) -> list[int]:
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         if seeds < 1:
             fail("seeds", f"a number of seeds must be ≥ 1, got {seeds}")
+        if seeds > MAX_RUNS:
+            fail("seeds", f"{seeds:,} seeds; a sweep is at most {MAX_RUNS:,} runs")
         return list(range(seeds))
     if not isinstance(seeds, list) or not seeds:
         fail("seeds", f"expected a non-empty list of integers or a count, got {seeds!r}")
+    seed_field = schema_fields(Config)["seed"]
     for i, s in enumerate(seeds):
-        if not isinstance(s, int) or isinstance(s, bool):
-            fail(f"seeds[{i}]", f"expected an integer, got {s!r}")
+        problem = field_problem(s, *seed_field)
+        if problem:
+            fail(f"seeds[{i}]", problem)
     if len(set(seeds)) != len(seeds):
         fail("seeds", f"duplicate seeds in {seeds}")
     return list(seeds)
 
 
 def launcher_defaults(name: str) -> dict[str, Any]:
-    base = yaml.safe_load((CONF_DIR / "launcher" / f"{name}.yaml").read_text()) or {}
-    return {**base, **LAUNCHER_EXTRAS[name], "name": name}
+    """Every key of a launcher with its value from conf/launcher/<name>.yaml."""
+    return {**(yaml.safe_load((CONF_DIR / "launcher" / f"{name}.yaml").read_text()) or {}), "name": name}
 
 
 def _launcher(block: Any, cli: dict[str, Any], fail) -> dict[str, Any]:
@@ -304,36 +340,20 @@ def _launcher(block: Any, cli: dict[str, Any], fail) -> dict[str, Any]:
     if name not in LAUNCHERS:
         fail("launcher.name", f"unknown launcher {name!r}; valid: {', '.join(LAUNCHERS)}")
     out = launcher_defaults(name)
+    fields = schema_fields(LAUNCHER_SCHEMAS[name])
     given = {k: v for k, v in block.items() if k != "name"}
     if block.get("name", "local") != name:  # --launcher switched it: keep only keys the new one knows
-        given = {k: v for k, v in given.items() if k in out}
+        given = {k: v for k, v in given.items() if k in fields}
     given.update({k: v for k, v in cli.items() if k != "name" and v is not None})
     for k, v in given.items():
-        if k not in out:
-            fail(f"launcher.{k}", f"unknown key for the {name} launcher; valid keys: {', '.join(sorted(out))}")
-        out[k] = _launcher_value(name, k, v, out[k], fail)
+        if k not in fields:
+            fail(f"launcher.{k}", f"unknown key for the {name} launcher; valid keys: {', '.join(sorted(fields))}")
+        hint, rules = fields[k]
+        problem = field_problem(v, hint, rules)
+        if problem:
+            fail(f"launcher.{k}", problem)
+        out[k] = v
     return out
-
-
-def _launcher_value(name: str, key: str, value: Any, default: Any, fail) -> Any:
-    path = f"launcher.{key}"
-    if key in ("partition", "account", "qos", "constraint"):
-        if value is not None and not isinstance(value, str):
-            fail(path, f"expected a string, got {value!r}")
-        return value
-    if key == "setup":
-        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-            fail(path, "expected a list of shell lines")
-        return value
-    if key == "additional":
-        if not isinstance(value, dict):
-            fail(path, "expected a mapping of extra sbatch options")
-        return value
-    minimum = 0 if key in ("gpus_per_node", "max_requeue", "signal_delay_s") else 1
-    kind = (int, float) if key in ("mem_gb", "timeout_min") else (int,)
-    if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
-        fail(path, f"expected {'a number' if float in kind else 'an integer'} ≥ {minimum}, got {value!r}")
-    return value
 
 
 def _search(block: Any, fail, launch: dict[str, Any]) -> SearchSpec:

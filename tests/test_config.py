@@ -1,0 +1,201 @@
+"""Each config value lives once: dataclasses hold types, YAML files hold values (a comment above
+each), a GPU config is a base plus its differences, every shipped YAML composes, and the
+`method` group is the rule registry."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+import pytest
+import yaml
+from omegaconf import MISSING, OmegaConf
+
+from stare_lab import config
+from stare_lab.config import CONF_DIR, LAUNCHER_SCHEMAS, Config, ConfigError, compose, group_options
+from stare_lab.methods import list_methods
+from stare_lab.sweep.expand import expand_sweep
+from stare_lab.sweep.schema import launcher_defaults, load_sweep
+from sweep_fixtures import ROOT
+
+# config group → its schema (the task group is free-form: the task's builder checks it)
+SCHEMAS = {"model": config.ModelConfig, "trainer": config.TrainerConfig, "logger": config.LoggerConfig,
+           "eval": config.EvalConfig, **{f"launcher/{k}": v for k, v in LAUNCHER_SCHEMAS.items()}}
+
+
+def _leaf_fields(schema: type, prefix: str = ""):
+    for f in dataclasses.fields(schema):
+        hint = config.schema_fields(schema)[f.name][0]
+        if dataclasses.is_dataclass(hint):
+            assert f.default is dataclasses.MISSING and f.default_factory is hint, f"{prefix}{f.name}"
+            yield from _leaf_fields(hint, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f
+
+
+def _own_keys(path) -> dict:
+    data = yaml.safe_load(path.read_text()) or {}
+    data.pop("defaults", None)
+    return data
+
+
+def _files(group: str):
+    folder = CONF_DIR / group.split("/")[0]
+    names = [group.split("/")[1]] if "/" in group else group_options(group)
+    return [folder / f"{n}.yaml" for n in names]
+
+
+def test_schemas_hold_types_and_no_values():
+    schemas = [Config, *LAUNCHER_SCHEMAS.values()]
+    leaves = [leaf for s in schemas for leaf in _leaf_fields(s)]
+    assert len(leaves) > 60
+    for name, f in leaves:
+        assert f.default == MISSING and f.default_factory is dataclasses.MISSING, f"{name} has a value in the schema"
+
+
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
+def test_every_field_has_exactly_one_value_source(group):
+    """A base file sets every schema field; a derived file names its base in `defaults` and sets
+    only fields whose value differs from the base's."""
+    fields = set(config.schema_fields(SCHEMAS[group]))
+    files = _files(group)
+    bases = [p for p in files if "defaults" not in (yaml.safe_load(p.read_text()) or {})]
+    assert bases, f"conf/{group}: no base file"
+    for path in bases:
+        assert set(_own_keys(path)) == fields, f"{path}: keys differ from the schema"
+    for path in set(files) - set(bases):
+        defaults = yaml.safe_load(path.read_text())["defaults"]
+        base = CONF_DIR / path.parent.name / f"{defaults[0]}.yaml"
+        assert defaults == [defaults[0], "_self_"] and base in bases, f"{path}: defaults {defaults}"
+        own, inherited = _own_keys(path), _own_keys(base)
+        assert own and set(own) <= fields, path
+        copies = sorted(k for k, v in own.items() if inherited[k] == v)
+        assert not copies, f"{path} repeats its base's values for {copies}"
+
+
+def test_root_config_sets_seed_and_run_block_once():
+    root = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+    assert set(root) - {"defaults"} == {"seed", "run"}
+    assert set(root["run"]) == set(config.schema_fields(config.RunConfig))
+    groups = [next(iter(d)) for d in root["defaults"] if isinstance(d, dict)]
+    assert groups == ["model", "task", "method", "trainer", "logger", "eval"]
+
+
+def test_gpu_configs_are_the_base_plus_differences():
+    gpu = _own_keys(CONF_DIR / "trainer" / "gpu_stare.yaml")
+    assert yaml.safe_load((CONF_DIR / "trainer" / "gpu_stare.yaml").read_text())["defaults"] == ["cpu_small", "_self_"]
+    assert len(gpu) < len(config.schema_fields(config.TrainerConfig)) / 2
+    cfg = compose(["trainer=gpu_stare", "model=qwen2_5_math_7b"])
+    base = compose([])
+    assert cfg.trainer.max_steps == 500 and cfg.trainer.bf16 is True and cfg.model.dtype == "bfloat16"
+    assert cfg.trainer.epsilon_high == base.trainer.epsilon_high == 0.28     # inherited, written once
+    assert cfg.model.name_or_path == "Qwen/Qwen2.5-Math-7B" and cfg.model.lora is None
+
+
+YAML_WITH_SCHEMA = [p for g in ("model", "trainer", "logger", "eval", "launcher", "task") for p in sorted((CONF_DIR / g).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", YAML_WITH_SCHEMA + [CONF_DIR / "config.yaml"], ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_value_has_a_comment_above_it(path):
+    lines = path.read_text().splitlines()
+    in_defaults = False
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z_]\w*):\s*(\S.*)?$", line)
+        if not m:
+            continue
+        if m.group(2) == "defaults" and not m.group(1):
+            in_defaults = True
+            continue
+        if not m.group(1):
+            in_defaults = False
+        if in_defaults or m.group(3) is None:          # list of defaults, or a block header (run:)
+            continue
+        assert lines[i - 1].strip().startswith("#"), f"{path}:{i + 1}: no comment above {m.group(2)!r}"
+
+
+COMPOSE_CASES = [[f"{g}={o}"] + (["task.train_source=x.jsonl"] if o == "math" and g == "task" else [])
+                 for g in ("model", "task", "trainer", "logger", "eval") for o in group_options(g)]
+
+
+@pytest.mark.parametrize("overrides", COMPOSE_CASES, ids=lambda o: o[0])
+def test_every_shipped_group_option_composes(overrides):
+    cfg = compose(overrides)
+    group, option = overrides[0].split("=")
+    assert not OmegaConf.missing_keys(cfg) and re.fullmatch(r"[0-9a-f]{12}", cfg.run.id)
+    if group == "task":
+        assert cfg.task.name == option
+
+
+def test_every_launcher_and_benchmark_file_loads():
+    for name, schema in LAUNCHER_SCHEMAS.items():
+        values = launcher_defaults(name)
+        assert set(values) == set(config.schema_fields(schema)) and values["name"] == name
+        for key, (hint, rules) in config.schema_fields(schema).items():
+            assert config.field_problem(values[key], hint, rules) is None, (name, key)
+    for path in sorted((CONF_DIR / "benchmark").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        assert data["name"] == path.stem and data["verifier"] in ("math_verify", "exact") and data["n"] >= 1, path
+
+
+def test_derived_defaults_and_run_id_come_from_one_function():
+    cfg = compose([])
+    assert cfg.trainer.steps_per_generation == cfg.trainer.gradient_accumulation_steps == 2
+    assert compose(["trainer.steps_per_generation=4"]).trainer.steps_per_generation == 4
+    plain = OmegaConf.to_container(compose([]))
+    plain["run"]["id"], plain["trainer"]["steps_per_generation"] = None, None
+    assert config.finalize(plain)["run"]["id"] == cfg.run.id and plain["trainer"]["steps_per_generation"] == 2
+    assert config.run_id(cfg) == cfg.run.id
+
+
+def test_method_group_is_the_registry():
+    assert not (CONF_DIR / "method").exists()
+    assert group_options("method") == sorted(list_methods())
+    for name in list_methods():
+        assert compose([f"method={name}"]).method.name == name
+    with pytest.raises(ConfigError) as e:
+        compose(["method=nope"])
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("unknown method option 'nope'; valid: ")
+    assert msg.split("valid: ")[1].split(", ") == sorted(list_methods())
+
+
+# ----------------------------------------------------------------- a rule from a module of its own
+@dataclass(frozen=True)
+class ThrowawayParams:
+    rho: float = 0.5
+
+
+THROWAWAY = "throwaway_rule"
+
+
+@pytest.fixture
+def throwaway_rule():
+    from hydra.core.config_store import ConfigStore
+
+    from stare_lab.methods import RuleOutput, register
+    from stare_lab.methods import registry
+
+    @register(THROWAWAY, ThrowawayParams)
+    def throwaway(stats, state, p):
+        return RuleOutput(weights=stats.mask.float() * p.rho, normalize="valid")
+
+    yield THROWAWAY
+    registry._REGISTRY.pop(THROWAWAY, None)
+    ConfigStore.instance().repo.get("method", {}).pop(f"{THROWAWAY}.yaml", None)
+
+
+def test_a_new_rule_reaches_configs_and_the_demo_sweep_by_itself(throwaway_rule, tmp_path):
+    assert throwaway_rule in list_methods()
+    cfg = compose([f"method={throwaway_rule}", "method.params.rho=0.25"])
+    assert cfg.method.name == throwaway_rule and cfg.method.params == {"rho": 0.25}
+    spec = load_sweep(ROOT / "sweeps" / "demo.yaml", output=tmp_path)
+    assert spec.grid["method"] == list_methods()                      # registration order
+    runs = expand_sweep(spec)
+    mine = [r for r in runs if r.config["method"]["name"] == throwaway_rule]
+    assert [r.label for r in mine] == [f"{throwaway_rule} seed=0", f"{throwaway_rule} seed=1"]
+    assert mine[0].config["method"]["params"] == {"rho": 0.5}
+    assert len(runs) == 2 * len(list_methods())
+
+
+def test_the_throwaway_rule_is_gone_afterwards():
+    assert THROWAWAY not in list_methods() and THROWAWAY not in group_options("method")
