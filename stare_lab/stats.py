@@ -1,30 +1,65 @@
-"""TokenStats: every per-token tensor one generation batch yields.
+"""TokenStats: every per-token tensor one generation batch yields, and the table of statistics.
 
 B = prompts × G (rows of one prompt are contiguous), T = completion length (right-padded).
 All tensors are detached statistics of the rollout policy, computed once per generation batch
-before TRL shuffles and splits it into micro-batches (METHODS.md §1).
+before TRL shuffles and splits it into micro-batches (docs/pitfalls.md, "Where weights are computed").
+
+The fields of `TokenStats` declared with `statistic(...)` ARE the table of statistics: a rule
+declares the names it reads (`register(..., needs=...)`), the registry validates them against
+`STATISTICS`, and the statistics pass (`signals.token_statistics`) computes each declared name
+from its `source`. Adding a statistic is one field here plus its computation in `signals/`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
 
+# How the statistics pass obtains a statistic (signals/statistics.py dispatches on it):
+#   "vocab"     from the next-token distribution p = softmax(z/τ) at each completion position
+#   "group"     from the next-token distributions of all rollouts of the same prompt
+#   "attention" from the attention rows of the chosen layers (the rule declares the layers)
+#   "batch"     read from TRL's generation batch under `key`
+SOURCES = ("vocab", "group", "attention", "batch")
+
+
+@dataclass(frozen=True)
+class Statistic:
+    name: str
+    meaning: str
+    source: str               # one of SOURCES
+    key: str | None = None    # TRL's batch key, for source "batch"
+    shape: str = "[B, T]"
+
+
+def statistic(meaning: str, source: str, key: str | None = None, *, required: bool = False):
+    """A TokenStats field that is a statistic a rule may declare (see the module docstring)."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown statistic source {source!r}; known: {', '.join(SOURCES)}")
+    meta = {"statistic": (meaning, source, key)}
+    return field(metadata=meta) if required else field(default=None, metadata=meta)
+
 
 @dataclass
 class TokenStats:
-    logp: Tensor                      # [B, T] log π(a_t) of the sampled token, at the sampling temperature
+    """One generation batch. Every statistic is a [B, T] float tensor (shape in `STATISTICS`)."""
+
+    logp: Tensor = statistic("log π(a_t) of the sampled token at the sampling temperature "
+                             "(NaN where the rule did not declare it)", "vocab", required=True)
     mask: Tensor                      # [B, T] 1 on valid completion tokens, 0 on padding
     advantages: Tensor                # [B] or [B, T] group-normalised advantage
     group: Tensor                     # [B] int: prompt index of each row
-    entropy: Tensor | None = None     # [B, T] predictive entropy H = -Σ_v p_v log p_v
-    attn_entropy: Tensor | None = None  # [B, T] normalised attention entropy AE ∈ [0, 1]
-    js: Tensor | None = None          # [B, T] JS(p_i,t ‖ P̄_t) to the group mean over live rollouts
-    old_logp: Tensor | None = None    # [B, T] log π_old(a_t) (equals logp when on-policy)
-    ref_logp: Tensor | None = None    # [B, T] log π_ref(a_t) (only with a KL term)
-    p2: Tensor | None = None          # [B, T] Σ_v p_v²  (collision probability)
-    p2logp: Tensor | None = None      # [B, T] Σ_v p_v² log p_v  (OPEFO's full flow, METHODS.md §0)
+    entropy: Tensor | None = statistic("predictive entropy H = -Σ_v p_v log p_v", "vocab")
+    p2: Tensor | None = statistic("collision probability Σ_v p_v²", "vocab")
+    p2logp: Tensor | None = statistic("Σ_v p_v² log p_v (OPEFO's full flow, methods/opefo.py)", "vocab")
+    js: Tensor | None = statistic("JS(p_i,t ‖ P̄_t) to the mean over the group's live rollouts", "group")
+    attn_entropy: Tensor | None = statistic("normalised attention entropy AE ∈ [0, 1] at the rule's layers",
+                                            "attention")
+    old_logp: Tensor | None = statistic("log π_old(a_t); equals logp when TRL computed none (on-policy)",
+                                        "batch", "old_per_token_logps")
+    ref_logp: Tensor | None = statistic("log π_ref(a_t) (TRL computes it only with a KL term, beta > 0)",
+                                        "batch", "ref_per_token_logps")
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 2:
@@ -37,10 +72,10 @@ class TokenStats:
             raise ValueError(f"TokenStats.group must be [{B}], got {tuple(self.group.shape)}")
         if self.advantages.shape not in {(B,), (B, T)}:
             raise ValueError(f"TokenStats.advantages must be [B] or [B, T], got {tuple(self.advantages.shape)}")
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name not in {"logp", "mask", "advantages", "group"} and v is not None and v.shape != (B, T):
-                raise ValueError(f"TokenStats.{f.name} must be {(B, T)}, got {tuple(v.shape)}")
+        for name in STATISTICS:
+            v = getattr(self, name)
+            if v is not None and v.shape != (B, T):
+                raise ValueError(f"TokenStats.{name} must be {(B, T)}, got {tuple(v.shape)}")
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -67,6 +102,11 @@ class TokenStats:
         missing = [n for n in names if getattr(self, n) is None]
         if missing:
             raise ValueError(f"rule {rule!r} needs TokenStats fields {missing}, which were not computed")
+
+
+STATISTICS: dict[str, Statistic] = {
+    f.name: Statistic(f.name, *f.metadata["statistic"]) for f in fields(TokenStats) if "statistic" in f.metadata
+}
 
 
 def positions(mask: Tensor) -> Tensor:

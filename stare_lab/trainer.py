@@ -2,8 +2,9 @@
 
 Two overrides and nothing more (STYLE.md):
 - `_generate_and_score_completions`: the parent generates, scores and computes advantages; then
-  one no-grad stats pass with the rollout policy over the whole generation batch builds
-  `TokenStats` (only what the rule declares it needs), the rule is called once, and
+  the statistics pass (`signals.token_statistics`, one no-grad forward of the rollout policy over
+  the whole generation batch) builds `TokenStats` with what the rule declares, the rule is called
+  once with the trainer's values in its state, and
   `token_weights` [B, T] (plus the generation batch's weight sum, a 0-dim tensor) are attached
   to the batch. TRL shuffles and splits them with the rest, so weights never depend on the
   micro-batch split.
@@ -21,12 +22,12 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from stare_lab import objective
-from stare_lab.methods import Rule, RuleState
+from stare_lab.methods import Rule, RuleState, TrainerValues
+from stare_lab.signals import token_statistics
 from stare_lab.stats import TokenStats
 
 NORMALIZE_CODES = ("valid", "selected", "loss_type")
 RULE_STATE_FILE = "rule_state.json"
-VOCAB_STATS = ("entropy", "p2")
 
 
 class TokenRuleGRPOTrainer(GRPOTrainer):
@@ -36,7 +37,13 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         _check_supported(self)
         self.rule = rule
+        # the values this trainer uses (TRL resolved epsilon_high=None to epsilon): rules read these
+        self.trainer_values = TrainerValues(epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
+                                            beta=self.beta, loss_type=self.loss_type,
+                                            num_generations=self.num_generations)
+        rule.check_trainer(self.trainer_values)
         self.rule_state = rule_state or RuleState(seed=self.args.seed)
+        self.rule_state.trainer = self.trainer_values
         self.grad_geometry_every = grad_geometry_every
         self.stats_chunk_tokens = stats_chunk_tokens
         self.attn_chunk_queries = attn_chunk_queries
@@ -47,9 +54,10 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
-        stats = self._token_stats(out)
+        stats, rollout_entropy = self._token_stats(out)
         self.rule_state.step = self.state.global_step
         self.rule_state.total_steps = max(self.state.max_steps, 1)
+        self.rule_state.trainer = self.trainer_values
         result = self.rule(stats, self.rule_state)
         weights = result.weights.to(out["completion_mask"].device)
         out["token_weights"] = weights
@@ -57,74 +65,31 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         out["token_normalize"] = torch.tensor(NORMALIZE_CODES.index(result.normalize))
         selected = result.selected if result.selected is not None else stats.valid
         out["token_selected"] = (selected & stats.valid).float()
-        self._log_rule_metrics(mode, stats, weights, out["token_selected"], result.metrics)
+        self._log_rule_metrics(mode, stats, weights, out["token_selected"], result.metrics, rollout_entropy)
         return out
 
     @torch.no_grad()
-    def _token_stats(self, out) -> TokenStats:
-        """One no-grad pass of the rollout policy over the generation batch (rows in chunks of whole groups)."""
+    def _token_stats(self, out) -> tuple[TokenStats, torch.Tensor | None]:
+        """TokenStats with what the rule declares (signals.token_statistics), and the rollout entropy if computed."""
         completion_ids, mask = out["completion_ids"], out["completion_mask"]
         B, T = completion_ids.shape
         G = self.num_generations
         first_row = self.accelerator.process_index * B
         group = (first_row + torch.arange(B, device=mask.device)) // G
-        needs = self.rule.needs
-        old_logp = out.get("old_per_token_logps")
-        fields: dict[str, torch.Tensor] = {}
-        if needs & {"entropy", "attn_entropy", "js", "p2"}:  # `full` and `random` pay nothing
-            fields = self._stats_forward(out, needs)
-        logp = fields.pop("logp", None)
-        if logp is None:  # the rule reads no statistic of the rollout policy
-            logp = old_logp if old_logp is not None else torch.full((B, T), float("nan"), device=mask.device)
-        return TokenStats(
-            logp=logp, mask=mask, advantages=out["advantages"], group=group,
-            old_logp=old_logp if old_logp is not None else logp, ref_logp=out.get("ref_per_token_logps"),
-            **fields,
-        )
+        needs = self.rule.needs_for(self.trainer_values)
+        computed = token_statistics(
+            self.accelerator.unwrap_model(self.model), out, needs, num_generations=G, temperature=self.temperature,
+            attn_layers=self.rule.attn_layers,
+            rows_per_forward=max(G, (self.args.per_device_train_batch_size // G) * G),
+            chunk_tokens=self.stats_chunk_tokens, chunk_queries=self.attn_chunk_queries,
+            chunk_positions=self.js_chunk_positions)
+        declared = {k: v for k, v in computed.items() if k in needs}
+        # logp is a required field: NaN where the rule did not declare it, so reading it anyway shows
+        logp = declared.pop("logp", torch.full((B, T), float("nan"), device=mask.device))
+        stats = TokenStats(logp=logp, mask=mask, advantages=out["advantages"], group=group, **declared)
+        return stats, computed.get("entropy")
 
-    def _stats_forward(self, out, needs) -> dict[str, torch.Tensor]:
-        from stare_lab.signals import attention_entropy, forward_with_stats, js_to_group_mean, resolve_layers, vocab_stats
-
-        model = self.accelerator.unwrap_model(self.model)
-        lm_head = model.get_output_embeddings()
-        prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
-        completion_ids, mask = out["completion_ids"], out["completion_mask"]
-        P, T, G = prompt_ids.size(1), completion_ids.size(1), self.num_generations
-        rows = max(G, (self.args.per_device_train_batch_size // G) * G)
-        want = tuple(n for n in VOCAB_STATS if n in needs) + (("p2logp",) if "p2" in needs else ())
-        layers = resolve_layers(model, self.rule.attn_layers) if "attn_entropy" in needs else None
-        # A rule that reads only attention entropy stops the forward after its last layer and never
-        # builds logits: about half a forward for the middle layer.
-        ae_only = needs & {"entropy", "js", "p2"} == set()
-        head = dict(lm_head_bias=getattr(lm_head, "bias", None),
-                    final_logit_softcapping=getattr(model.config, "final_logit_softcapping", None))
-        chunks: dict[str, list[torch.Tensor]] = {}
-        for start in range(0, completion_ids.size(0), rows):
-            sl = slice(start, start + rows)
-            input_ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1)
-            attention_mask = torch.cat([prompt_mask[sl], mask[sl]], dim=1)
-            if ae_only:
-                ae = attention_entropy(model, input_ids, attention_mask, layers, self.attn_chunk_queries,
-                                       first_position=P - 1)
-                chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
-                continue
-            hidden, ae = forward_with_stats(model, input_ids, attention_mask, ae_layers=layers,
-                                            chunk_queries=self.attn_chunk_queries, first_position=P - 1)
-            h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
-            vs = vocab_stats(h, lm_head.weight, completion_ids[sl], temperature=self.temperature,
-                             want=want or ("entropy",), chunk_tokens=self.stats_chunk_tokens, **head)
-            for k, v in vs.items():
-                chunks.setdefault(k, []).append(v)
-            if ae is not None:
-                chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
-            if "js" in needs:
-                group = torch.arange(h.size(0), device=h.device) // G
-                chunks.setdefault("js", []).append(js_to_group_mean(
-                    h, lm_head.weight, group, mask[sl], temperature=self.temperature,
-                    chunk_positions=self.js_chunk_positions, **head))
-        return {k: torch.cat(v, dim=0).float() for k, v in chunks.items()}
-
-    def _log_rule_metrics(self, mode, stats, weights, selected, rule_metrics) -> None:
+    def _log_rule_metrics(self, mode, stats, weights, selected, rule_metrics, rollout_entropy) -> None:
         valid = stats.mask
         n = valid.sum().clamp(min=1)
         w = weights[valid > 0]
@@ -132,8 +97,8 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         m["tokens/selected_frac"].append((selected.sum() / n).item())
         m["tokens/weight_mean"].append(w.mean().item() if w.numel() else 0.0)
         m["tokens/weight_std"].append(w.std().item() if w.numel() > 1 else 0.0)
-        if stats.entropy is not None:
-            m["tokens/rollout_entropy"].append(((stats.entropy * valid).sum() / n).item())
+        if rollout_entropy is not None:
+            m["tokens/rollout_entropy"].append(((rollout_entropy * valid).sum() / n).item())
         for k, v in rule_metrics.items():
             m[k].append(float(v))
 
@@ -223,6 +188,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         if not path.is_file():
             return False
         self.rule_state = RuleState.from_dict(json.loads(path.read_text()))
+        self.rule_state.trainer = self.trainer_values
         return True
 
 

@@ -3,15 +3,36 @@
     from stare_lab.methods import get_method, list_methods, RuleState
     rule = get_method("rsi_band", low=0.5, high=2.0)
     out = rule(stats, RuleState(step=0, total_steps=100))
+
+Each rule module registers itself when imported. The imports below are the whole list of rules,
+and their order is the registration order: `list_methods()`, the demo sweep and its tables follow it.
 """
 from stare_lab.methods.registry import (
     Rule,
     RuleOutput,
     RuleState,
+    TrainerValues,
     get_method,
     list_methods,
     method_params,
     register,
 )
 
-__all__ = ["Rule", "RuleOutput", "RuleState", "get_method", "list_methods", "method_params", "register"]
+# The order of these imports is the registration order.
+# ruff: noqa: E402, F401, I001
+from stare_lab.methods import full
+from stare_lab.methods import random_subset
+from stare_lab.methods import top_entropy
+from stare_lab.methods import low_entropy
+from stare_lab.methods import anchor
+from stare_lab.methods import explorer
+from stare_lab.methods import attn_soft
+from stare_lab.methods import stare
+from stare_lab.methods import rsi_band
+from stare_lab.methods import ict
+from stare_lab.methods import gmts
+from stare_lab.methods import opefo
+from stare_lab.methods import stapo
+
+__all__ = ["Rule", "RuleOutput", "RuleState", "TrainerValues", "get_method", "list_methods", "method_params",
+           "register"]

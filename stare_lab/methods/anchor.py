@@ -64,6 +64,6 @@ def keep_by_ae(stats: TokenStats, state: RuleState, p: Params, *, rule: str, lar
     return keep_fraction(stats.attn_entropy, "attn_entropy", stats, state, p, largest=largest, salt=rule)
 
 
-@register("anchor", Params, needs={"attn_entropy"})
+@register("anchor", Params, needs={"attn_entropy"}, attn_layers=lambda p: p.layers)
 def anchor(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     return keep_by_ae(stats, state, p, rule="anchor", largest=False)

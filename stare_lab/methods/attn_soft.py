@@ -43,7 +43,7 @@ class Params:
         object.__setattr__(self, "layers", check_layers(self.layers))
 
 
-@register("attn_soft", Params, needs={"attn_entropy"})
+@register("attn_soft", Params, needs={"attn_entropy"}, attn_layers=lambda p: p.layers)
 def attn_soft(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("attn_entropy", rule="attn_soft")
     valid = stats.valid

@@ -26,6 +26,6 @@ class Params(AnchorParams):
     """Same fields and defaults as anchor (ρ = 0.2, middle layer, scope batch, ties topk, selected)."""
 
 
-@register("explorer", Params, needs={"attn_entropy"})
+@register("explorer", Params, needs={"attn_entropy"}, attn_layers=lambda p: p.layers)
 def explorer(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     return keep_by_ae(stats, state, p, rule="explorer", largest=True)

@@ -19,15 +19,17 @@ Deviations and decisions:
    batch both are the same policy, so r = 1, I_clip = 1 and δ = |H·A| (+ the KL term): GMTS then
    mostly moves the token budget toward high-|A| rollouts. The official code recomputes r per
    mini-batch with the current policy, so r ≠ 1 only from the second mini-batch on.
-4. [ours] eps_low / eps_high must equal the trainer's clipping ε (the trainer should pass its
-   epsilon and epsilon_high here); beta must equal the trainer's KL coefficient.
+4. [ours] eps_low, eps_high and beta are the trainer's clip ε and KL coefficient: left unset
+   (None) they are read from `RuleState.trainer`; set explicitly they must agree with the
+   trainer, which `Rule.check_trainer` enforces when the config is resolved. With the effective
+   beta > 0 the rule reads ref_logp, which TRL computes only when its own beta > 0.
 5. [ours] Candidates are all valid tokens of the group, δ = 0 included, ties broken at random
    (ties="topk"). The official code drops δ = 0 tokens from the count, keeps the tokens strictly
    above the ⌊(1−ρ)·n⌋-th smallest δ, and hardcodes groups of 16 rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -42,9 +44,10 @@ MODES = {"renorm": "selected", "zero_advantage": "valid"}
 @dataclass(frozen=True)
 class Params:
     rho: float = 0.2            # GMTS: keep the top 20% per group
-    eps_low: float = 0.2        # PPO/GRPO clip ε_low; set to the trainer's epsilon
-    eps_high: float = 0.2       # PPO/GRPO clip ε_high; set to the trainer's epsilon_high
-    beta: float = 0.0           # KL coefficient (0 = no KL term, needs no ref_logp)
+    # None = the trainer's value (note 4)
+    eps_low: float | None = field(default=None, metadata={"trainer": "epsilon_low"})    # clip ε_low
+    eps_high: float | None = field(default=None, metadata={"trainer": "epsilon_high"})  # clip ε_high
+    beta: float | None = field(default=None, metadata={"trainer": "beta"})  # KL coefficient β (0: no KL term)
     mode: str = "renorm"        # GMTS paper: "renorm"; official verl code: "zero_advantage"
     scope: str = "group"        # GMTS: per group
     ties: str = "topk"
@@ -59,16 +62,17 @@ class Params:
             raise ValueError(f"normalize={self.normalize!r} contradicts mode={self.mode!r} "
                              f"(which normalises by {MODES[self.mode]!r})")
         check_fraction("rho", self.rho)
-        if not 0.0 <= self.eps_low < 1.0:
+        if self.eps_low is not None and not 0.0 <= self.eps_low < 1.0:
             raise ValueError(f"eps_low={self.eps_low} is out of range (0 ≤ eps_low < 1)")
-        if not self.eps_high >= 0.0:
+        if self.eps_high is not None and not self.eps_high >= 0.0:
             raise ValueError(f"eps_high={self.eps_high} is out of range (eps_high ≥ 0)")
-        if not self.beta >= 0.0:
+        if self.beta is not None and not self.beta >= 0.0:
             raise ValueError(f"beta={self.beta} is out of range (beta ≥ 0)")
 
 
 def needs(p: Params) -> set[str]:
-    return {"entropy", "ref_logp"} if p.beta > 0 else {"entropy"}
+    # p.beta is the effective β; None only while the trainer is unknown (then no KL term is assumed)
+    return {"logp", "entropy", "old_logp"} | ({"ref_logp"} if (p.beta or 0.0) > 0 else set())
 
 
 def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
@@ -85,7 +89,7 @@ def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
 
 @register("gmts", Params, needs=needs)
 def gmts(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require(*sorted(needs(p)), rule="gmts")
+    stats.require("entropy", *(["ref_logp"] if p.beta > 0 else []), rule="gmts")
     delta, clipped = gradient_score(stats, p)
     keep = select_top(delta, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties,
                       generator=state.generator("gmts"))

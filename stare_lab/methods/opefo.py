@@ -46,8 +46,7 @@ class Params:
 
 
 def needs(p: Params) -> set[str]:
-    # The "p2" statistic provides both p2 and p2logp.
-    return {"entropy", "p2"} if p.flow == "full" else {"entropy"}
+    return {"logp", "entropy", "p2", "p2logp"} if p.flow == "full" else {"logp", "entropy"}
 
 
 def entropy_flow(stats: TokenStats, flow: str) -> Tensor:
@@ -67,7 +66,7 @@ def scope_sum(x: Tensor, ids: Tensor, n_units: int) -> Tensor:
 
 @register("opefo", Params, needs=needs)
 def opefo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require(*sorted(needs(p)), *(["p2logp"] if p.flow == "full" else []), rule="opefo")
+    stats.require(*sorted(needs(p)), rule="opefo")
     dH = entropy_flow(stats, p.flow)
     ids = scope_ids(stats.valid, stats.group, p.scope)
     n_units = int(ids.max()) + 1 if ids.numel() else 0

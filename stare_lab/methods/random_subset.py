@@ -66,6 +66,10 @@ def _needs(p: Params) -> frozenset[str]:
     return p.reference_rule().needs if p.match == "position" else frozenset()
 
 
+def _attn_layers(p: Params):
+    return p.reference_rule().attn_layers if p.match == "position" else None
+
+
 def match_positions(ref_selected: Tensor, valid: Tensor, unit: Tensor, generator: torch.Generator) -> Tensor:
     """[B, T] bool: in each (scope unit, position) cell, as many uniform valid tokens as `ref_selected` has."""
     B, T = valid.shape
@@ -87,7 +91,7 @@ def match_positions(ref_selected: Tensor, valid: Tensor, unit: Tensor, generator
     return out
 
 
-@register("random", Params, needs=_needs)
+@register("random", Params, needs=_needs, attn_layers=_attn_layers)
 def random_subset(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     valid = stats.valid
     g = state.generator("random")

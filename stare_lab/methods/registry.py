@@ -1,25 +1,54 @@
 """The rule registry: a dict and a decorator (verl's `register_policy_loss` is the right size).
 
-A rule is a frozen `Params` dataclass plus one function `fn(stats, state, params) -> RuleOutput`.
-Nothing outside `stare_lab/methods/` knows a rule's name: the trainer asks `get_method`.
+A rule is a frozen `Params` dataclass plus one function `fn(stats, state, params) -> RuleOutput`,
+registered with what it reads: `needs` (names from `stare_lab.stats.STATISTICS`) and, when it
+reads attention entropy, `attn_layers` (which layers). Nothing outside `stare_lab/methods/`
+knows a rule's name: the trainer asks `get_method` and the rule's declarations.
+
+A Params field may stand for a trainer value (GMTS's clip ε and β): declare it
+`field(default=None, metadata={"trainer": "<TrainerValues field>"})`. None means "the trainer's
+value", filled in from `RuleState.trainer` before the rule runs; an explicit value must agree
+with the trainer (`Rule.check_trainer`, called when the config is resolved and by the trainer).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import Tensor
 
-from stare_lab.stats import TokenStats
+from stare_lab.stats import STATISTICS, TokenStats
 
 NORMALIZE = ("valid", "selected", "loss_type")
 SCOPES = ("batch", "group", "sequence")
 TIES = ("topk", "quantile")
-# Statistics a rule may declare in `needs`; the stats pass computes only these.
-STAT_NAMES = ("entropy", "attn_entropy", "js", "old_logp", "ref_logp", "p2")
+
+
+@dataclass(frozen=True)
+class TrainerValues:
+    """The trainer values a rule may read (the values the trainer actually uses)."""
+
+    epsilon_low: float          # clip ε_low of the surrogate (TRL `epsilon`)
+    epsilon_high: float         # clip ε_high (TRL `epsilon_high`; TRL uses ε_low when it is None)
+    beta: float                 # KL coefficient (0: no KL term, TRL computes no ref_logp)
+    loss_type: str              # TRL loss type (dapo, grpo, bnpo, dr_grpo)
+    num_generations: int        # G, rollouts per prompt
+
+    @classmethod
+    def from_config(cls, trainer_cfg: Any) -> "TrainerValues":
+        """From the `trainer` config block (a dataclass, DictConfig or dict with TRL's key names)."""
+        def get(key: str):
+            return trainer_cfg[key] if isinstance(trainer_cfg, Mapping) or hasattr(trainer_cfg, "keys") \
+                else getattr(trainer_cfg, key)
+
+        eps = float(get("epsilon"))
+        eps_high = get("epsilon_high")
+        return cls(epsilon_low=eps, epsilon_high=eps if eps_high is None else float(eps_high),
+                   beta=float(get("beta")), loss_type=str(get("loss_type")),
+                   num_generations=int(get("num_generations")))
 
 
 @dataclass
@@ -32,6 +61,8 @@ class RuleState:
     memory: the rule's own JSON-serialisable memory (e.g. STARE's adaptive W, M); a rule updates
         it in place and the trainer saves it.
     rng: optional generator; when None, `generator()` derives one from (seed, step).
+    trainer: the trainer's values (clip ε, β, loss type, G), filled by the trainer; not saved
+        (a resumed trainer fills it again from its own arguments).
     """
 
     step: int = 0
@@ -39,6 +70,7 @@ class RuleState:
     seed: int = 0
     memory: dict[str, Any] = field(default_factory=dict)
     rng: torch.Generator | None = None
+    trainer: TrainerValues | None = None
 
     @property
     def progress(self) -> float:
@@ -69,7 +101,10 @@ class RuleOutput:
     selected: Tensor | None = None     # [B, T] bool: the rule's selected subset (for metrics); None = all valid
 
 
+# A declaration is a constant or a function of the rule's Params (trainer fields already filled
+# in where the trainer is known, None where it is not).
 NeedsSpec = Iterable[str] | Callable[[Any], Iterable[str]]
+LayersSpec = Callable[[Any], int | Iterable[int] | None] | None
 
 
 @dataclass(frozen=True)
@@ -78,24 +113,51 @@ class _Entry:
     params_cls: type
     fn: Callable[[TokenStats, RuleState, Any], RuleOutput]
     needs: NeedsSpec
-    doc: str
+    attn_layers: LayersSpec
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
-def register(name: str, params_cls: type, needs: NeedsSpec = ()):
-    """Decorator: register `fn(stats, state, params) -> RuleOutput` under `name`."""
+def register(name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: LayersSpec = None):
+    """Decorator: register `fn(stats, state, params) -> RuleOutput` under `name`.
+
+    needs: the statistics the rule reads (names of `STATISTICS`, `logp` included), or a function
+        of its Params returning them.
+    attn_layers: for a rule that reads `attn_entropy`, a function of its Params returning the
+        layer index or indices (None = the middle layer); the statistics pass averages over them.
+    """
     if not dataclasses.is_dataclass(params_cls):
         raise TypeError(f"Params of rule {name!r} must be a dataclass")
+    trainer_keys = {f.name for f in dataclasses.fields(TrainerValues)}
+    for f in dataclasses.fields(params_cls):
+        key = f.metadata.get("trainer")
+        if key is not None and key not in trainer_keys:
+            raise ValueError(f"rule {name!r}: parameter {f.name!r} names unknown trainer value {key!r}; "
+                             f"known: {', '.join(sorted(trainer_keys))}")
+    if not callable(needs):
+        needs = frozenset(needs)
+        _check_needs(name, needs)
 
     def deco(fn):
         if name in _REGISTRY:
             raise ValueError(f"token rule {name!r} is registered twice")
-        _REGISTRY[name] = _Entry(name, params_cls, fn, needs, (fn.__module__ and __import__(fn.__module__, fromlist=["_"]).__doc__) or "")
+        _REGISTRY[name] = _Entry(name, params_cls, fn, needs, attn_layers)
         return fn
 
     return deco
+
+
+def _check_needs(name: str, needs: frozenset[str]) -> None:
+    unknown = needs - set(STATISTICS)
+    if unknown:
+        raise ValueError(f"rule {name!r} declares unknown statistics {sorted(unknown)}; "
+                         f"known: {', '.join(STATISTICS)}")
+
+
+def trainer_params(params_cls: type) -> dict[str, str]:
+    """{param name: TrainerValues field} of the Params fields that stand for trainer values."""
+    return {f.name: f.metadata["trainer"] for f in dataclasses.fields(params_cls) if "trainer" in f.metadata}
 
 
 class Rule:
@@ -106,30 +168,55 @@ class Rule:
         self.params = params
         self._entry = entry
 
-    @property
-    def needs(self) -> frozenset[str]:
+    def effective_params(self, trainer: TrainerValues | None, *, strict: bool = True) -> Any:
+        """Params with every unset trainer-valued field set to the trainer's value.
+
+        strict: an unset field with no trainer to fill it is a ValueError (else it stays None).
+        """
+        fill = {}
+        for name, key in trainer_params(type(self.params)).items():
+            if getattr(self.params, name) is not None:
+                continue
+            if trainer is not None:
+                fill[name] = getattr(trainer, key)
+            elif strict:
+                raise ValueError(f"rule {self.name!r}: {name} is unset (= the trainer's {key}) and no trainer "
+                                 f"values were given (RuleState.trainer is None)")
+        return dataclasses.replace(self.params, **fill) if fill else self.params
+
+    def check_trainer(self, values: TrainerValues) -> None:
+        """ValueError (one line) when an explicitly set trainer-valued parameter disagrees with the trainer."""
+        for name, key in trainer_params(type(self.params)).items():
+            mine, theirs = getattr(self.params, name), getattr(values, key)
+            if mine is not None and mine != theirs:
+                raise ValueError(f"rule {self.name!r}: {name}={mine} but trainer.{key}={theirs} "
+                                 f"(leave it unset to use the trainer's)")
+
+    def needs_for(self, trainer: TrainerValues | None = None) -> frozenset[str]:
+        """The statistics this rule reads with these trainer values (None: trainer unknown)."""
         n = self._entry.needs
-        names = frozenset(n(self.params) if callable(n) else n)
-        unknown = names - set(STAT_NAMES)
-        if unknown:
-            raise ValueError(f"rule {self.name!r} declares unknown statistics {sorted(unknown)}")
+        if not callable(n):
+            return n
+        names = frozenset(n(self.effective_params(trainer, strict=False)))
+        _check_needs(self.name, names)
         return names
 
     @property
+    def needs(self) -> frozenset[str]:
+        """The statistics this rule reads, trainer values unknown (see `needs_for`)."""
+        return self.needs_for(None)
+
+    @property
     def attn_layers(self) -> tuple[int, ...] | None:
-        """Layers whose attention entropy the rule needs (None = the middle layer)."""
-        layers = getattr(self.params, "layers", None)
+        """Layers whose attention entropy the rule reads, as the rule declared them (None = the middle layer)."""
+        spec = self._entry.attn_layers
+        layers = spec(self.params) if spec is not None else None
         if layers is None:
-            ref = getattr(self.params, "reference", None)
-            if ref:
-                # the reference rule's own params carry its layers (e.g. random matched to anchor)
-                ref_params = getattr(self.params, "reference_params", None) or {}
-                return get_method(ref, **ref_params).attn_layers
             return None
         return (layers,) if isinstance(layers, int) else tuple(layers)
 
     def __call__(self, stats: TokenStats, state: RuleState) -> RuleOutput:
-        out = self._entry.fn(stats, state, self.params)
+        out = self._entry.fn(stats, state, self.effective_params(state.trainer))
         w = out.weights
         if w.shape != stats.shape:
             raise RuntimeError(f"rule {self.name!r} returned weights of shape {tuple(w.shape)}, expected {stats.shape}")
@@ -143,24 +230,22 @@ class Rule:
 
 
 def list_methods() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+    """Registered rule names in registration order (the order of `stare_lab/methods/__init__.py`)."""
+    return list(_REGISTRY)
 
 
 def method_params(name: str) -> type:
-    _load_all()
     return _lookup(name).params_cls
 
 
 def _lookup(name: str) -> _Entry:
     if name not in _REGISTRY:
-        raise ValueError(f"unknown token rule {name!r}; valid rules: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(f"unknown token rule {name!r}; valid rules: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
 
 
 def get_method(name: str, **params: Any) -> Rule:
     """Build a configured rule. Unknown rule or parameter, or a bad value: ValueError naming it."""
-    _load_all()
     entry = _lookup(name)
     valid = [f.name for f in dataclasses.fields(entry.params_cls)]
     for key in params:
@@ -171,8 +256,3 @@ def get_method(name: str, **params: Any) -> Rule:
     except (TypeError, ValueError) as e:
         raise ValueError(f"rule {name!r}: {e}") from None
     return Rule(entry, p)
-
-
-def _load_all() -> None:
-    # Explicit imports: one module per rule registers itself on import.
-    from stare_lab.methods import _all  # noqa: F401

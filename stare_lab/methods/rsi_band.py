@@ -61,7 +61,7 @@ def relative_surprisal(stats: TokenStats) -> torch.Tensor:
     return torch.where(H < H_EPS, torch.zeros_like(H), stats.surprisal.float() / safe_H)
 
 
-@register("rsi_band", Params, needs={"entropy"})
+@register("rsi_band", Params, needs={"logp", "entropy"})
 def rsi_band(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("entropy", rule="rsi_band")
     valid = stats.valid

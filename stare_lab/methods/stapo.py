@@ -34,7 +34,7 @@ class Params:
         check_fraction("tau_h_quantile", self.tau_h_quantile, open_low=False)
 
 
-@register("stapo", Params, needs={"entropy"})
+@register("stapo", Params, needs={"logp", "entropy"})
 def stapo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("entropy", rule="stapo")
     valid = stats.valid

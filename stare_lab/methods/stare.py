@@ -86,7 +86,7 @@ def adapt(memory: dict, entropy_mean: float, p: Params) -> tuple[float, float]:
     return W, M
 
 
-@register("stare", Params, needs={"entropy"})
+@register("stare", Params, needs={"logp", "entropy"})
 def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("entropy", rule="stare")
     valid = stats.valid

@@ -6,6 +6,7 @@ token t+1. See docs/pitfalls_signals.md.
 """
 from .attention import attention_entropy, forward_with_stats, resolve_layers
 from .js import js_to_group_mean
+from .statistics import token_statistics
 from .vocab import lm_head_of, predictive_entropy, vocab_stats
 
 __all__ = [
@@ -15,5 +16,6 @@ __all__ = [
     "lm_head_of",
     "predictive_entropy",
     "resolve_layers",
+    "token_statistics",
     "vocab_stats",
 ]

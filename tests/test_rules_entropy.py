@@ -1,26 +1,25 @@
-"""random, top_entropy, low_entropy, anchor, explorer, attn_soft, rsi_band against loop references."""
+"""Rules that score tokens by predictive or attention entropy (top_entropy, low_entropy, anchor, explorer,
+attn_soft, rsi_band) and their random control, against the loop references in ref_rules_entropy.py.
+The invariants every rule shares are in test_rule_invariants.py."""
 from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
 
-from ref_rules_a import (exact_k, ref_attn_soft, ref_position_counts, ref_rsi_band, ref_select,
+from ref_rules_entropy import (exact_k, ref_attn_soft, ref_position_counts, ref_rsi_band, ref_select,
                          ref_unit_counts, units)
 from stare_lab.methods import RuleState, get_method
 from stare_lab.stats import TokenStats
 
-ROOT = Path(__file__).resolve().parents[1]
 G = 4
 SHAPES = [(B, T, seed) for B, T, seed in itertools.product((4, 8), (1, 5, 9), (0, 1, 2))]
 SCOPES = ("batch", "group", "sequence")
-# rule -> (score field, keeps the largest?)
-SELECTORS = {"top_entropy": ("entropy", True), "low_entropy": ("entropy", False),
-             "anchor": ("attn_entropy", False), "explorer": ("attn_entropy", True)}
+# what each reference comparison needs to know: (rule, score field, keeps the largest?)
+BY_SCORE = pytest.mark.parametrize("rule, field, largest", [
+    ("top_entropy", "entropy", True), ("low_entropy", "entropy", False),
+    ("anchor", "attn_entropy", False), ("explorer", "attn_entropy", True)])
 RHOS = (0.2, 0.3, 0.5, 1.0)
 
 
@@ -106,10 +105,9 @@ def test_hand_worked_attn_soft():
 
 # ---------------------------------------------------------------- selection rules vs the loop reference
 
-@pytest.mark.parametrize("rule", SELECTORS)
+@BY_SCORE
 @pytest.mark.parametrize("ties", ("topk", "quantile"))
-def test_selection_matches_reference(rule, ties):
-    field, largest = SELECTORS[rule]
+def test_selection_matches_reference(rule, field, largest, ties):
     for (B, T, seed), scope in itertools.product(SHAPES, SCOPES):
         stats = make_stats(B, T, seed)
         rho = RHOS[seed % len(RHOS)]
@@ -120,10 +118,9 @@ def test_selection_matches_reference(rule, ties):
         assert torch.equal(out.selected, out.weights.bool()) and out.normalize == "selected"
 
 
-@pytest.mark.parametrize("rule", SELECTORS)
-def test_selection_with_ties(rule):
+@BY_SCORE
+def test_selection_with_ties(rule, field, largest):
     """Tied scores: quantile equals the reference; topk keeps exactly ⌈ρ·n⌉ and never keeps a worse token."""
-    field, largest = SELECTORS[rule]
     for (B, T, seed), scope in itertools.product(SHAPES, SCOPES):
         stats = make_stats(B, T, seed, tied=True)
         score, valid, group = lists(stats, field), lists(stats, "valid"), lists(stats, "group")
@@ -143,13 +140,12 @@ def test_selection_with_ties(rule):
         assert torch.equal(out.weights, run(rule, stats, rho=rho, scope=scope, ties="topk").weights)
 
 
-def test_padding_scores_never_selected_fully_masked_batch():
-    stats = make_stats(4, 5, 0)
-    stats.mask.zero_()
-    rules = [(r, {}) for r in list(SELECTORS) + ["random", "attn_soft", "rsi_band"]]
-    for rule, params in rules + [("random", {"match": "position"})]:
-        out = run(rule, stats, **params)
-        assert out.weights.abs().sum() == 0 and all(math.isfinite(v) for v in out.metrics.values()), rule
+def test_random_matched_to_a_reference_keeps_the_invariants():
+    # default parameters are covered by test_rule_invariants.py; this one reads the reference's statistics
+    from rule_invariants import check_all
+
+    check_all(get_method("random", match="position", reference="anchor", reference_params={"layers": 1}))
+    check_all(get_method("random", match="position", reference="rsi_band"))
 
 
 # ---------------------------------------------------------------- random
@@ -272,11 +268,12 @@ def test_bad_params_name_the_parameter(name, params, words):
 def test_defaults_needs_and_layers():
     assert get_method("rsi_band", high="inf").params.high == math.inf
     assert get_method("top_entropy").needs == {"entropy"} == get_method("low_entropy").needs
-    assert get_method("rsi_band").needs == {"entropy"}
+    assert get_method("rsi_band").needs == {"logp", "entropy"}
     for name in ("anchor", "explorer", "attn_soft"):
         assert get_method(name).needs == {"attn_entropy"} and get_method(name).attn_layers is None
     assert get_method("anchor", layers=[2, -1]).attn_layers == (2, -1)
-    assert get_method("random").needs == frozenset()
+    assert get_method("attn_soft", layers=1).attn_layers == (1,)
+    assert get_method("random").needs == frozenset() and get_method("random").attn_layers is None
     matched = get_method("random", match="position", reference="anchor", reference_params={"layers": 3})
     assert matched.needs == {"attn_entropy"} and matched.attn_layers == (3,)
     for name in ("top_entropy", "low_entropy", "anchor", "explorer", "random"):
@@ -290,10 +287,3 @@ def test_missing_statistic_is_a_clear_error():
     stats.attn_entropy = None
     with pytest.raises(ValueError, match="attn_entropy"):
         run("anchor", stats)
-
-
-@pytest.mark.parametrize("name", ["random", "top_entropy", "low_entropy", "anchor", "explorer", "attn_soft", "rsi_band"])
-def test_method_config(name):
-    cfg = yaml.safe_load((ROOT / "conf" / "method" / f"{name}.yaml").read_text())
-    assert cfg == {"name": name, "params": {}}
-    get_method(cfg["name"], **cfg["params"])

@@ -1,5 +1,6 @@
-"""Rules stare, ict, gmts, opefo, stapo against the loop references in ref_rules_b.py, plus
-hand-worked cases and invariants."""
+"""Rules that read the advantage with the sampled token's probability, a gradient or a group signal
+(stare, gmts, opefo, stapo, ict) against the loop references in ref_rules_advantage.py, plus
+hand-worked cases. The invariants every rule shares are in test_rule_invariants.py."""
 from __future__ import annotations
 
 import math
@@ -8,12 +9,14 @@ from fractions import Fraction
 import pytest
 import torch
 
-from stare_lab.methods import RuleState, get_method
+from stare_lab.methods import RuleState, TrainerValues, get_method
 from stare_lab.methods.select import scope_ids
 from stare_lab.stats import TokenStats
-import ref_rules_b as ref
+import ref_rules_advantage as ref
+from rule_invariants import check_all
 
 G = 4
+TRAINER = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=G)
 SHAPES = [(B, T) for B in (4, 8) for T in (1, 5, 9)]
 SEEDS = (0, 1, 2)
 
@@ -209,18 +212,20 @@ def test_ict_hand_case():
 def test_gmts_matches_reference(B, T, kw):
     for seed in SEEDS:
         stats = make_stats(seed, B, T)
+        trainer = TrainerValues(**{**vars(TRAINER), "beta": kw.get("beta", 0.0)})  # a KL rule needs a KL trainer
         rule = get_method("gmts", **kw)
-        out = rule(stats, RuleState(step=seed))
-        expected, counts = ref.gmts_ref(stats, rule.params)
+        out = rule(stats, RuleState(step=seed, trainer=trainer))
+        p = rule.effective_params(trainer)
+        expected, counts = ref.gmts_ref(stats, p)
         assert_basic(out, stats)
         assert out.normalize == ("valid" if kw.get("mode") == "zero_advantage" else "selected")
         undecided = assert_matches(out.weights, expected)
         # ties only among δ = 0 tokens (A = 0 or clipped, no KL term) at a top-k boundary
         d = ref.lists(stats)
-        assert all(ref.gmts_delta(d, rule.params, b, t) == 0 for b, t in undecided)
-        assert not undecided or (rule.params.ties == "topk" and rule.params.beta == 0)
-        if rule.params.ties == "topk":
-            assert_topk_counts(out.weights > 0, stats, stats.valid, rule.params.rho, rule.params.scope)
+        assert all(ref.gmts_delta(d, p, b, t) == 0 for b, t in undecided)
+        assert not undecided or (p.ties == "topk" and p.beta == 0)
+        if p.ties == "topk":
+            assert_topk_counts(out.weights > 0, stats, stats.valid, p.rho, p.scope)
 
 
 def test_gmts_on_policy_is_entropy_times_advantage():
@@ -230,7 +235,7 @@ def test_gmts_on_policy_is_entropy_times_advantage():
     H = torch.tensor([[0.1, 0.5, 0.2, 0.3, 0.4], [3.0, 0.1, 0.1, 0.1, 0.1]])
     stats = TokenStats(logp=torch.zeros(2, 5), mask=torch.ones(2, 5), advantages=torch.tensor([2.0, -1.0]),
                        group=torch.tensor([0, 0]), entropy=H)
-    out = get_method("gmts")(stats, RuleState())
+    out = get_method("gmts")(stats, RuleState(trainer=TRAINER))
     assert out.weights.nonzero().tolist() == [[0, 1], [1, 0]]
 
 
@@ -239,7 +244,7 @@ def test_gmts_clip_indicator():
     stats = TokenStats(logp=torch.tensor([[0.0, 0.0]]) - 1, old_logp=torch.tensor([[-1.5, -1.0]]),
                        mask=torch.ones(1, 2), advantages=torch.tensor([1.0]), group=torch.tensor([0]),
                        entropy=torch.tensor([[5.0, 0.1]]))
-    out = get_method("gmts", rho=0.5)(stats, RuleState())
+    out = get_method("gmts", rho=0.5)(stats, RuleState(trainer=TRAINER))  # ε_high = 0.28 from the trainer
     assert out.weights.tolist() == [[0.0, 1.0]] and out.metrics["rule/clipped_frac"] == 0.5
 
 
@@ -294,8 +299,8 @@ def test_opefo_one_sided_flow_zeroes_that_side_and_all_zero_advantage_is_full():
 
 
 def test_opefo_full_flow_needs_p2():
-    assert get_method("opefo", flow="full").needs == {"entropy", "p2"}
-    assert get_method("opefo").needs == {"entropy"}
+    assert get_method("opefo", flow="full").needs == {"logp", "entropy", "p2", "p2logp"}
+    assert get_method("opefo").needs == {"logp", "entropy"}
     stats = make_stats(0, 4, 5)
     bare = TokenStats(logp=stats.logp, mask=stats.mask, advantages=stats.advantages, group=stats.group,
                       entropy=stats.entropy)
@@ -335,26 +340,12 @@ def test_stapo_hand_case():
 
 # ------------------------------------------------------------------------------------ all five
 
-RULES = [("stare", {}), ("stare", dict(variant="C2")), ("ict", dict(warmup_steps=0)), ("gmts", {}),
-         ("gmts", dict(beta=0.1)), ("opefo", dict(flow="full")), ("stapo", dict(tau_p=0.3))]
-
-
-@pytest.mark.parametrize("name,kw", RULES)
-def test_padding_garbage_is_ignored(name, kw):
-    """NaN on padding changes nothing; weights stay finite and 0 there."""
-    clean, dirty = make_stats(4, 8, 9, entropy_scale=0.1), make_stats(4, 8, 9, entropy_scale=0.1, pad_value=float("nan"))
-    rule = get_method(name, **kw)
-    a, b = rule(clean, RuleState(step=1)), rule(dirty, RuleState(step=1))
-    assert_basic(b, dirty)
-    assert torch.equal(a.weights, b.weights)
-
-
-@pytest.mark.parametrize("name,kw", RULES)
-def test_all_padding_batch(name, kw):
-    stats = make_stats(0, 4, 3)
-    stats.mask = torch.zeros_like(stats.mask)
-    out = get_method(name, **kw)(stats, RuleState())
-    assert (out.weights == 0).all() and all(isinstance(v, float) for v in out.metrics.values())
+@pytest.mark.parametrize("name,kw", [("stare", dict(variant="C2")), ("stare", dict(adaptive=True, H_tgt=5.0)),
+                                     ("ict", dict(warmup_steps=0)), ("gmts", dict(mode="zero_advantage")),
+                                     ("opefo", dict(flow="full")), ("stapo", dict(tau_p=0.3))])
+def test_invariants_of_non_default_parameters(name, kw):
+    """Defaults are covered by test_rule_invariants.py; these variants read other statistics or paths."""
+    check_all(get_method(name, **kw))
 
 
 @pytest.mark.parametrize("name,kw,param", [
@@ -373,9 +364,57 @@ def test_bad_params_name_the_parameter(name, kw, param):
 
 
 def test_declared_needs():
-    assert get_method("stare").needs == {"entropy"}
+    assert get_method("stare").needs == {"logp", "entropy"}
     assert get_method("ict").needs == {"js"}
-    assert get_method("gmts").needs == {"entropy"}
-    assert get_method("gmts", beta=0.1).needs == {"entropy", "ref_logp"}
-    assert get_method("stapo").needs == {"entropy"}
+    assert get_method("gmts").needs == {"logp", "entropy", "old_logp"}
+    assert get_method("gmts", beta=0.1).needs == {"logp", "entropy", "old_logp", "ref_logp"}
+    assert get_method("stapo").needs == {"logp", "entropy"}
     assert get_method("gmts", mode="zero_advantage").params.normalize == "valid"
+
+
+def test_gmts_reads_the_trainer_values():
+    """Unset eps/beta are the trainer's; the effective β decides whether ref_logp is read."""
+    rule = get_method("gmts")
+    kl = TrainerValues(**{**vars(TRAINER), "beta": 0.04})
+    assert rule.needs_for(TRAINER) == {"logp", "entropy", "old_logp"}
+    assert rule.needs_for(kl) == {"logp", "entropy", "old_logp", "ref_logp"}
+    p = rule.effective_params(kl)
+    assert (p.eps_low, p.eps_high, p.beta) == (0.2, 0.28, 0.04)
+    with pytest.raises(ValueError, match="no trainer values"):
+        rule(make_stats(0, 4, 3), RuleState())
+    # ε_high from the trainer decides the clip indicator: r = e^0.22 = 1.246 with A > 0 is inside
+    # 1 + 0.28 (kept, δ = 5·1.246) but clipped at 1 + 0.2 (δ = 0, the other token is kept)
+    stats = TokenStats(logp=torch.tensor([[-0.78, -1.0]]), old_logp=torch.tensor([[-1.0, -1.0]]),
+                       mask=torch.ones(1, 2), advantages=torch.tensor([1.0]), group=torch.tensor([0]),
+                       entropy=torch.tensor([[5.0, 0.1]]))
+    loose = get_method("gmts", rho=0.5)(stats, RuleState(trainer=TRAINER))
+    tight = get_method("gmts", rho=0.5)(stats, RuleState(trainer=TrainerValues(**{**vars(TRAINER), "epsilon_high": 0.2})))
+    assert loose.weights.tolist() == [[1.0, 0.0]] and tight.weights.tolist() == [[0.0, 1.0]]
+
+
+@pytest.mark.parametrize("kw, trainer, message", [
+    (dict(beta=0.1), dict(beta=0.0), "rule 'gmts': beta=0.1 but trainer.beta=0.0 (leave it unset to use the trainer's)"),
+    (dict(eps_high=0.2), dict(), "rule 'gmts': eps_high=0.2 but trainer.epsilon_high=0.28 (leave it unset"),
+    (dict(eps_low=0.1), dict(), "rule 'gmts': eps_low=0.1 but trainer.epsilon_low=0.2"),
+])
+def test_check_trainer_names_the_disagreement(kw, trainer, message):
+    values = TrainerValues(**{**vars(TRAINER), **trainer})
+    with pytest.raises(ValueError) as e:
+        get_method("gmts", **kw).check_trainer(values)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    get_method("gmts", eps_low=0.2, eps_high=0.28, beta=0.0).check_trainer(TRAINER)  # agreeing values pass
+    get_method("gmts").check_trainer(values)
+
+
+def test_trainer_values_from_config():
+    from dataclasses import make_dataclass
+
+    from omegaconf import OmegaConf
+
+    keys = {"epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0, "loss_type": "dapo", "num_generations": 8,
+            "learning_rate": 1e-6}  # other trainer keys are ignored
+    want = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=8)
+    assert TrainerValues.from_config(OmegaConf.create(keys)) == want
+    assert TrainerValues.from_config(make_dataclass("T", list(keys))(**keys)) == want
+    d = {"epsilon": 0.1, "epsilon_high": None, "beta": 0.04, "loss_type": "grpo", "num_generations": 4}
+    assert TrainerValues.from_config(d) == TrainerValues(0.1, 0.1, 0.04, "grpo", 4)  # None: TRL uses ε_low

@@ -1,0 +1,161 @@
+"""The invariants every token rule must satisfy, and the one stats factory that feeds them.
+
+`make_stats(rule, ...)` builds exactly the statistics the rule declares (from the table
+`stare_lab.stats.STATISTICS`), drawn from real categorical distributions, so a rule that reads
+a statistic it did not declare fails (an undeclared statistic is None, an undeclared logp NaN).
+`tests/test_rule_invariants.py` runs `check_all` over `list_methods()`; a rule's own test file
+may call it for non-default parameters.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from stare_lab.methods import Rule, RuleState, TrainerValues
+from stare_lab.methods.registry import NORMALIZE
+from stare_lab.objective import Aggregation, aggregate
+from stare_lab.stats import STATISTICS, TokenStats
+
+G = 4
+V = 6
+TRAINER = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=G)
+PADDING = (float("nan"), float("inf"), -float("inf"), 1e3, -1e3)
+
+
+def _draw(B: int, T: int, seed: int, entropy_scale: float) -> dict[str, torch.Tensor]:
+    """Every statistic of the table for one random batch of categorical distributions."""
+    g = torch.Generator().manual_seed(seed)
+    temp = torch.exp(torch.randn(B, T, 1, generator=g)) / entropy_scale
+    probs = torch.softmax(torch.randn(B, T, V, generator=g) * 2 * temp, -1).double()
+    a = torch.multinomial(probs.reshape(-1, V), 1, generator=g).reshape(B, T, 1)
+    logp = torch.log(probs.gather(-1, a).squeeze(-1))
+    return {
+        "logp": logp,
+        "entropy": -torch.special.xlogy(probs, probs).sum(-1),   # xlogy: 0·log 0 = 0 for underflowed p
+        "p2": (probs ** 2).sum(-1),
+        "p2logp": (probs * torch.special.xlogy(probs, probs)).sum(-1),
+        "js": torch.rand(B, T, generator=g).double() * math.log(2),
+        "attn_entropy": torch.rand(B, T, generator=g).double(),
+        "old_logp": logp + 0.3 * torch.randn(B, T, generator=g),
+        "ref_logp": logp + 0.3 * torch.randn(B, T, generator=g),
+    }
+
+
+def make_stats(rule: Rule, B: int = 8, T: int = 6, seed: int = 0, *, entropy_scale: float = 1.0,
+               lengths: list[int] | None = None, pad: float = 0.0, trainer: TrainerValues = TRAINER) -> TokenStats:
+    """The statistics `rule` declares for a random batch: G-row groups, row 1 fully masked, group 1
+    with all-equal rewards (A = 0), random lengths unless given; `pad` on every padding position."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    drawn = _draw(B, T, seed, entropy_scale)
+    if lengths is None:
+        lengths = torch.randint(1, T + 1, (B,), generator=g).tolist()
+        lengths[1] = 0
+    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()
+    group = torch.arange(B) // G
+    rewards = torch.randint(0, 2, (B,), generator=g).float()
+    rewards[0], rewards[min(2, B - 1)] = 1.0, 0.0
+    rewards[G:2 * G] = 1.0
+    mean = torch.stack([rewards[group == k].mean() for k in group])
+    std = torch.stack([rewards[group == k].std() if (group == k).sum() > 1 else torch.tensor(0.0) for k in group])
+    adv = (rewards - mean) / (std + 1e-4)
+    needs = rule.needs_for(trainer)
+    fields = {k: v.float() for k, v in drawn.items() if k in needs}
+    fields = {k: torch.where(mask > 0, v, torch.full_like(v, pad)) for k, v in fields.items()}
+    logp = fields.pop("logp", torch.full((B, T), float("nan")))
+    return TokenStats(logp=logp, mask=mask, advantages=adv, group=group, **fields)
+
+
+def state(step: int = 20, trainer: TrainerValues = TRAINER) -> RuleState:
+    # step 20 of 40: past the default warm-ups, mid-schedule
+    return RuleState(step=step, total_steps=40, seed=3, trainer=trainer)
+
+
+def _metrics_finite(out) -> bool:
+    return all(isinstance(v, float) and math.isfinite(v) for v in out.metrics.values())
+
+
+def check_padding_ignored(rule: Rule) -> None:
+    """Whatever the padding holds, the weights are those of a clean batch, and 0 there."""
+    for entropy_scale in (1.0, 0.1):
+        clean = make_stats(rule, entropy_scale=entropy_scale)
+        want = rule(clean, state())
+        for pad in PADDING:
+            dirty = make_stats(rule, entropy_scale=entropy_scale, pad=pad)
+            got = rule(dirty, state())
+            assert torch.equal(got.weights, want.weights), (rule, pad)
+            assert (got.weights[~dirty.valid] == 0).all()
+            assert got.metrics == want.metrics, (rule, pad)
+
+
+def check_finite(rule: Rule) -> None:
+    for seed in range(3):
+        for entropy_scale in (1.0, 0.1):
+            for step in (0, 20, 39):
+                stats = make_stats(rule, seed=seed, entropy_scale=entropy_scale)
+                out = rule(stats, state(step))
+                assert out.weights.shape == stats.shape and out.weights.dtype == torch.float32
+                assert torch.isfinite(out.weights).all() and (out.weights >= 0).all(), rule
+                assert (out.weights[~stats.valid] == 0).all()
+                assert _metrics_finite(out), (rule, out.metrics)
+                again = rule(stats, state(step))
+                assert torch.equal(out.weights, again.weights), "same batch and state, same weights"
+
+
+def check_all_padding(rule: Rule) -> None:
+    stats = make_stats(rule, lengths=[0] * 8)
+    out = rule(stats, state())
+    assert (out.weights == 0).all(), rule
+    # a mean over no token may be NaN (STARE's H̄): a float, never an exception or a tensor
+    assert all(isinstance(v, float) and not math.isinf(v) for v in out.metrics.values()), (rule, out.metrics)
+
+
+def check_one_valid_token(rule: Rule) -> None:
+    for step in (0, 20):
+        stats = make_stats(rule, lengths=[0, 0, 1, 0, 0, 0, 0, 0], entropy_scale=0.1)
+        out = rule(stats, state(step))
+        assert torch.isfinite(out.weights).all() and _metrics_finite(out), (rule, out.metrics)
+        assert (out.weights[~stats.valid] == 0).all() and float(out.weights[2, 0]) >= 0
+
+
+def check_declared_normalisation(rule: Rule) -> None:
+    stats = make_stats(rule)
+    out = rule(stats, state())
+    assert out.normalize in NORMALIZE
+    assert out.normalize == getattr(rule.params, "normalize", out.normalize)
+    if out.selected is not None:
+        assert out.selected.dtype == torch.bool and not (out.selected & ~stats.valid).any()
+
+
+def check_split_independent(rule: Rule) -> None:
+    """Weights are computed once per generation batch; the loss summed over equal micro-batches
+    (with the generation batch's weight total, as the trainer passes it) equals the whole batch's."""
+    stats = make_stats(rule, B=8, T=6, seed=5)
+    out = rule(stats, state())
+    loss = torch.randn(stats.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    w, mask = out.weights.double(), stats.mask.double()
+    totals = dict(num_items=mask.sum(), weight_total=w.sum())
+    for loss_type in ("dapo", "grpo", "dr_grpo"):
+        def split(k: int) -> float:
+            agg = Aggregation(loss_type=loss_type, grad_accum=k, steps_per_generation=k, max_completion_length=6)
+            rows = 8 // k
+            return sum(float(aggregate(loss[i:i + rows], w[i:i + rows], mask[i:i + rows], agg,
+                                       normalize=out.normalize, **totals)) for i in range(0, 8, rows))
+        assert math.isclose(split(1), split(2), rel_tol=1e-12, abs_tol=1e-12), (rule, loss_type)
+        assert math.isclose(split(1), split(4), rel_tol=1e-12, abs_tol=1e-12), (rule, loss_type)
+
+
+def check_declarations(rule: Rule) -> None:
+    assert rule.needs_for(TRAINER) <= set(STATISTICS)
+    rule.check_trainer(TRAINER)  # defaults follow the trainer
+    if "attn_entropy" not in rule.needs_for(TRAINER):
+        assert rule.attn_layers is None, "attention layers declared by a rule that reads no attention entropy"
+
+
+CHECKS = (check_declarations, check_padding_ignored, check_finite, check_all_padding, check_one_valid_token,
+          check_declared_normalisation, check_split_independent)
+
+
+def check_all(rule: Rule) -> None:
+    for check in CHECKS:
+        check(rule)

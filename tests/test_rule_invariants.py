@@ -1,0 +1,40 @@
+"""Every registered rule (list_methods(), so a newly registered rule is covered without editing
+this file) with its default parameters satisfies the invariants of tests/rule_invariants.py."""
+from __future__ import annotations
+
+import pytest
+
+import rule_invariants as inv
+from stare_lab.methods import get_method, list_methods
+from stare_lab.stats import STATISTICS
+
+
+@pytest.mark.parametrize("check", inv.CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+@pytest.mark.parametrize("name", list_methods())
+def test_invariant(name, check):
+    check(get_method(name))
+
+
+def test_factory_builds_every_statistic_of_the_table():
+    """A statistic added to the table must be added to the factory (else no rule reading it is tested)."""
+    drawn = inv._draw(4, 3, 0, 1.0)
+    assert set(drawn) == set(STATISTICS)
+
+
+def test_the_suite_catches_a_broken_rule():
+    """The invariants can fail: a rule that reads an undeclared statistic, or weights padding."""
+    from stare_lab.methods.registry import Rule, RuleOutput, _Entry
+    from stare_lab.methods.full import Params
+
+    def reads_undeclared_logp(stats, state, p):
+        return RuleOutput(weights=stats.mask * stats.logp.exp(), normalize="valid")
+
+    def weights_padding(stats, state, p):
+        return RuleOutput(weights=stats.mask * 0 + 1, normalize="valid", selected=stats.mask >= 0)
+
+    bad_logp = Rule(_Entry("bad_logp", Params, reads_undeclared_logp, frozenset(), None), Params())
+    with pytest.raises(AssertionError):
+        inv.check_finite(bad_logp)
+    bad_pad = Rule(_Entry("bad_pad", Params, weights_padding, frozenset(), None), Params())
+    with pytest.raises(AssertionError):
+        inv.check_declared_normalisation(bad_pad)   # `selected` outside the valid tokens
