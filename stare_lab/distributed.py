@@ -111,6 +111,18 @@ def global_token_stats(local: TokenStats, accelerator_or_group: Any = None) -> t
     return TokenStats(**fields), (slice(start, start + B), slice(0, T))
 
 
+def payload_bytes(local: TokenStats) -> int:
+    """Bytes this rank puts on the wire in `global_token_stats` (shapes and encodings, then packed
+    statistics), when the other ranks take the same shortcuts (alias, all-NaN) it does."""
+    names = [f.name for f in dataclasses.fields(TokenStats)
+             if f.name in _ALWAYS or isinstance(getattr(local, f.name), Tensor) or getattr(local, f.name) is None]
+    meta = _encode_meta(local, names)
+    B, T = local.shape
+    sent = [_Field(n, _TENSOR, torch.uint8 if n == "mask" else getattr(local, n).dtype, getattr(local, n).dim())
+            for n in names if _local_code(local, n) == _TENSOR]
+    return meta.numel() * meta.element_size() + sum(_nbytes(f, B, T) for f in sent)
+
+
 def local_rows(x: Tensor, row_slice: RowSlice) -> Tensor:
     """This rank's part of a global [B, T] (or [B]) tensor, un-padded to its own completion length."""
     rows, cols = row_slice
