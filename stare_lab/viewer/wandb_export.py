@@ -1,0 +1,188 @@
+"""W&B as a view of the run record: evaluation results, the token page and figures, the sweep summary.
+
+Each function resumes (or starts) a W&B run through `stare_lab.tracking.init_wandb`'s settings (same
+project, group = sweep, id = the run id, offline unless an API key is set), writes, and finishes it.
+Analysis never reads W&B back (STYLE.md); the tests do, from the offline files.
+
+Keys
+- run summary, per benchmark of the final evaluation: `eval/<benchmark>/<metric>` (avg@n, pass@k,
+  maj@n, fractions), `eval/<benchmark>/<metric>_ci_lo|_ci_hi` (bootstrap interval), and
+  `eval/<benchmark>/settings` (n, temperature, top_p, max_tokens, verifier, num_problems, step).
+- run history, every evaluation (intermediate checkpoints, then the final one) as a point of the
+  same keys against `eval/step` (a W&B step metric: a resumed run may not log below its last step).
+- token page: `tokens/page` (wandb.Html), `tokens/<figure stem>` (wandb.Image), `tokens/overlap`
+  (wandb.Table, the page's Jaccard matrix), summary `tokens/selected_frac/<rule>` and `tokens/step`.
+- sweep summary run (id `summary-<hash of the sweep name>`, group = the sweep, job_type "summary"):
+  `table` (wandb.Table of the finished table), summary `table/<rule>/<column>` (mean over seeds),
+  `passk/<benchmark>` (line series of pass@k against k per rule), summary
+  `passk/<benchmark>/<rule>/pass@<k>`, and any figure as `figures/<stem>` (wandb.Image).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "num_problems", "step")
+
+
+def _open_run(run_dir: Path):
+    from stare_lab.config import load_config
+    from stare_lab.tracking import init_wandb
+
+    return init_wandb(load_config(Path(run_dir) / "config.yaml"), Path(run_dir))
+
+
+def eval_items(result: dict[str, Any]) -> dict[str, float]:
+    """{`eval/<benchmark>/<metric>`: value} of one evaluation result (eval/<benchmark>.json)."""
+    bench = result["benchmark"]
+    out: dict[str, float] = {}
+    for metric, value in (result.get("metrics") or {}).items():
+        if isinstance(value, (list, tuple)) and len(value) == 2:
+            out[f"eval/{bench}/{metric}_lo"], out[f"eval/{bench}/{metric}_hi"] = float(value[0]), float(value[1])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[f"eval/{bench}/{metric}"] = float(value)
+    return out
+
+
+def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """Put a run's evaluation into its W&B run: points for every evaluation, the final one in the summary.
+
+    results: evaluation results as `stare_lab.record.read_eval_results(run_dir)` gives them (dicts of
+    eval/<benchmark>.json plus `final` and `step`); None reads them. Returns the summary entries
+    written, or None when the run has W&B off or no evaluation.
+    """
+    if results is None:
+        from stare_lab.record import read_eval_results
+
+        results = read_eval_results(run_dir)
+    if not results:
+        return None
+    run = _open_run(Path(run_dir))
+    if run is None:
+        return None
+    summary: dict[str, Any] = {}
+    try:
+        run.define_metric("eval/step")
+        run.define_metric("eval/*", step_metric="eval/step")
+        ordered = sorted(results, key=lambda r: (bool(r.get("final")), r.get("step") or 0))
+        for r in ordered:
+            run.log({"eval/step": int(r.get("step") or 0), **eval_items(r)})
+        for r in ordered:
+            if r.get("final"):
+                summary.update(eval_items(r))
+                summary[f"eval/{r['benchmark']}/settings"] = {k: r.get(k) for k in SETTINGS}
+        run.summary.update(summary)
+    finally:
+        run.finish()
+    return summary
+
+
+def page_summary(page: Path | str) -> dict[str, Any]:
+    """What the token page shows, read from its embedded data: {`tokens/selected_frac/<rule>`, `tokens/step`}."""
+    arm = page_data(page)["arms"][0]
+    out: dict[str, Any] = {"tokens/step": arm["step"]}
+    for r in arm["rules"]:
+        if r["computable"]:
+            out[f"tokens/selected_frac/{r['key']}"] = r["selected_frac"]
+    return out
+
+
+def page_data(page: Path | str) -> dict[str, Any]:
+    html = Path(page).read_text(encoding="utf-8")
+    return json.loads(html.split('<script id="data" type="application/json">', 1)[1].split("</script>", 1)[0])
+
+
+def log_token_page(run_dir: Path | str, page: Path | str, figures: list[Path | str] = ()) -> dict[str, Any] | None:
+    """Log the token page (wandb.Html), the selection figures (wandb.Image) and the page's selected
+    fractions and overlap matrix into the run's W&B record. Returns the summary entries, or None."""
+    import wandb
+
+    run = _open_run(Path(run_dir))
+    if run is None:
+        return None
+    summary = page_summary(page)
+    overlap = page_data(page)["arms"][0]["overlap"]
+    try:
+        run.define_metric("tokens/step")
+        run.define_metric("tokens/*", step_metric="tokens/step")
+        table = wandb.Table(columns=["rule", *overlap["keys"]],
+                            data=[[k, *row] for k, row in zip(overlap["keys"], overlap["matrix"])])
+        media: dict[str, Any] = {"tokens/step": summary["tokens/step"], "tokens/overlap": table,
+                                 "tokens/page": wandb.Html(Path(page).read_text(encoding="utf-8"), inject=False)}
+        for fig in figures:
+            media[f"tokens/{Path(fig).stem}"] = wandb.Image(str(fig))
+        run.log(media)
+        run.summary.update(summary)
+    finally:
+        run.finish()
+    return summary
+
+
+def summary_run_id(sweep: str) -> str:
+    return "summary-" + hashlib.sha256(sweep.encode()).hexdigest()[:12]
+
+
+def log_sweep_summary(sweep: str, table, passk: dict[str, Any] | None = None, figures: list[Path | str] = (), *,
+                      out_dir: Path | str, project: str = "stare_lab", entity: str | None = None,
+                      mode: str = "auto") -> dict[str, Any]:
+    """One W&B run in the sweep's group with the finished table and the pass@k curves.
+
+    table: a `stare_lab.analysis.tables.Table` (results_table); passk: {benchmark: passk_table(...)};
+    figures: PNGs (e.g. analysis.plots.plot_passk's) logged as images. The run id is fixed by the
+    sweep name, so `stare-lab table --wandb` again resumes the same summary run. Returns the summary.
+    """
+    import wandb
+
+    from stare_lab.tracking import wandb_mode
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project=project, entity=entity, group=sweep, name=f"{sweep} summary", job_type="summary",
+                     id=summary_run_id(sweep), resume="allow", dir=str(out_dir), mode=wandb_mode(mode),
+                     config={"sweep": sweep, "metric": table.metric}, tags=["summary"],
+                     settings=wandb.Settings(console="off", x_disable_stats=True))
+    summary: dict[str, Any] = {"table/metric": table.metric}
+    try:
+        means, stds = table.pivot("mean"), table.pivot("std")
+        rows = [[rule, *[_cell(means.loc[rule, c], stds.loc[rule, c]) for c in table.columns]] for rule in table.rules]
+        log: dict[str, Any] = {"table": wandb.Table(columns=["rule", *map(str, table.columns)], data=rows)}
+        for rule in table.rules:
+            for c in table.columns:
+                if _finite(means.loc[rule, c]):
+                    summary[f"table/{rule}/{c}"] = float(means.loc[rule, c])
+        for bench, pk in (passk or {}).items():
+            m = pk.pivot("mean")
+            ks = [int(k) for k in pk.columns]
+            shown = [r for r in pk.rules if any(_finite(m.loc[r, k]) for k in pk.columns)]
+            log[f"passk/{bench}"] = wandb.plot.line_series(
+                xs=ks, ys=[[float(m.loc[r, k]) for k in pk.columns] for r in shown], keys=shown,
+                title=f"pass@k on {bench}", xname="k")
+            for r in shown:
+                for k in pk.columns:
+                    if _finite(m.loc[r, k]):
+                        summary[f"passk/{bench}/{r}/pass@{int(k)}"] = float(m.loc[r, k])
+        for fig in figures:
+            log[f"figures/{Path(fig).stem}"] = wandb.Image(str(fig))
+        run.log(log)
+        run.summary.update(summary)
+    finally:
+        run.finish()
+    return summary
+
+
+def _finite(x) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _cell(mean, std) -> str:
+    if not _finite(mean):
+        return "–"
+    return f"{100 * float(mean):.1f}" + (f" ± {100 * float(std):.1f}" if _finite(std) else "")
