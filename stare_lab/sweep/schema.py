@@ -3,8 +3,10 @@
 Every mistake is a `SweepError` whose message is one line naming the file, the key path and,
 where there is a closed set, the valid choices: `sweeps/x.yaml: grid.method[2]: unknown method
 option 'nope'; valid: anchor, full, ...`. The schema is documented in docs/sweeps.md.
-This module checks the shape of the file; whether each override composes into a valid config
-is checked by `expand.expand_sweep`, which reports errors in the same form.
+This module checks the shape of the file and each value it can check alone against the config
+schemas (the `search:` block: search_spec.py); whether each run composes into a valid config is
+checked by `expand.expand_sweep`, which reports errors in the same form. Size, encoding and run
+count are limited (MAX_FILE_BYTES, MAX_RUNS), so a huge file or grid is refused at once.
 """
 from __future__ import annotations
 
@@ -27,10 +29,6 @@ LAUNCHERS = tuple(LAUNCHER_SCHEMAS)
 MAX_FILE_BYTES = 1 << 20
 # Runs of one sweep: 10,000 expand in under a second; past this a sweep is refused before expansion.
 MAX_RUNS = 50_000
-SEARCH_KEYS = ("params", "objective", "trials", "parallelism", "sampler", "seed", "pruner", "storage")
-SAMPLERS = ("tpe", "random")
-PRUNERS = ("none", "median")
-DIRECTIONS = ("maximize", "minimize")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Variant names may carry a bracketed setting, read by analysis as the arm: "rsi_band[0.5,1]".
 _VARIANT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.,=+\[\]-]*$")
@@ -159,14 +157,16 @@ def parse_sweep(data: Any, *, where: str = "<sweep>", launcher: dict[str, Any] |
             fail("search", "a search replaces grid and variants; remove one or the other")
         if len(seeds) != 1:
             fail("seeds", f"a search runs one seed per trial; got {len(seeds)} seeds")
-        search = _search(data["search"], fail, launch)
+        from stare_lab.sweep.search_spec import parse_search
+
+        search = parse_search(data["search"], fail, launch)
     _check_run_count(grid, variants, seeds, fail)
     desc = data.get("description") or ""
     return SweepSpec(name=name, groups=groups, overrides=overrides, grid=grid, variants=variants, seeds=seeds,
                      launcher=launch, output=Path(out).expanduser().absolute(), search=search, description=str(desc))
 
 
-def _check_key(key: Any, path: str, fail) -> None:
+def check_key(key: Any, path: str, fail) -> None:
     if not isinstance(key, str) or not _KEY.match(key):
         fail(path, f"{key!r} is not a config key (dotted identifiers, e.g. trainer.max_steps)")
     head = key.split(".")[0]
@@ -187,7 +187,7 @@ def _split(mapping: dict, path: str, fail) -> tuple[dict[str, str], dict[str, An
     groups, overrides = {}, {}
     known = config_groups()
     for k, v in mapping.items():
-        _check_key(k, f"{path}.{k}" if path else str(k), fail)
+        check_key(k, f"{path}.{k}" if path else str(k), fail)
         if "." not in k and k in known:
             _check_choice(k, v, f"{path}.{k}", fail)
             groups[k] = v
@@ -244,7 +244,7 @@ def _grid(grid: Any, fail) -> dict[str, list[Any]]:
         fail("grid", "expected a non-empty mapping of keys to lists of values")
     out = {}
     for k, values in grid.items():
-        _check_key(k, f"grid.{k}", fail)
+        check_key(k, f"grid.{k}", fail)
         if values == "all" and k in config_groups():   # every option; for method, every registered rule
             values = _all_options(k)
         if not isinstance(values, list):
@@ -356,77 +356,12 @@ def _launcher(block: Any, cli: dict[str, Any], fail) -> dict[str, Any]:
     return out
 
 
-def _search(block: Any, fail, launch: dict[str, Any]) -> SearchSpec:
-    if not isinstance(block, dict):
-        fail("search", "expected a mapping with params, objective and trials")
-    for k in block:
-        if k not in SEARCH_KEYS:
-            fail(f"search.{k}", f"unknown key; valid keys: {', '.join(SEARCH_KEYS)}")
-    params = block.get("params")
-    if not isinstance(params, dict) or not params:
-        fail("search.params", "expected a non-empty mapping of dotted keys to {low, high} or {choices}")
-    for k, p in params.items():
-        _search_param(k, p, fail)
-    obj = block.get("objective")
-    if not isinstance(obj, dict) or "metric" not in obj:
-        fail("search.objective", "expected {metric: eval/<benchmark>/<metric> | train/<key>, direction: maximize|minimize}")
-    for k in obj:
-        if k not in ("metric", "direction"):
-            fail(f"search.objective.{k}", "unknown key; valid keys: metric, direction")
-    metric = obj["metric"]
-    if not isinstance(metric, str) or not re.match(r"^(eval/[^/]+/\S+|train/\S+)$", metric):
-        fail("search.objective.metric", f"{metric!r}: expected eval/<benchmark>/<metric> (e.g. eval/arithmetic/avg@32) or train/<key>")
-    direction = obj.get("direction", "maximize")
-    if direction not in DIRECTIONS:
-        fail("search.objective.direction", f"unknown direction {direction!r}; valid: {', '.join(DIRECTIONS)}")
-    ints = {}
-    for k, lo in (("trials", 1), ("parallelism", 1), ("seed", 0)):
-        v = block.get(k, {"trials": None, "parallelism": None, "seed": 0}[k])
-        if k == "trials" and v is None:
-            fail("search.trials", "missing: how many trials to run")
-        if v is None:
-            v = launch.get("workers") or launch.get("array_parallelism") or 1
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            fail(f"search.{k}", f"expected an integer ≥ {lo}, got {v!r}")
-        ints[k] = v
-    sampler = block.get("sampler", "tpe")
-    if sampler not in SAMPLERS:
-        fail("search.sampler", f"unknown sampler {sampler!r}; valid: {', '.join(SAMPLERS)}")
-    pruner = block.get("pruner") or {"name": "none"}
-    if isinstance(pruner, str):
-        pruner = {"name": pruner}
-    if not isinstance(pruner, dict) or pruner.get("name") not in PRUNERS:
-        fail("search.pruner", f"unknown pruner {pruner!r}; valid: {', '.join(PRUNERS)}")
-    for k in pruner:
-        if k not in ("name", "n_startup_trials", "n_warmup_steps"):
-            fail(f"search.pruner.{k}", "unknown key; valid keys: name, n_startup_trials, n_warmup_steps")
-    storage = block.get("storage")
-    if storage is not None and not isinstance(storage, str):
-        fail("search.storage", f"expected a path or an sqlite:/// URL, got {storage!r}")
-    return SearchSpec(params=params, metric=metric, direction=direction, trials=ints["trials"],
-                      parallelism=ints["parallelism"], sampler=sampler, seed=ints["seed"], pruner=pruner, storage=storage)
-
-
-def _search_param(key: Any, p: Any, fail) -> None:
-    path = f"search.params.{key}"
-    _check_key(key, path, fail)
-    if "." not in key:
-        fail(path, "search parameters are dotted config keys (e.g. method.params.W)")
-    if not isinstance(p, dict):
-        fail(path, "expected {low, high[, log, step, type]} or {choices: [...]}")
-    if "choices" in p:
-        if set(p) != {"choices"} or not isinstance(p["choices"], list) or not p["choices"]:
-            fail(path, "a categorical parameter is {choices: [non-empty list]}")
-        return
-    for k in p:
-        if k not in ("low", "high", "log", "step", "type"):
-            fail(f"{path}.{k}", "unknown key; valid keys: low, high, log, step, type (or choices)")
-    lo, hi = p.get("low"), p.get("high")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (lo, hi)):
-        fail(path, f"low and high must be numbers, got low={lo!r} high={hi!r}")
-    if lo >= hi:
-        fail(path, f"low ({lo}) must be below high ({hi})")
-    if p.get("type", "float" if isinstance(lo, float) or isinstance(hi, float) else "int") not in ("int", "float"):
-        fail(f"{path}.type", f"unknown type {p.get('type')!r}; valid: int, float")
-    if p.get("log") and lo <= 0:
-        fail(path, "a log-scale range needs low > 0")
+def check_schema_value(key: str, value: Any, path: str, fail) -> None:
+    """A value for a dotted key of a schema section (trainer.max_steps) against that field."""
+    section, _, leaf = key.partition(".")
+    schema = schema_fields(Config).get(section, (None,))[0]
+    fields = schema_fields(schema) if isinstance(schema, type) and hasattr(schema, "__dataclass_fields__") else {}
+    if leaf in fields:
+        problem = field_problem(value, *fields[leaf])
+        if problem:
+            fail(path, problem)

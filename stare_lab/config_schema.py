@@ -1,0 +1,194 @@
+"""The config schemas: dataclasses that hold types and the ranges or choices a value must meet,
+never a value (every value lives once, in a YAML file of `conf/`, with a comment above it).
+
+`field_problem` checks one value against its field; `stare_lab.config.check_values` walks a
+resolved run config with it, and the sweep schema checks launcher and eval blocks with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from omegaconf import MISSING
+
+
+def bounded(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, choices: Any = None) -> Any:
+    """A schema field without a value (YAML holds it) and the range or choices its value must meet.
+    `choices` is a tuple or a function returning one (read lazily: it may live in a torch module)."""
+    rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
+    return field(default=MISSING, metadata=rules)
+
+
+def _loss_types() -> tuple[str, ...]:
+    from stare_lab.objective import SUPPORTED_LOSS_TYPES
+
+    return tuple(SUPPORTED_LOSS_TYPES)
+
+
+def _lr_schedulers() -> tuple[str, ...]:
+    from transformers.trainer_utils import SchedulerType
+
+    # these two need an evaluation strategy, which the GRPO trainer does not run
+    return tuple(s.value for s in SchedulerType if s.value not in ("reduce_lr_on_plateau", "greedy"))
+
+
+# ------------------------------------------------------------------------------- the schemas
+@dataclass
+class ModelConfig:
+    name_or_path: str = MISSING
+    dtype: str = bounded(choices=("float32", "bfloat16", "float16"))
+    attn_implementation: Optional[str] = MISSING
+    lora: Any = MISSING                              # null or {r, alpha, dropout, target_modules}
+
+
+@dataclass
+class MethodConfig:
+    name: str = MISSING
+    params: dict[str, Any] = MISSING                 # the rule's Params dataclass is their schema
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = bounded(ge=1)
+    learning_rate: float = bounded(ge=0)
+    lr_scheduler_type: str = bounded(choices=_lr_schedulers)
+    warmup_steps: int = bounded(ge=0)
+    weight_decay: float = bounded(ge=0)
+    max_grad_norm: float = bounded(ge=0)
+    num_generations: int = bounded(ge=2)             # TRL: GRPO needs ≥ 2 completions per prompt
+    per_device_train_batch_size: int = bounded(ge=1)
+    gradient_accumulation_steps: int = bounded(ge=1)
+    steps_per_generation: Optional[int] = bounded(ge=1)
+    num_iterations: int = bounded(ge=1)
+    max_completion_length: int = bounded(ge=1)
+    temperature: float = bounded(gt=0)               # rollouts are sampled
+    top_p: float = bounded(gt=0, le=1)
+    loss_type: str = bounded(choices=_loss_types)
+    beta: float = bounded(ge=0)
+    epsilon: float = bounded(ge=0)
+    epsilon_high: float = bounded(ge=0)
+    scale_rewards: str = bounded(choices=("group", "batch", "none"))
+    save_steps: int = bounded(ge=1)
+    save_total_limit: int = bounded(ge=1)
+    logging_steps: int = bounded(ge=1)
+    grad_geometry_every: int = bounded(ge=0)
+    stats_chunk_tokens: int = bounded(ge=1)
+    attn_chunk_queries: int = bounded(ge=1)
+    js_chunk_positions: int = bounded(ge=1)
+    use_cpu: bool = MISSING
+    bf16: bool = MISSING
+    gradient_checkpointing: bool = MISSING
+    use_vllm: bool = MISSING
+    generation_kwargs: dict[str, Any] = MISSING
+
+
+@dataclass
+class LoggerConfig:
+    wandb: bool = MISSING
+    project: str = MISSING
+    entity: Optional[str] = MISSING
+    mode: str = bounded(choices=("auto", "offline", "online", "disabled"))
+
+
+@dataclass
+class EvalConfig:
+    benchmarks: list[str] = MISSING                  # names of conf/benchmark/, or the run's own task
+    n: int = bounded(ge=1)
+    temperature: float = bounded(ge=0)               # 0: greedy
+    top_p: float = bounded(gt=0, le=1)
+    max_tokens: Optional[int] = bounded(ge=1)
+    batch_size: int = bounded(ge=1)
+    every_steps: int = bounded(ge=0)
+    enabled: bool = MISSING
+
+
+@dataclass
+class RunConfig:
+    root: str = MISSING
+    sweep: str = MISSING
+    id: Optional[str] = MISSING
+    label: Optional[str] = MISSING
+    variant: Optional[str] = MISSING
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: dict[str, Any] = MISSING                   # free-form: the task's builder checks its keys
+    method: MethodConfig = field(default_factory=MethodConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = bounded(ge=0, lt=2**32)              # numpy and torch seeds are 32-bit
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+@dataclass
+class LocalLauncherConfig:
+    name: str = MISSING
+    workers: int = bounded(ge=1)
+    timeout_min: float = bounded(ge=1)
+
+
+@dataclass
+class SlurmLauncherConfig:
+    name: str = MISSING
+    partition: Optional[str] = MISSING
+    account: Optional[str] = MISSING
+    gpus_per_node: int = bounded(ge=0)
+    cpus_per_task: int = bounded(ge=1)
+    mem_gb: float = bounded(ge=1)
+    timeout_min: float = bounded(ge=1)
+    array_parallelism: int = bounded(ge=1)
+    max_requeue: int = bounded(ge=0)
+    signal_delay_s: int = bounded(ge=0)
+    qos: Optional[str] = MISSING
+    constraint: Optional[str] = MISSING
+    setup: list[str] = MISSING                       # shell lines run before each job
+    additional: dict[str, Any] = MISSING             # extra sbatch options
+
+
+LAUNCHER_SCHEMAS: dict[str, type] = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig}
+
+
+@functools.cache
+def schema_fields(schema: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
+    """{field name: (type, range metadata)} of a schema dataclass."""
+    hints = typing.get_type_hints(schema)
+    return {f.name: (hints[f.name], f.metadata) for f in dataclasses.fields(schema)}
+
+
+_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+               dict: "a mapping"}
+
+
+def field_problem(value: Any, hint: Any, rules: Mapping[str, Any]) -> str | None:
+    """Why `value` does not fit a schema field of type `hint` with `rules`, or None.
+    Numbers are not converted (an int is a valid float)."""
+    args = typing.get_args(hint)
+    if value is None:
+        return None if hint is Any or type(None) in args else "must be set, got null"
+    if type(None) in args:
+        hint = next(a for a in args if a is not type(None))
+    origin = typing.get_origin(hint) or hint
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list, tuple), dict: (dict, Mapping)}
+    if origin in kinds:
+        if not isinstance(value, kinds[origin]) or (origin in (int, float) and isinstance(value, bool)):
+            return f"expected {_KIND_NAMES[origin]}, got {value!r}"
+        item = typing.get_args(hint)[:1] if origin is list else ()
+        if item and item[0] is not Any and not all(field_problem(v, item[0], {}) is None for v in value):
+            return f"expected a list of {_KIND_NAMES[item[0]].split(' ', 1)[1]}s, got {value!r}"
+    choices = rules.get("choices")
+    if choices is not None:
+        choices = choices() if callable(choices) else choices
+        if value not in choices:
+            return f"{value!r} is not one of {', '.join(map(str, choices))}"
+    for op, bound, ok in (("≥", rules.get("ge"), lambda v, b: v >= b), (">", rules.get("gt"), lambda v, b: v > b),
+                          ("≤", rules.get("le"), lambda v, b: v <= b), ("<", rules.get("lt"), lambda v, b: v < b)):
+        if bound is not None and not ok(value, bound):
+            return f"must be {op} {bound}, got {value!r}"
+    return None
