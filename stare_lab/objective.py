@@ -4,7 +4,7 @@ Mirrors TRL 1.16 `GRPOTrainer._compute_loss` operation by operation for the loss
 support, so that weights equal to the mask (rule `full`, normalize="loss_type") reproduce plain
 TRL losses and gradients bit for bit (tests/test_trainer.py).
 
-Normalisation (METHODS.md §1):
+Normalisation (docs/pitfalls.md, Normalisation):
 - "loss_type" / "valid": the loss type's own denominator (token counts of valid tokens); an
   unselected token contributes 0 to the numerator and still counts in the denominator.
 - "selected": the same denominator with token counts replaced by sums of weights. For `dapo`

@@ -1,6 +1,6 @@
 """TokenRuleGRPOTrainer: TRL's GRPOTrainer with per-token weights from a token rule.
 
-Two overrides and nothing more (STYLE.md):
+Two overrides of the loss path and nothing more:
 - `_generate_and_score_completions`: the parent generates, scores and computes advantages; then
   the statistics pass (`signals.token_statistics`, one no-grad forward of the rollout policy over
   the whole generation batch) builds `TokenStats` with what the rule declares, the rule is called

@@ -1,5 +1,5 @@
 """Slow, obviously correct loop references for random, top_entropy, low_entropy, anchor, explorer,
-attn_soft and rsi_band (METHODS.md §1-§2). Plain Python lists and loops; no torch, no select.py.
+attn_soft and rsi_band (docs/pitfalls.md and each rule's docstring). Plain Python lists and loops; no torch, no select.py.
 
 Inputs are nested lists: score[b][t], valid[b][t] (bool), group[b] (int). Outputs likewise.
 """

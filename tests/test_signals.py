@@ -53,7 +53,7 @@ def _eager_attentions(model, ids, mask):
 
 
 def _reference_ae(attentions, mask, layers):
-    """Loop over rows and queries of eager attention maps: METHODS.md's AE, averaged over layers."""
+    """Loop over rows and queries of eager attention maps: the AE of signals/attention.py's docstring, averaged over layers."""
     B, T = mask.shape
     ref = torch.zeros(B, T, dtype=torch.float64)
     for layer in layers:

@@ -2,8 +2,7 @@
 
 Paper: the anchor/explorer study of attention entropy in RLVR, arXiv 2605.07660.
 
-Equation implemented (METHODS.md §2, "Attention entropy AE"; AE itself is computed by the stats
-pass, not here): with ā_t the head-averaged attention row of response token t at layer ℓ,
+Equation implemented (AE itself is computed by the statistics pass, signals/attention.py): with ā_t the head-averaged attention row of response token t at layer ℓ,
     AE_t = -Σ_j ā_tj log ā_tj / log n_t ∈ [0, 1]   (AE = 0 at n_t = 1),
     w_t = 1[AE_t ≤ τ_ρ] on valid tokens, τ_ρ = the ρ threshold of AE within the scope unit,
 and the loss is divided by Σ w (normalize="selected").
@@ -15,7 +14,7 @@ Deviations and decisions:
    AE over the listed layers. The stats pass reads it through `Rule.attn_layers`; this rule only
    reads `stats.attn_entropy`. Negative indices count back from the last layer; the stats pass
    (signals.resolve_layers) checks the range against the model.
-3. [ours] scope="batch", ties="topk" (METHODS.md §1). The first response token can have AE = 0
+3. [ours] scope="batch", ties="topk" (docs/pitfalls.md, Selection). The first response token can have AE = 0
    only when n_t = 1, i.e. an empty prompt; ties are then broken by a seeded random order.
 4. [ours] normalize="selected", like top_entropy, so anchor/explorer/top_entropy/random differ
    only in which tokens are kept.
@@ -34,7 +33,7 @@ from stare_lab.stats import TokenStats
 class Params:
     rho: float = 0.2                          # [ours] 20%, as the paper's random-20% control [secondary]
     layers: int | tuple[int, ...] | None = None  # [ours] None = the middle layer
-    scope: str = "batch"                      # [ours] METHODS.md §1
+    scope: str = "batch"                      # [ours] docs/pitfalls.md, Selection
     ties: str = "topk"                        # [ours] exact ⌈ρ·n⌉, seeded tie-break
     normalize: str = "selected"               # [ours] as top_entropy
 

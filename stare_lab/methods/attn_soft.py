@@ -3,7 +3,7 @@
 Label results "our AE schedule": the idea is the anchor/explorer paper's (arXiv 2605.07660,
 [paper]); its reweighting function was not available, so the formula below is ours.
 
-Equation implemented (METHODS.md §2, attn_soft [ours]):
+Equation implemented [ours]:
     u_t = rank of AE_t among valid tokens of its scope unit, / (n - 1) ∈ [0, 1]  (0 = most anchor-like)
     λ   = training progress, rising linearly from 0 (first step) to 1 (last step)
     w_t = 1 + κ·(2u_t - 1)·(2λ - 1),   κ = 0.5
@@ -31,7 +31,7 @@ from stare_lab.stats import TokenStats
 
 @dataclass(frozen=True)
 class Params:
-    kappa: float = 0.5                           # [ours] METHODS.md: κ = 0.5 (weights in [0.5, 1.5])
+    kappa: float = 0.5                           # [ours] κ = 0.5 (weights in [0.5, 1.5])
     layers: int | tuple[int, ...] | None = None  # [ours] None = the middle layer, as anchor
     scope: str = "batch"                         # [ours] scope of the AE ranks
     normalize: str = "valid"                     # [ours] soft weights, nothing dropped

@@ -14,6 +14,8 @@ Deviations and decisions:
 3. [ours] Only rollouts still generating at position t count in P̄_t (the stats pass's job); a
    position with one live rollout has u = 0.
 4. [ours] Scope "batch" (the whole generation batch) and random tie-breaking at the boundary.
+5. [ours] During warm-up `selected` is None (every valid token) and the normalisation stays
+   "selected", which with all weights 1 is the same denominator as "valid".
 """
 from __future__ import annotations
 

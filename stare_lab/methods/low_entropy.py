@@ -9,7 +9,8 @@ the scope unit; the loss is divided by Σ w (normalize="selected").
 
 Deviations and decisions:
 1. [ours] ρ = 0.2 by default so the arm matches top_entropy/anchor/explorer at equal budget
-   (METHODS.md §2, "controls ... at the same ρ"); the 80/20 paper's own control keeps 80%.
+   (the anchor/explorer study compares its controls at equal ρ); the 80/20 paper's own control
+   keeps 80%: set rho=0.8 to reproduce that ablation.
 2. [ours] scope, ties and normalisation as top_entropy (shared code: `keep_fraction`).
 """
 from __future__ import annotations

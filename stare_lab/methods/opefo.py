@@ -15,10 +15,14 @@ so that the weighted first-order flow Σ ω·ΔH = F+ − F− + λ(F+ + F−) i
 
 Deviations and decisions:
 1. [ours, from the secondary reading] The one-term flow; the paper's Eq. 6 was not seen. The full
-   two-term form of METHODS.md §0 is `flow: full` (needs p2 = Σ p², p2logp = Σ p² log p).
+   two-term first-order form (docs/pitfalls.md, Notation) is `flow: full` (needs p2 = Σ p², p2logp = Σ p² log p).
 2. [ours] λ per scope unit, default the whole generation batch, from the rollout policy's
    statistics. The paper is strictly on-policy (one update per rollout batch).
-3. [ours] λ is clipped to [−1, 1] (a no-op up to rounding: |F− − F+| ≤ F− + F+).
+3. [ours] λ is clipped to [−1, 1] (a no-op up to rounding: |F− − F+| ≤ F− + F+), computed in
+   float64. λ = 0 when F+ = F− = 0 (an all-A = 0 batch: every weight 1). With one sign of flow
+   only, λ = ±1 and that side's tokens get weight 0; the net flow is still 0. ΔH = 0 → weight 1.
+4. Metrics: rule/lambda (mean λ over scope units: the batch λ for scope "batch"), rule/flow_pos,
+   rule/flow_neg and rule/net_flow_after = Σ ω·ΔH over the batch (≈ 0 up to rounding).
 """
 from __future__ import annotations
 

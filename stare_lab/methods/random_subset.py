@@ -14,13 +14,16 @@ Deviations and decisions:
 1. [paper] ρ = 0.2 uniform; [ours] per scope unit, exact count (ties="topk" on uniform keys).
 2. [ours] match="position" reproduces the reference rule's positional histogram exactly in
    every scope unit, so "anchors are early tokens" cannot explain an anchor-vs-random gap
-   (METHODS.md §2, controls). ρ is then ignored: the count comes from the reference.
+   (the anchor/explorer study's controls). ρ is then ignored: the count comes from the reference.
 3. [ours] The reference runs with the same RuleState, so it selects exactly what its own arm
    would on this batch; its `needs` (and attention layers) become this rule's.
 4. [ours] A reference with no `selected` subset (a soft rule) counts as selecting every valid
    token, so matching it selects every valid token.
 5. [ours] Random keys are drawn once over the whole [B, T] batch from state.generator("random"),
    so the subset does not depend on how the batch is later split.
+6. [ours] The reference's own scope is set in `reference_params`; this rule's `scope` sets the
+   matching cells. At scope "batch" random matches only the batch-wide positional histogram.
+   `reference_params` is a dict, so a random Params is not hashable.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ MATCH = ("none", "position")
 @dataclass(frozen=True)
 class Params:
     rho: float = 0.2              # [paper] the random-20% control
-    scope: str = "batch"          # [ours] METHODS.md §1
+    scope: str = "batch"          # [ours] docs/pitfalls.md, Selection
     ties: str = "topk"            # exact ⌈ρ·n⌉ (keys are continuous, so ties do not occur)
     normalize: str = "selected"   # as the rules it controls for
     match: str = "none"           # "position": copy the reference rule's positional histogram

@@ -2,11 +2,11 @@
 
 Paper: arXiv 2606.31575 (RSI-S).
 
-Equation implemented (METHODS.md §2, "RSI-S"):
+Equation implemented (the abstract of arXiv 2606.31575 [secondary]):
     s_t = -log π(a_t),  H_t = -Σ_v p_v,t log p_v,t,
     RSI_t = s_t / H_t  (RSI_t = 0 where H_t < 1e-6),
     w_t = 1[low ≤ RSI_t ≤ high] on valid tokens; the loss is divided by Σ w.
-RSI = 1 is the neutral point: reinforcing a token with RSI > 1 raises entropy (METHODS.md §0).
+RSI = 1 is the neutral point: reinforcing a token with RSI > 1 raises entropy (docs/pitfalls.md, Notation).
 
 Deviations and decisions:
 1. [secondary, matches the abstract] RSI = s / H.
@@ -17,6 +17,8 @@ Deviations and decisions:
 4. [paper] Kept tokens are averaged: normalize="selected".
 5. [paper] Kept, dropped-low and dropped-high fractions of valid tokens are logged every step.
 6. [ours] The band is absolute, so there is no scope: a token's weight depends on itself only.
+7. [ours] Adjacent bands of an RSI-bands sweep share their boundary value (both bounds are
+   inclusive), a measure-zero set in practice. rule/kept_frac + low_frac + high_frac = 1.
 """
 from __future__ import annotations
 
@@ -29,12 +31,12 @@ from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import check_common
 from stare_lab.stats import TokenStats
 
-H_EPS = 1e-6  # METHODS.md RSI-S: guard H < 1e-6 → RSI = 0
+H_EPS = 1e-6  # [ours] guard H < 1e-6 → RSI = 0 (note 2)
 
 
 @dataclass(frozen=True)
 class Params:
-    low: float = 0.5              # [ours] bounds not published (METHODS.md RSI-S)
+    low: float = 0.5              # [ours] bounds not published (note 3)
     high: float = 2.0             # [ours]; float("inf") or "inf" = no upper bound
     normalize: str = "selected"   # [paper] loss averaged over kept tokens
 

@@ -1,4 +1,4 @@
-"""Shared selection and validation helpers for token rules (METHODS.md §1).
+"""Shared selection and validation helpers for token rules (docs/pitfalls.md, Selection).
 
 Selection happens within a scope (`batch`, `group`, `sequence`) over valid tokens only.
 `ties="topk"` keeps exactly ⌈ρ·n⌉ tokens per scope unit, ties broken by a seeded random order;

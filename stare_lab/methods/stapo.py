@@ -10,7 +10,10 @@ Deviations and decisions:
 2. [ours] The paper is inconsistent on the entropy quantile (0.8 vs 0.2): default 0.2,
    configurable as `tau_h_quantile`. q_h is the linear-interpolation quantile (as
    `torch.quantile`) over every valid token of the generation batch; both comparisons are strict.
-3. [ours] π is the rollout policy's probability at the sampling temperature (`stats.logp`).
+3. [ours] π is the rollout policy's probability at the sampling temperature (`stats.logp`),
+   compared as log π < log τ_p. q_h is over the generation batch this rank holds, computed by
+   sorting (`select.quantile`: `torch.quantile` refuses more than 2^24 tokens).
+4. Metric rule/masked_frac: the dropped fraction of valid tokens (tiny in practice).
 """
 from __future__ import annotations
 

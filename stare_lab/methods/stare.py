@@ -23,6 +23,9 @@ Deviations and decisions:
    skips a non-finite H̄. Current W, M live in `state.memory` so a resumed run continues them.
 5. [ours] With normalize="valid" (the loss type's own denominator), a closed gate gives exactly
    the `full` rule's weights and loss.
+6. [ours] H̄ and the gate are taken over the generation batch this rank holds. Metrics:
+   rule/gate, rule/entropy_mean, rule/W, rule/M (the values used for this batch) and
+   rule/boosted_frac (|L+| / valid tokens, 0 while the gate is closed).
 """
 from __future__ import annotations
 

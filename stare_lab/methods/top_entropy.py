@@ -11,7 +11,7 @@ Deviations and decisions:
 1. [paper] ρ = 0.2: only the top 20% highest-entropy ("forking") tokens get a gradient.
 2. [ours] Threshold taken per generation batch (scope="batch"), from detached statistics,
    before the batch is split; the official code and TRL take it per micro-batch [code]
-   (METHODS.md §1). `scope` may be "group" or "sequence".
+   (docs/pitfalls.md, Selection). `scope` may be "group" or "sequence".
 3. [ours] ties="topk" keeps exactly ⌈ρ·n⌉ tokens, ties broken by a seeded random order;
    ties="quantile" keeps every token with H ≥ torch.quantile(H, 1-ρ) (TRL's behaviour).
 4. [paper] normalize="selected": the paper averages the loss over the kept tokens.
@@ -30,7 +30,7 @@ from stare_lab.stats import TokenStats
 @dataclass(frozen=True)
 class Params:
     rho: float = 0.2              # 80/20 §4: the top 20% of tokens by entropy
-    scope: str = "batch"          # [ours] METHODS.md §1; the official code: per micro-batch
+    scope: str = "batch"          # [ours]; the official code: per micro-batch
     ties: str = "topk"            # [ours] exact ⌈ρ·n⌉; "quantile" = TRL's top_entropy_quantile
     normalize: str = "selected"   # 80/20: loss averaged over the selected tokens
 

@@ -1,4 +1,4 @@
-"""Attention entropy AE (METHODS.md "Attention entropy AE"), computed inside the attention call.
+"""Attention entropy AE (arXiv 2605.07660 [secondary]; methods/anchor.py), computed inside the attention call.
 
 At query position t of layer ℓ: `ā_t = mean_h softmax_j(q_h,t·k_h,j · scaling)` over the keys the
 query attends to (j ≤ t, not padding), `AE_t = -Σ_j ā_tj log ā_tj / log n_t` with n_t the number
@@ -126,7 +126,7 @@ def unwrap_model(model):
 
 
 def resolve_layers(model, layers: int | Iterable[int] | None) -> tuple[int, ...]:
-    """Layer indices; None = num_hidden_layers // 2 (METHODS.md: the middle layer, [ours]); negatives count back."""
+    """Layer indices; None = num_hidden_layers // 2 (the middle layer, [ours]: methods/anchor.py); negatives count back."""
     n = unwrap_model(model).config.get_text_config().num_hidden_layers
     if layers is None:
         layers = (n // 2,)

@@ -1,6 +1,6 @@
 """Vocabulary statistics of the next-token distribution, chunked over positions.
 
-`p = softmax(z / τ)` (METHODS.md §0). A batch of B×T positions over a vocabulary V never holds
+`p = softmax(z / τ)` (docs/pitfalls.md, Notation). A batch of B×T positions over a vocabulary V never holds
 B×T×V float32: positions are flattened and projected to logits `chunk_tokens` at a time, each
 chunk reduced at once to per-position scalars. Everything here is a detached statistic.
 
