@@ -1,0 +1,162 @@
+"""Token weights composed with TRL's own GRPO loss (TRL 1.16), never a copy of it.
+
+`TokenRuleGRPOTrainer._compute_loss` calls `GRPOTrainer._compute_loss` itself and injects the
+rule's weights through TRL's per-token mask slot: when `top_entropy_quantile < 1`, TRL multiplies
+`per_token_loss` by `self.get_high_entropy_mask(entropies, mask, threshold)`. `weight_slot` arms
+that slot for one call with a function returning the weights, so every loss TRL computes (the
+clipped surrogate, cispo, sapo, luspo, vespo, sequence-level importance sampling, the off-policy
+mask, the vLLM importance-sampling ratio, β·KL, the entropy bonus, the MoE router aux loss, the
+multimodal forward) is TRL's own, and a TRL upgrade changes ours with it.
+
+Where the slot sits in TRL 1.16 `_compute_loss` (docs/trl_parity.md has the full table):
+    per_token_loss = <loss type's term>      # clipped surrogate | cispo | sapo | vespo; GSPO's sequence ratio
+    per_token_loss *= off_policy_mask        # (B, 1)
+    per_token_loss *= slot                   # ← our weights [B, T]
+    per_token_loss *= vllm_is_ratio          # the vLLM correction multiplies after the weights
+    per_token_loss += β · per_token_kl       # KL stays on every valid token
+    loss = aggregate(per_token_loss · mask)  # the loss type's own denominator (token counts of `mask`)
+    loss -= coef · H(mask · slot)            # the entropy bonus acts on the weighted tokens
+    loss += router_aux_loss_coef · aux_loss  # every rule pays the MoE aux loss
+Because the weights multiply the per-token loss before aggregation, normalize="valid" (and
+"loss_type") is TRL's aggregation unchanged. normalize="selected" replaces token counts by weight
+sums in the loss type's denominator; `selected_scale` expresses that as a constant factor on the
+weights (per generation batch, micro-batch or row, depending on the loss type).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor
+from trl import GRPOTrainer
+
+# Loss types whose denominator is the generation batch's valid-token count (`num_items_in_batch`).
+GENERATION_BATCH_DENOMINATOR = ("dapo", "cispo", "vespo")
+# Loss types with no token-count denominator: "selected" equals "valid" for them.
+NO_TOKEN_DENOMINATOR = ("dr_grpo", "luspo")
+
+
+def loss_mask(inputs: dict) -> Tensor:
+    """The mask TRL aggregates with: completion tokens, minus tool-output tokens when tools ran. [B, T]"""
+    mask = inputs["completion_mask"]
+    return mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
+
+
+def selected_scale(loss_type: str, weights: Tensor, mask: Tensor, num_items: Tensor,
+                   weight_total: Tensor) -> Tensor:
+    """Factor c with TRL's denominator(mask) / c = the same denominator with counts replaced by weight sums.
+
+    weights, mask: [B, T] of one micro-batch; num_items: the generation batch's valid-token count over
+    all ranks (TRL's `num_items_in_batch`); weight_total: the generation batch's weight sum over all
+    ranks. Returns a 0-dim tensor, or [B, 1] for the per-row loss types (grpo, sapo).
+    A denominator of 0 (nothing selected) gives c = 0: the weights are all 0 there anyway.
+    """
+    m = mask.float()
+    if loss_type in GENERATION_BATCH_DENOMINATOR:
+        counts, sums = num_items.float().clamp(min=1.0), weight_total.float()
+    elif loss_type == "bnpo":  # TRL's bnpo divides by the micro-batch's (local) token count
+        counts, sums = m.sum().clamp(min=1.0), (weights * m).sum()
+    elif loss_type in ("grpo", "sapo"):
+        counts, sums = m.sum(-1, keepdim=True).clamp(min=1.0), (weights * m).sum(-1, keepdim=True)
+    elif loss_type in NO_TOKEN_DENOMINATOR:
+        return torch.ones((), device=weights.device)
+    else:
+        raise ValueError(f"loss_type={loss_type!r}: no 'selected' normalisation is defined for it")
+    return torch.where(sums > 0, counts / torch.where(sums > 0, sums, torch.ones_like(sums)), torch.zeros_like(sums))
+
+
+def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str) -> Tensor:
+    """The tensor to put in TRL's slot: the rule's weights, rescaled for normalize="selected". [B, T]"""
+    weights = inputs["token_weights"]
+    if normalize in ("valid", "loss_type"):
+        return weights
+    if normalize != "selected":
+        raise ValueError(f"normalize={normalize!r} is not one of valid, selected, loss_type")
+    scale = selected_scale(trainer.loss_type, weights, loss_mask(inputs), inputs["num_items_in_batch"],
+                           inputs["token_weight_total"])
+    return weights * scale
+
+
+@contextmanager
+def weight_slot(trainer: GRPOTrainer, weights: Tensor,
+                on_entropies: Callable[[Tensor, Tensor], None] | None = None) -> Iterator[None]:
+    """For the calls inside, TRL's per-token mask slot returns `weights` [B, T].
+
+    The instance attribute shadows `get_high_entropy_mask` and `top_entropy_quantile` < 1 arms the
+    slot; both are restored on exit. `on_entropies(entropies, mask)` sees the training forward's
+    per-token entropies (for metrics) without a second forward.
+    """
+    if "get_high_entropy_mask" in vars(trainer):
+        raise RuntimeError("the token-weight slot is already armed (nested weight_slot)")
+
+    def slot(entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
+        if on_entropies is not None:
+            on_entropies(entropies, mask)
+        return weights
+
+    quantile = trainer.top_entropy_quantile
+    trainer.get_high_entropy_mask = slot
+    trainer.top_entropy_quantile = 0.0
+    try:
+        yield
+    finally:
+        del trainer.get_high_entropy_mask
+        trainer.top_entropy_quantile = quantile
+
+
+def trl_loss(trainer: GRPOTrainer, model, inputs: dict, weights: Tensor,
+             on_entropies: Callable[[Tensor, Tensor], None] | None = None) -> Tensor:
+    """TRL's `_compute_loss` on `inputs` with `weights` [B, T] multiplying its per-token loss."""
+    with weight_slot(trainer, weights, on_entropies):
+        return GRPOTrainer._compute_loss(trainer, model, inputs)
+
+
+@contextmanager
+def side_effects_undone(trainer: GRPOTrainer) -> Iterator[None]:
+    """An extra loss call (gradient geometry) leaves no metric rows and no entropy-controller update behind."""
+    lengths = {mode: {k: len(v) for k, v in rows.items()} for mode, rows in trainer._metrics.items()}
+    controller = (trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats)
+    try:
+        yield
+    finally:
+        for mode, rows in trainer._metrics.items():
+            for k in list(rows):
+                if k not in lengths[mode]:
+                    del rows[k]
+                else:
+                    del rows[k][lengths[mode][k]:]
+        trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = controller
+
+
+def gradient_geometry(trainer: GRPOTrainer, model, inputs: dict, weighted_loss: Tensor) -> tuple[float, float]:
+    """Cosine and norm ratio of the weighted loss's gradient against plain TRL's on the same micro-batch.
+
+    The full-token loss is TRL's loss with the completion mask in the slot (a second forward, whose
+    metrics and controller updates are undone). Both gradients include the terms TRL adds to every
+    loss (β·KL, the entropy bonus, the MoE aux loss).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    with side_effects_undone(trainer):
+        full_loss = trl_loss(trainer, model, inputs, inputs["completion_mask"])
+    g_w = torch.autograd.grad(weighted_loss, params, retain_graph=True, allow_unused=True)
+    g_f = torch.autograd.grad(full_loss, params, allow_unused=True)
+    # float64: a float32 cosine of two equal million-entry vectors is off by ~1e-4
+    flat_w = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_w, params)])
+    flat_f = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_f, params)])
+    norm_f = flat_f.norm()
+    if norm_f == 0:
+        return float("nan"), float("nan")
+    return (flat_w @ flat_f / (flat_w.norm() * norm_f)).item(), (flat_w.norm() / norm_f).item()
+
+
+def refusals(trainer: GRPOTrainer) -> list[str]:
+    """TRL features that do not compose with token weights, each with its one-line reason."""
+    problems = []
+    if trainer.top_entropy_quantile < 1.0:
+        problems.append("top_entropy_quantile < 1: its mask slot carries the token weights "
+                        "(use method=top_entropy)")
+    if getattr(trainer, "tools", None):
+        problems.append("tools: the statistics pass does not yet apply TRL's tool_mask, so a rule would "
+                        "select tool-output tokens and count them in the 'selected' denominator")
+    return problems
