@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -230,6 +231,22 @@ def same_on_all_ranks(x: Tensor | float | dict, accelerator_or_group: Any = None
     mine = torch.tensor(list(digest), dtype=torch.int64)
     all_digests = _all_gather_ints(mine, comm, device)
     return bool((all_digests == all_digests[0]).all())
+
+
+@contextmanager
+def deterministic() -> Iterator[None]:
+    """Run a rule with torch's deterministic kernels, so every rank computes bit-identical weights.
+
+    On CPU the rules' kernels are deterministic already. On CUDA a few are not unless asked
+    (`index_add_` accumulates with atomics: OPEFO's per-scope sums), and ranks would then differ
+    in the last bits of λ. warn_only: a kernel without a deterministic version warns, never fails.
+    """
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def _bytes_of(x: Any) -> bytes:

@@ -194,7 +194,7 @@ def _out_record(out, rows=None):
 def rules_worker(rank: int, world_size: int, out_dir: Path) -> None:
     """For every rule variant and batch spec: the rule on the gathered global batch (this rank's rows)
     and on the one-process batch (the reference), over STEPS consecutive batches."""
-    from stare_lab.distributed import global_token_stats, same_on_all_ranks
+    from stare_lab.distributed import deterministic, global_token_stats, same_on_all_ranks
     from stare_lab.methods import get_method
 
     results = {}
@@ -213,7 +213,8 @@ def rules_worker(rank: int, world_size: int, out_dir: Path) -> None:
             state_n, state_1 = rule_state(spec.G), rule_state(spec.G)
             for step, ((stats, _), (g, row_slice)) in enumerate(zip(batches, gathered)):
                 state_n.step = state_1.step = step
-                out_n = rule(g, state_n)
+                with deterministic():  # as the trainer calls it
+                    out_n = rule(g, state_n)
                 out_1 = rule(stats, state_1)
                 state_local = rule_state(spec.G)  # negative control: the rule on this rank's rows only
                 state_local.step = step

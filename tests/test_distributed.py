@@ -50,6 +50,13 @@ def test_one_process_is_the_identity():
     assert distributed.same_on_all_ranks(stats.logp)
 
 
+def test_deterministic_restores_the_global_flag():
+    before = torch.are_deterministic_algorithms_enabled()
+    with distributed.deterministic():
+        assert torch.are_deterministic_algorithms_enabled()
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
 def test_split_rows_marks_groups_on_several_ranks():
     spec = SPECS["trl_split"]
     group = torch.arange(12) // spec.G
