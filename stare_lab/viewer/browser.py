@@ -29,8 +29,10 @@ def _run(page: Path, *extra: str, timeout: float) -> subprocess.CompletedProcess
 
 
 def dump_dom(page: Path | str, *, budget_ms: int = 5000, timeout: float = 120) -> str:
-    """The serialised DOM of `page` after its scripts ran (`--dump-dom`)."""
-    done = _run(Path(page), f"--virtual-time-budget={budget_ms}", "--dump-dom", timeout=timeout)
+    """The serialised DOM of `page` after its scripts ran (`--dump-dom`). budget_ms=0: no virtual time
+    (the page's clock is then real time, for timing it)."""
+    extra = (f"--virtual-time-budget={budget_ms}",) if budget_ms else ()
+    done = _run(Path(page), *extra, "--dump-dom", timeout=timeout)
     if done.returncode != 0 or not done.stdout:
         raise RuntimeError(f"chromium --dump-dom failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     return done.stdout

@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from stare_lab.viewer.batch import BATCH_DIR, Batch, BatchError, kept_steps, load_run_batch  # noqa: E402
-from stare_lab.viewer.selection import RuleView, apply_all_rules, jaccard, selected_fraction  # noqa: E402
+from stare_lab.viewer.selection import RuleView, apply_all_rules, jaccard, one_thread, selected_fraction  # noqa: E402
 
 DPI = 100
 COLOURS = {"A > 0": "#2ca02c", "A < 0": "#d62728", "A = 0": "#7f7f7f"}
@@ -121,16 +121,17 @@ def _save(fig, path: Path) -> Path:
 def plot_selection(run_dir_or_runs: Path | str | Iterable[Path | str], out_dir: Path | str) -> list[Path]:
     """Both figures for every run with kept batches (a run dir, a folder of runs, or a list); the PNG paths."""
     out_dir = Path(out_dir)
-    written: list[Path] = []
-    for run_dir in find_runs(run_dir_or_runs):
-        stem = _stem(run_dir)
-        try:
-            batch = load_run_batch(run_dir)
-        except BatchError:
-            batch = None
-        if batch is not None:
-            p = quadrant_figure(batch, apply_all_rules(batch), out_dir / f"selection-quadrant-{stem}.png", stem)
-            written += [p] if p else []
-        p = selection_over_steps(run_dir, out_dir / f"selection-steps-{stem}.png", stem)
-        written += [p] if p else []
-    return written
+    with one_thread():
+        return [p for run_dir in find_runs(run_dir_or_runs) for p in _run_figures(run_dir, out_dir)]
+
+
+def _run_figures(run_dir: Path, out_dir: Path) -> list[Path]:
+    stem = _stem(run_dir)
+    written: list[Path | None] = []
+    try:
+        batch = load_run_batch(run_dir)
+        written.append(quadrant_figure(batch, apply_all_rules(batch), out_dir / f"selection-quadrant-{stem}.png", stem))
+    except BatchError:
+        pass  # the last kept batch is unreadable: the over-steps figure still shows the others
+    written.append(selection_over_steps(run_dir, out_dir / f"selection-steps-{stem}.png", stem))
+    return [p for p in written if p is not None]

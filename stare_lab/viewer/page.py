@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch
-from stare_lab.viewer.selection import (RuleView, apply_all_rules, overlap_matrix, position_histogram,
+from stare_lab.viewer.selection import (RuleView, apply_all_rules, one_thread, overlap_matrix, position_histogram,
                                         selected_fraction, top_tokens)
 from stare_lab.viewer.template import CSS, HTML, SCRIPT
 
@@ -156,7 +156,9 @@ def render_run(run_dir: Path | str, step: int | None = None, out: Path | str | N
         raise ViewError(str(err)) from None
     label = _run_label(run_dir)
     out = Path(out) if out else run_dir / "batches" / f"step-{batch.step}.html"
-    return write_page([arm_data(batch, label=label, run_dir=run_dir)], out, f"{label} — step {batch.step}")
+    with one_thread():
+        arms = [arm_data(batch, label=label, run_dir=run_dir)]
+    return write_page(arms, out, f"{label} — step {batch.step}")
 
 
 def sweep_runs(sweep_yaml: Path | str) -> list[tuple[str, Path]]:
@@ -190,9 +192,11 @@ def render_sweep(sweep_yaml: Path | str, step: int | None = None, out: Path | st
     arms = []
     for lab, d in chosen:
         try:
-            arms.append(arm_data(load_run_batch(d, step), label=lab, run_dir=d))
+            batch = load_run_batch(d, step)
         except BatchError as err:
             raise ViewError(str(err)) from None
+        with one_thread():
+            arms.append(arm_data(batch, label=lab, run_dir=d))
     name = Path(sweep_yaml).stem
     out = Path(out) if out else chosen[0][1].parent / f"view-step-{step}.html"
     return write_page(arms, out, f"sweep {name} — step {step}")

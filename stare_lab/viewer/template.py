@@ -137,6 +137,7 @@ function show(i){
 document.getElementById('rollouts').addEventListener('mouseover',tip);
 document.getElementById('rollouts').addEventListener('mouseleave',()=>{document.getElementById('tip').style.display='none';});
 show(0);
+document.body.setAttribute('data-render-ms',performance.now().toFixed(0));  // read by benchmarks/viewer_speed.py
 document.body.setAttribute('data-ok','1');
 })();
 """
