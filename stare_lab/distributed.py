@@ -82,8 +82,7 @@ def global_token_stats(local: TokenStats, accelerator_or_group: Any = None) -> t
     B, T = local.shape
     if comm.world_size == 1:
         return local, (slice(0, B), slice(0, T))
-    names = [f.name for f in dataclasses.fields(TokenStats)
-             if f.name in _ALWAYS or isinstance(getattr(local, f.name), Tensor) or getattr(local, f.name) is None]
+    names = _field_names(local)
     device = local.mask.device
     meta = _all_gather_ints(_encode_meta(local, names), comm, device)           # [world, 2 + 3·fields + 1]
     sizes = [(int(m[0]), int(m[1])) for m in meta]
@@ -115,8 +114,7 @@ def global_token_stats(local: TokenStats, accelerator_or_group: Any = None) -> t
 def payload_bytes(local: TokenStats) -> int:
     """Bytes this rank puts on the wire in `global_token_stats` (shapes and encodings, then packed
     statistics), when the other ranks take the same shortcuts (alias, all-NaN) it does."""
-    names = [f.name for f in dataclasses.fields(TokenStats)
-             if f.name in _ALWAYS or isinstance(getattr(local, f.name), Tensor) or getattr(local, f.name) is None]
+    names = _field_names(local)
     meta = _encode_meta(local, names)
     B, T = local.shape
     sent = [_Field(n, _TENSOR, torch.uint8 if n == "mask" else getattr(local, n).dtype, getattr(local, n).dim())
@@ -151,43 +149,44 @@ def complete_groups(tensors: dict[str, Tensor], group: Tensor, accelerator_or_gr
     B = group.numel()
     if comm.world_size == 1:
         return tensors, group, slice(0, B)
-    device = group.device
     T = next(iter(tensors.values())).size(1) if tensors else 0
-    B_all = _all_gather_ints(torch.tensor([B, T], dtype=torch.int64), comm, device)
-    B_max = int(B_all[:, 0].max())
-    T_max = int(B_all[:, 1].max())
-    padded = torch.full((B_max,), -1, dtype=torch.int64, device=device)
-    padded[:B] = group.to(torch.int64)
-    ids = _all_gather_ints(padded, comm, device)                               # [world, B_max]
-    groups = [ids[r, : int(B_all[r, 0])] for r in range(comm.world_size)]
-    wanted = [set(g.tolist()) for g in groups]
+    groups, T_max = _gather_group_ids(group, T, comm)                          # [B_r] ids of every rank
     ops, received = [], {}
     for peer in range(comm.world_size):
         if peer == comm.rank:
             continue
-        send_rows = torch.nonzero(torch.isin(groups[comm.rank], torch.tensor(sorted(wanted[peer]), dtype=torch.int64))).squeeze(1)
-        recv_rows = torch.nonzero(torch.isin(groups[peer], torch.tensor(sorted(wanted[comm.rank]), dtype=torch.int64))).squeeze(1)
+        send = torch.nonzero(torch.isin(groups[comm.rank], groups[peer])).squeeze(1)   # my rows of shared groups
+        recv = torch.nonzero(torch.isin(groups[peer], groups[comm.rank])).squeeze(1)   # the peer's
         for tag, (name, x) in enumerate(tensors.items()):
-            if send_rows.numel():
-                out = _pad_dim1(x[send_rows.to(x.device)], T_max)
-                ops.append(dist.P2POp(dist.isend, _raw(out), peer, comm.group, tag))
-            if recv_rows.numel():
-                buf = torch.empty((recv_rows.numel(), T_max, *x.shape[2:]), dtype=x.dtype, device=x.device)
+            if send.numel():
+                ops.append(dist.P2POp(dist.isend, _raw(_pad_dim1(x[send.to(x.device)], T_max)), peer, comm.group, tag))
+            if recv.numel():
+                buf = torch.empty((recv.numel(), T_max, *x.shape[2:]), dtype=x.dtype, device=x.device)
                 received[(peer, name)] = buf
                 ops.append(dist.P2POp(dist.irecv, _raw(buf), peer, comm.group, tag))
-        if recv_rows.numel():
-            received[(peer, "__group__")] = groups[peer][recv_rows]
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-    before = [p for p in range(comm.rank) if (p, "__group__") in received]
-    after = [p for p in range(comm.rank + 1, comm.world_size) if (p, "__group__") in received]
+        if recv.numel():
+            received[(peer, None)] = groups[peer][recv]
+    for req in dist.batch_isend_irecv(ops) if ops else []:
+        req.wait()
+    # rank order is global row order: lower ranks' rows, mine, higher ranks' rows
+    before = [p for p in range(comm.rank) if (p, None) in received]
+    after = [p for p in range(comm.rank + 1, comm.world_size) if (p, None) in received]
     out = {name: torch.cat([received[(p, name)] for p in before] + [_pad_dim1(x, T_max)]
                            + [received[(p, name)] for p in after]) for name, x in tensors.items()}
-    full_group = torch.cat([received[(p, "__group__")] for p in before] + [group.to(torch.int64).cpu()]
-                           + [received[(p, "__group__")] for p in after]).to(group.device)
-    start = sum(received[(p, "__group__")].numel() for p in before)
+    full_group = torch.cat([received[(p, None)] for p in before] + [group.to(torch.int64).cpu()]
+                           + [received[(p, None)] for p in after]).to(group.device)
+    start = sum(received[(p, None)].numel() for p in before)
     return out, full_group, slice(start, start + B)
+
+
+def _gather_group_ids(group: Tensor, T: int, comm: Comm) -> tuple[list[Tensor], int]:
+    """Every rank's [B_r] group ids (on CPU) and the longest completion over ranks."""
+    B = group.numel()
+    shape = _all_gather_ints(torch.tensor([B, T], dtype=torch.int64), comm, group.device)   # [world, 2]
+    padded = torch.full((int(shape[:, 0].max()),), -1, dtype=torch.int64, device=group.device)
+    padded[:B] = group.to(torch.int64)
+    ids = _all_gather_ints(padded, comm, group.device)                                      # [world, B_max]
+    return [ids[r, : int(shape[r, 0])] for r in range(comm.world_size)], int(shape[:, 1].max())
 
 
 def split_rows(group: Tensor, num_generations: int) -> Tensor:
@@ -241,7 +240,8 @@ def deterministic() -> Iterator[None]:
     (`index_add_` accumulates with atomics: OPEFO's per-scope sums), and ranks would then differ
     in the last bits of λ. warn_only: a kernel without a deterministic version warns, never fails.
     """
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield
@@ -251,7 +251,8 @@ def deterministic() -> Iterator[None]:
 
 def _bytes_of(x: Any) -> bytes:
     if isinstance(x, Tensor):
-        return str((tuple(x.shape), x.dtype)).encode() + x.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        head = str((tuple(x.shape), x.dtype)).encode()
+        return head + _raw(x.detach().cpu()).numpy().tobytes()
     if isinstance(x, dict):
         return b"".join(k.encode() + b"=" + _bytes_of(v) + b";" for k, v in sorted(x.items()))
     return repr(x).encode()
@@ -265,6 +266,12 @@ class _Field:
     code: int             # _TENSOR, _ABSENT, _ALIAS or _NAN, the same on every rank
     dtype: torch.dtype    # as it travels (the mask as uint8)
     ndim: int             # 1: [B], 2: [B, T]
+
+
+def _field_names(local: TokenStats) -> list[str]:
+    """The TokenStats fields that take part: tensors and None; other values stay this rank's own."""
+    return [f.name for f in dataclasses.fields(TokenStats)
+            if f.name in _ALWAYS or getattr(local, f.name) is None or isinstance(getattr(local, f.name), Tensor)]
 
 
 def _encode_meta(local: TokenStats, names: list[str]) -> Tensor:
