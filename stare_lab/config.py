@@ -25,8 +25,12 @@ from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable fr
     LAUNCHER_SCHEMAS, Config, EvalConfig, LocalLauncherConfig, LoggerConfig, MethodConfig, ModelConfig,
     RunConfig, SlurmLauncherConfig, TrainerConfig, field_problem, schema_fields)
 
+# Everything the package reads at run time lives inside it (a wheel works from any directory).
 PACKAGE_DIR = Path(__file__).resolve().parent
-CONF_DIR = PACKAGE_DIR.parent / "conf"
+CONF_DIR = PACKAGE_DIR / "conf"
+SWEEP_DIR = PACKAGE_DIR / "sweeps"
+# Offline copies of AIME 2024/2025, AMC 2023 and MATH-500 (<name>.jsonl) with their licence notes.
+BENCHMARK_DATA_DIR = PACKAGE_DIR / "data" / "benchmarks"
 
 
 class ConfigError(ValueError):
@@ -211,6 +215,21 @@ def _unknown_key(full_key: str) -> str:
         node = node.get(part) if isinstance(node, DictConfig) else None
     valid = sorted(node.keys()) if isinstance(node, DictConfig) else []
     return f"unknown config key {full_key!r}" + (f"; valid keys under {parent or 'the root'}: {', '.join(valid)}" if valid else "")
+
+
+def packaged_sweeps() -> list[str]:
+    return sorted(p.stem for p in SWEEP_DIR.glob("*.yaml"))
+
+
+def sweep_path(name_or_path: str | Path) -> Path:
+    """A sweep file: a path as given (relative to the current directory), or the name of a sweep
+    shipped in the package (`demo` → stare_lab/sweeps/demo.yaml). A name that is neither is
+    returned as a path, for the caller's "no such sweep file"."""
+    path = Path(name_or_path).expanduser()
+    if path.exists() or path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        return path
+    packaged = SWEEP_DIR / f"{path.name}.yaml"
+    return packaged if packaged.is_file() else path
 
 
 def save_config(cfg: DictConfig, path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
@@ -199,3 +200,19 @@ def test_a_new_rule_reaches_configs_and_the_demo_sweep_by_itself(throwaway_rule,
 
 def test_the_throwaway_rule_is_gone_afterwards():
     assert THROWAWAY not in list_methods() and THROWAWAY not in group_options("method")
+
+
+def test_sweeps_are_found_by_path_or_by_packaged_name(tmp_path, monkeypatch):
+    from stare_lab.config import PACKAGE_DIR, SWEEP_DIR, sweep_path
+    from stare_lab.sweep.schema import SweepError
+
+    assert CONF_DIR == PACKAGE_DIR / "conf" and SWEEP_DIR == PACKAGE_DIR / "sweeps"
+    assert (ROOT / "conf").resolve() == CONF_DIR and (ROOT / "sweeps").resolve() == SWEEP_DIR   # documented layout
+    monkeypatch.chdir(tmp_path)
+    assert sweep_path("demo") == SWEEP_DIR / "demo.yaml"
+    assert load_sweep("demo").path == SWEEP_DIR / "demo.yaml"
+    (tmp_path / "demo").mkdir()                                      # a path that exists wins over the name
+    assert sweep_path("demo") == Path("demo")
+    assert sweep_path("sweeps/demo.yaml") == Path("sweeps/demo.yaml")
+    with pytest.raises(SweepError, match=r"^nope: no such sweep file \(or packaged sweep name: anchor_explorer, demo,"):
+        load_sweep("nope")

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from stare_lab.config import (CONF_DIR, LAUNCHER_SCHEMAS, Config, EvalConfig, field_problem, group_names,
-                              group_options, schema_fields)
+                              group_options, packaged_sweeps, schema_fields, sweep_path)
 
 TOP_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "eval", "launcher", "output", "search")
 EVAL_KEYS = tuple(schema_fields(EvalConfig))
@@ -99,10 +99,11 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def load_sweep(path: Path | str, *, launcher: dict[str, Any] | None = None, output: Path | str | None = None) -> SweepSpec:
-    """Read and validate a sweep file. `launcher` (CLI options) and `output` override the file."""
-    path = Path(path)
+    """Read and validate a sweep file (a path or a packaged sweep's name, see `config.sweep_path`).
+    `launcher` (CLI options) and `output` override the file."""
+    path = sweep_path(path)
     if not path.is_file():
-        raise SweepError(f"{path}: no such sweep file")
+        raise SweepError(f"{path}: no such sweep file (or packaged sweep name: {', '.join(packaged_sweeps())})")
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise SweepError(f"{path}: {size:,} bytes; a sweep file is at most {MAX_FILE_BYTES:,} bytes "
