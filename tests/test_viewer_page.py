@@ -240,3 +240,25 @@ def test_view_of_a_sweep_has_one_arm_per_run_with_the_step(tmp_path, capsys):
     assert main_view([str(sweep), "--step", "7", "--out", str(tmp_path / "s7.html")]) == 0
     assert main_view([str(sweep), "--step", "6"]) == 2
     assert "step 6 was not kept by any run" in capsys.readouterr().err
+
+
+def test_a_batch_without_valid_tokens_or_rewards_still_renders(tmp_path):
+    from stare_lab.viewer import save_batch
+    from stare_lab.viewer.synthetic import random_batch_tensors
+
+    kw = random_batch_tensors(B=4, T=5, G=2)
+    kw["mask"] = torch.zeros(4, 5)
+    kw["rewards"] = torch.full((4,), float("nan"))
+    save_batch(batch_path(tmp_path, 0), 0, **kw, run_rule={"name": "rsi_band", "params": {"high": float("inf")}},
+               meta={"num_layers": 4, "attn_layers": [2], "trainer": {"epsilon_low": 0.2, "epsilon_high": 0.2,
+                                                                     "beta": 0.0, "loss_type": "dapo",
+                                                                     "num_generations": 2}})
+    page = render_run(tmp_path)
+    data = json.loads(page.read_text().split('<script id="data" type="application/json">')[1].split("</script>")[0])
+    arm = data["arms"][0]
+    assert arm["rules"][0]["params"]["high"] == "inf" and arm["run_rule"]["params"]["high"] == "inf"
+    assert [r["reward"] for r in arm["rollouts"]] == [None] * 4 and [r["length"] for r in arm["rollouts"]] == [0] * 4
+    assert all(r["computable"] and r["selected_frac"] == 0.0 for r in arm["rules"])
+    if chromium_path() is not None:
+        dom = PageDom(dump_dom(page))
+        assert dom.body.get("data-ok") == "1" and "data-error" not in dom.body and sum(dom.tokens.values()) == 0

@@ -66,14 +66,14 @@ def _signal_entry(key: str, label: str, values: torch.Tensor, valid: torch.Tenso
 
 def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, Any]:
     entry: dict[str, Any] = {"key": view.key, "name": view.name, "label": view.label, "own": view.own,
-                             "params": json.loads(json.dumps(view.params, default=list)),
+                             "params": _clean(view.params),
                              "computable": view.computable, "reason": view.reason}
     if not view.computable:
         return entry
     w = _flat(view.weights, valid)
     n = max(int(valid.sum()), 1)
     entry.update({
-        "normalize": view.normalize, "metrics": view.metrics,
+        "normalize": view.normalize, "metrics": _clean(view.metrics),
         "weights": _b64(w, "<f4"), "selected": _b64(_flat(view.selected, valid), "u1"),
         "selected_frac": selected_fraction(view, batch.mask), "weight_mean": float(w.double().sum()) / n,
         "weight_max": float(w.max()) if w.numel() else 0.0,
@@ -112,6 +112,19 @@ def arm_data(batch: Batch, *, label: str, run_dir: Path | str, views: list[RuleV
     }
 
 
+def _clean(value: Any) -> Any:
+    """JSON-safe: tuples as lists, non-finite floats as the strings "inf", "-inf", "nan" (strict JSON has none)."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_clean(v) for v in value]
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
 def _num(x) -> float | None:
     x = float(x)
     return x if np.isfinite(x) else None
@@ -120,7 +133,7 @@ def _num(x) -> float | None:
 def write_page(arms: list[dict[str, Any]], out: Path, title: str) -> Path:
     payload = {"title": title, "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "bins": BINS, "arms": arms}
     # "<" escaped as \u003c: the JSON can never close its <script> element
-    data = json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    data = json.dumps(_clean(payload), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     html = HTML.format(title=_escape(title), css=CSS, data=data, script=SCRIPT)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -86,8 +86,9 @@ def apply_rule(batch: Batch, name: str, params: dict[str, Any] | None = None, *,
     stats = batch.token_stats(rule.attn_layers)
     try:
         out = rule(stats, state)
-    except ValueError as err:
-        view.reason = f"not computable: {err}"
+    except Exception as err:  # shown on the page for this rule instead of failing the whole page
+        view.reason = f"not computable: {err}" if isinstance(err, ValueError) else \
+            f"failed on this batch: {type(err).__name__}: {err}"
         return view
     valid = stats.valid
     view.weights = out.weights.float()
