@@ -18,13 +18,14 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from stare_lab import objective
 from stare_lab.methods import Rule, RuleState, TrainerValues
 from stare_lab.signals import token_statistics
 from stare_lab.stats import TokenStats
+from stare_lab.utils import atomic_write_json
 
 NORMALIZE_CODES = ("valid", "selected", "loss_type")
 RULE_STATE_FILE = "rule_state.json"
@@ -48,7 +49,6 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self.stats_chunk_tokens = stats_chunk_tokens
         self.attn_chunk_queries = attn_chunk_queries
         self.js_chunk_positions = js_chunk_positions
-        self.add_callback(_RuleStateSaver(self))
 
     # ---- generation time: statistics and weights -------------------------------------------
     def _generate_and_score_completions(self, inputs):
@@ -183,28 +183,26 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         m["clip_ratio/region_mean"].append(global_mean(torch.maximum(low, high), mask))
 
     # ---- rule state in checkpoints ----------------------------------------------------------
-    def load_rule_state(self, checkpoint_dir: str | Path) -> bool:
+    def _save_checkpoint(self, model, trial):
+        """Write rule_state.json into the checkpoint folder first, then let TRL/transformers save.
+
+        A checkpoint counts as complete once transformers has written trainer_state.json, near the
+        end of `Trainer._save_checkpoint` (transformers 5.24); a callback's `on_save` runs only
+        after that, so a crash in between left a "complete" checkpoint without rule state.
+        """
+        if self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            atomic_write_json(folder / RULE_STATE_FILE, self.rule_state.to_dict())
+        super()._save_checkpoint(model, trial)
+
+    def load_rule_state(self, checkpoint_dir: str | Path) -> None:
+        """Continue the rule state saved in `checkpoint_dir`; a checkpoint without one is refused."""
         path = Path(checkpoint_dir) / RULE_STATE_FILE
         if not path.is_file():
-            return False
+            raise FileNotFoundError(f"checkpoint {checkpoint_dir} has no {RULE_STATE_FILE}: its rule state was never "
+                                    f"saved, so resuming from it would restart the rule's memory")
         self.rule_state = RuleState.from_dict(json.loads(path.read_text()))
         self.rule_state.trainer = self.trainer_values
-        return True
-
-
-class _RuleStateSaver(TrainerCallback):
-    """Writes the rule state next to each trainer checkpoint, so a resumed run continues it."""
-
-    def __init__(self, trainer: TokenRuleGRPOTrainer):
-        self.trainer = trainer
-
-    def on_save(self, args, state, control, **kwargs):
-        if args.should_save:
-            from stare_lab.utils import atomic_write_json
-
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            atomic_write_json(folder / RULE_STATE_FILE, self.trainer.rule_state.to_dict())
-        return control
 
 
 def _check_supported(t: GRPOTrainer) -> None:

@@ -79,14 +79,17 @@ def stare_ref(stats, p, memory: dict) -> tuple[list[list], dict]:
     n = len(d["cells"])
     h_bar = sum(d["entropy"][b][t] for b, t in d["cells"]) / n if n else float("nan")
     W, M = p.W, p.M
+    finite = n > 0 and math.isfinite(h_bar)
     if p.adaptive:
         W, M = memory.get("W", p.W), memory.get("M", p.M)
-        if n:
+        if finite:
             sign = 1.0 if h_bar < p.H_tgt else (-1.0 if h_bar > p.H_tgt else 0.0)
             W = min(max(W + p.alpha * sign, 1.0), p.W_max)
             M = min(max(M - p.alpha * sign, p.M_min), 1.0)
         memory["W"], memory["M"] = W, M
-    gate = n > 0 and h_bar < p.H_tgt
+    # official STAREController: a non-finite H̄ skips the update (gate kept; open before any update)
+    gate = h_bar < p.H_tgt if finite else memory.get("gate", True)
+    memory["gate"] = gate
     w = empty_weights(d)
     if gate:
         for sign, value in ((1, W), (-1, M)):

@@ -152,11 +152,11 @@ def test_stare_adaptive_memory_and_round_trip():
         assert out.metrics["rule/W"] == pytest.approx(1.1 + 0.01 * (k + 1)) == pytest.approx(info["W"])
         assert out.metrics["rule/M"] == pytest.approx(0.9 - 0.01 * (k + 1))
         assert out.weights.max().item() == pytest.approx(1.1 + 0.01 * (k + 1))
-    assert state.memory == pytest.approx({"W": 1.13, "M": 0.87})
+    assert state.memory == pytest.approx({"W": 1.13, "M": 0.87, "gate": True})
     restored = RuleState.from_dict(state.to_dict())
     a, b = rule(high, state), rule(high, restored)
     assert torch.equal(a.weights, b.weights) and a.metrics == b.metrics
-    assert state.memory == restored.memory == pytest.approx({"W": 1.12, "M": 0.88})
+    assert state.memory == restored.memory == pytest.approx({"W": 1.12, "M": 0.88, "gate": False})
     assert a.metrics["rule/gate"] == 0.0 and (a.weights[high.valid] == 1).all()
 
 
@@ -165,13 +165,46 @@ def test_stare_adaptive_clips_at_bounds():
     state = RuleState()
     for _ in range(4):
         rule(make_stats(0, 4, 5, entropy_scale=0.1), state)
-    assert state.memory == pytest.approx({"W": 1.5, "M": 0.5})
+    assert state.memory == pytest.approx({"W": 1.5, "M": 0.5, "gate": True})
     for _ in range(4):
         rule(make_stats(0, 4, 5, entropy_scale=3.0), state)
-    assert state.memory == pytest.approx({"W": 1.0, "M": 1.0})
+    assert state.memory == pytest.approx({"W": 1.0, "M": 1.0, "gate": False})
     static = RuleState()
     get_method("stare")(make_stats(0, 4, 5, entropy_scale=0.1), static)
-    assert static.memory == {}
+    assert static.memory == {"gate": True}  # a static rule remembers only its gate (note 7)
+
+
+def test_stare_closed_gate_selects_every_valid_token():
+    """Closed gate: all weights 1 and `selected` = every valid token, not the unused L+ subset."""
+    stats = make_stats(0, 8, 9, entropy_scale=3.0)
+    out = get_method("stare", variant="C2")(stats, RuleState())
+    assert out.metrics["rule/gate"] == 0.0 and torch.equal(out.weights, stats.mask)
+    selected = out.selected if out.selected is not None else stats.valid
+    assert torch.equal(selected & stats.valid, stats.valid)
+    opened = get_method("stare", variant="C2", H_tgt=10.0)(stats, RuleState())
+    assert opened.metrics["rule/gate"] == 1.0 and opened.selected.sum() < stats.valid.sum()
+
+
+@pytest.mark.parametrize("first_scale, gate", [(0.1, 1.0), (3.0, 0.0)])
+def test_stare_non_finite_entropy_keeps_the_previous_gate(first_scale, gate):
+    """As STAREController.update: a NaN (or empty-batch) H̄ skips the update and keeps the gate."""
+    rule = get_method("stare", adaptive=True)
+    state = RuleState()
+    first = rule(make_stats(0, 8, 5, entropy_scale=first_scale), state)
+    assert first.metrics["rule/gate"] == gate
+    W, M = state.memory["W"], state.memory["M"]
+    broken = make_stats(1, 8, 5, entropy_scale=0.1)
+    broken.entropy[0, 0] = float("nan")                       # a valid token: H̄ is NaN
+    out = rule(broken, state)
+    assert math.isnan(out.metrics["rule/entropy_mean"])
+    assert out.metrics["rule/gate"] == gate                     # kept, not closed
+    assert (state.memory["W"], state.memory["M"]) == (W, M)     # no adaptive step either
+    expected, info = ref.stare_ref(broken, rule.params, {"W": W, "M": M, "gate": bool(gate)})
+    assert info["gate"] == gate and assert_matches(out.weights, expected) == []
+    assert torch.isfinite(out.weights).all()
+    empty = make_stats(2, 8, 5)
+    empty.mask = torch.zeros_like(empty.mask)
+    assert rule(empty, state).metrics["rule/gate"] == gate    # no valid token: H̄ undefined, gate kept
 
 
 # ------------------------------------------------------------------------------------------- ICT

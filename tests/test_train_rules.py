@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
+from transformers import TrainerCallback
+
 from stare_lab.config import compose, save_config
 from stare_lab.methods import list_methods
-from stare_lab.runner import build_trainer, execute, last_checkpoint
-from stare_lab.tracking import read_metrics
+from stare_lab.record import last_checkpoint, read_metrics
+from stare_lab.runner import build_trainer, execute
 
 SMALL = ["trainer.per_device_train_batch_size=8", "trainer.num_generations=4", "trainer.gradient_accumulation_steps=1",
          "trainer.max_completion_length=20", "trainer.learning_rate=1e-3", "logger=none", "eval.enabled=false"]
@@ -41,18 +43,28 @@ def _run_dir(tmp_path, name, overrides):
     return d
 
 
-def test_resumed_run_continues_rule_state_and_metrics(tmp_path, monkeypatch):
+class CrashAt(TrainerCallback):
+    """Raise at optimizer step N, like a crashing job."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            raise RuntimeError(f"simulated crash at step {state.global_step}")
+        return control
+
+
+def test_resumed_run_continues_rule_state_and_metrics(tmp_path):
     """STARE adaptive W/M after 4 steps: straight through == crash at step 3 + resume from checkpoint-2."""
     overrides = ["method=stare", "method.params.adaptive=true", "method.params.H_tgt=5.0", "trainer.max_steps=4",
                  "trainer.save_steps=2", "trainer.save_total_limit=5", *SMALL]
     straight = _run_dir(tmp_path, "straight", overrides)
     execute(straight)
     crashed = _run_dir(tmp_path, "crashed", overrides)
-    monkeypatch.setenv("STARE_LAB_FAIL_AT_STEP", "3")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        execute(crashed)
+        execute(crashed, callbacks=[CrashAt(3)])
     assert last_checkpoint(crashed).name == "checkpoint-2"
-    monkeypatch.delenv("STARE_LAB_FAIL_AT_STEP")
     execute(crashed)
 
     def state(d, step):

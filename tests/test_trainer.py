@@ -3,9 +3,11 @@ weights are 0 on padding and finite, and the loss does not depend on the micro-b
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from stare_lab.methods import get_method
@@ -100,6 +102,9 @@ def test_stare_gate_closed_equals_full_loss(setup, tmp_path):
                                    rule=get_method("stare", H_tgt=0.0))  # H̄ ≥ 0 = H_tgt: the gate is closed
     batch = _generation_batch(stare_t, ds, n_prompts=2)
     assert torch.equal(batch["token_weights"], batch["completion_mask"].float())
+    # closed gate: every valid token is trained, so every one counts as selected in the metrics
+    assert torch.equal(batch["token_selected"], batch["completion_mask"].float())
+    assert stare_t._metrics["train"]["tokens/selected_frac"][-1] == 1.0
     l_full, g_full = _loss_and_grads(full_t, batch)
     l_stare, g_stare = _loss_and_grads(stare_t, batch)
     assert torch.equal(l_full, l_stare)
@@ -150,3 +155,34 @@ def test_group_advantages_match_loop_reference(setup, tmp_path):
         expected += [(x - mean) / (std + 1e-4) for x in r]
     assert batch["advantages"].tolist() == pytest.approx(expected, rel=1e-5, abs=1e-5)
     assert any(abs(a) > 0.1 for a in expected)
+
+
+class _CrashOnSave(TrainerCallback):
+    """A crash right after transformers has written a checkpoint (its callbacks' on_save)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        raise RuntimeError("simulated crash while saving")
+
+
+def test_rule_state_is_in_the_checkpoint_before_it_counts_as_complete(setup, tmp_path):
+    """A checkpoint is complete once trainer_state.json exists; rule_state.json must already be there."""
+    tok, model, task = setup
+    args = _args(tmp_path, max_steps=1, save_strategy="steps", save_steps=1, gradient_accumulation_steps=1)
+    trainer = TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
+                                   train_dataset=task.train_dataset(), processing_class=tok,
+                                   rule=get_method("stare", adaptive=True, H_tgt=5.0), callbacks=[_CrashOnSave()])
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer.train()
+    ckpt = tmp_path / "checkpoint-1"
+    assert (ckpt / "trainer_state.json").is_file()
+    saved = json.loads((ckpt / "rule_state.json").read_text())
+    assert saved["memory"]["W"] == pytest.approx(1.11) and saved["step"] == 0  # one adaptive step from W = 1.1
+    fresh = TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
+                                 train_dataset=task.train_dataset(), processing_class=tok,
+                                 rule=get_method("stare", adaptive=True, H_tgt=5.0))
+    fresh.load_rule_state(ckpt)
+    assert fresh.rule_state.memory == saved["memory"] and fresh.rule_state.trainer == fresh.trainer_values
+    (ckpt / "rule_state.json").unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        fresh.load_rule_state(ckpt)
+    assert str(ckpt) in str(e.value) and "rule_state.json" in str(e.value) and "\n" not in str(e.value)

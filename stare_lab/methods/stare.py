@@ -19,13 +19,18 @@ Deviations and decisions:
 4. [code] Adaptive W/M: the update uses this batch's H̄ and happens *before* this batch's weights
    are computed (the official trainer calls `STAREController.update(H̄_k)` after the old-logprob
    pass and the actor reads the already-updated W, M). It runs whether or not the gate is open.
-   sgn(0) = 0. A batch with no valid token (H̄ undefined) skips the update, as the official code
-   skips a non-finite H̄. Current W, M live in `state.memory` so a resumed run continues them.
+   sgn(0) = 0. Current W, M live in `state.memory` so a resumed run continues them.
 5. [ours] With normalize="valid" (the loss type's own denominator), a closed gate gives exactly
    the `full` rule's weights and loss.
 6. [ours] H̄ and the gate are taken over the generation batch this rank holds. Metrics:
    rule/gate, rule/entropy_mean, rule/W, rule/M (the values used for this batch) and
-   rule/boosted_frac (|L+| / valid tokens, 0 while the gate is closed).
+   rule/boosted_frac (|L+| / valid tokens, 0 while the gate is closed). `selected` is L+ ∪ L-
+   while the gate is open and every valid token while it is closed (all weights 1), so the
+   trainer's tokens/selected_frac and tokens/entropy_selected describe the tokens actually trained.
+7. [code] A non-finite H̄ (a batch with no valid token, or a NaN/inf entropy) skips the controller
+   update: W, M and the gate keep their previous values, as `STAREController.update` returns early
+   on a non-finite entropy. The gate is kept in `state.memory["gate"]`; before any finite H̄ it is
+   open (the official controller starts with `gate_on = True`).
 """
 from __future__ import annotations
 
@@ -89,6 +94,14 @@ def adapt(memory: dict, entropy_mean: float, p: Params) -> tuple[float, float]:
     return W, M
 
 
+def gate_open(memory: dict, entropy_mean: float, p: Params) -> bool:
+    """H̄ < H_tgt, remembered; a non-finite H̄ keeps the previous gate (note 7)."""
+    if not math.isfinite(entropy_mean):
+        return bool(memory.get("gate", True))
+    memory["gate"] = bool(entropy_mean < p.H_tgt)
+    return memory["gate"]
+
+
 @register("stare", Params, needs={"logp", "entropy"})
 def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("entropy", rule="stare")
@@ -96,7 +109,7 @@ def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     n_valid = int(valid.sum())
     entropy_mean = float(stats.entropy[valid].double().sum()) / n_valid if n_valid else float("nan")
     W, M = adapt(state.memory, entropy_mean, p)
-    gate_open = entropy_mean < p.H_tgt  # False for nan
+    gate = gate_open(state.memory, entropy_mean, p)
 
     A = stats.token_advantages
     gen = state.generator("stare")
@@ -107,11 +120,13 @@ def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
                              generator=gen)
 
     weights = stats.mask.clone().float()
-    if gate_open:
+    if gate:
         weights[l_plus] = W
         weights[l_minus] = M
     weights = weights * stats.mask
-    boosted = float(l_plus.sum()) / n_valid if (n_valid and gate_open) else 0.0
-    metrics = {"rule/gate": float(gate_open), "rule/entropy_mean": entropy_mean, "rule/W": W, "rule/M": M,
+    boosted = float(l_plus.sum()) / n_valid if (n_valid and gate) else 0.0
+    metrics = {"rule/gate": float(gate), "rule/entropy_mean": entropy_mean, "rule/W": W, "rule/M": M,
                "rule/boosted_frac": boosted}
-    return RuleOutput(weights=weights, normalize=p.normalize, metrics=metrics, selected=l_plus | l_minus)
+    # closed gate: every valid token is trained with weight 1, so all of them are "selected" (None)
+    return RuleOutput(weights=weights, normalize=p.normalize, metrics=metrics,
+                      selected=(l_plus | l_minus) if gate else None)
