@@ -6,7 +6,8 @@ Two processes (torch.multiprocessing, gloo, one torch thread each) hold the buil
 generation batch shaped like conf/trainer/cpu_small.yaml (per rank: 16 rows × 2 micro-batches =
 32 rows, G = 8, completions of up to 24 tokens). For every registered rule (default parameters)
 each rank builds the TokenStats the statistics pass would give it (the rule's declared
-statistics; logp NaN and old_logp aliased when nothing yields them) and measures:
+statistics only, as `signals.token_statistics` returns them; logp NaN when undeclared, old_logp
+the same tensor as logp on-policy) and measures:
 
 - bytes: what this rank puts on the wire per step (shape exchange + packed statistics) and
   what it receives (the other rank's share);
@@ -62,15 +63,16 @@ def _local_stats(rule, rows: int, T: int, G: int, rank: int, seed: int):
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     group = (rank * rows + torch.arange(rows)) // G
     needs = set(rule.needs)
-    wants_model = bool(needs & {"entropy", "p2", "js", "logp"})
-    logp = -torch.rand(rows, T, generator=g) * 5 if wants_model else torch.full((rows, T), float("nan"))
-    fields = dict(logp=logp, mask=mask, advantages=torch.randn(rows, generator=g), group=group)
-    for name in ("entropy", "attn_entropy", "js", "p2", "ref_logp"):
-        if name in needs or (name == "entropy" and wants_model):  # entropy comes free with logits
-            fields[name] = torch.rand(rows, T, generator=g)
     if "p2" in needs:
-        fields["p2logp"] = -torch.rand(rows, T, generator=g)
-    fields["old_logp"] = logp  # on-policy: TRL computed no old log-probs
+        needs.add("p2logp")
+    # as the statistics pass builds it: declared statistics only, logp NaN when not declared
+    logp = -torch.rand(rows, T, generator=g) * 5 if "logp" in needs else torch.full((rows, T), float("nan"))
+    fields = dict(logp=logp, mask=mask, advantages=torch.randn(rows, generator=g), group=group)
+    for name in ("entropy", "attn_entropy", "js", "p2", "p2logp", "ref_logp"):
+        if name in needs:
+            fields[name] = torch.rand(rows, T, generator=g)
+    if "old_logp" in needs:
+        fields["old_logp"] = logp  # on-policy: TRL computed no old log-probs, π_old is the rollout policy
     return TokenStats(**fields)
 
 
