@@ -18,6 +18,7 @@ from torch import Tensor
 from stare_lab.stats import TokenStats
 from stare_lab.viewer.batch import ATTN, STAT_FIELDS, attn_key, batch_path, save_batch
 
+
 def needed_statistics(run_rule=None, trainer=None) -> tuple[set[str], list[tuple[int, ...] | None]]:
     """(union of the statistics every registered rule with default params and `run_rule` read with
     these trainer values, the attention layer sets they read; None = the middle layer)."""
