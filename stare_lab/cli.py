@@ -16,9 +16,6 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
 class UserError(Exception):
     pass
 
@@ -40,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         return commands[cmd](rest)
     except (UserError, ConfigError, SweepError, FileNotFoundError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except KeyboardInterrupt:
+        print("stare-lab: interrupted", file=sys.stderr)
+        return 130
 
 
 def _fail(msg: str) -> int:
@@ -74,32 +74,36 @@ def cmd_train(argv: list[str]) -> int:
     else:
         save_config(cfg, config_path)
     print(f"run {cfg.run.id} ({cfg.method.name}, seed {cfg.seed}) → {run_dir}")
-    from stare_lab.sweep.worker import run_one
+    from stare_lab.sweep.worker import run_one, start_worker
 
+    start_worker()
     try:
         status = run_one(run_dir)
     except Exception as e:  # the run's own failure: recorded in status.json with its traceback
         print(f"stare-lab: run failed: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
               f"(traceback in {run_dir / 'status.json'})", file=sys.stderr)
         return 1
+    if status.get("claimed_elsewhere"):
+        print(f"stare-lab: {run_dir} is being run by another worker (pid {status.get('pid')} on "
+              f"{status.get('host')}); nothing done", file=sys.stderr)
+        return 1
     _print_last_metrics(run_dir)
     return 0 if status.get("state") == "finished" else 1
 
 
 def _print_last_metrics(run_dir: Path) -> None:
-    from stare_lab.tracking import read_metrics
+    from stare_lab.record import read_eval_results, read_metrics
 
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_dir)
     if rows:
         last = rows[-1]
         keys = ["step", "reward", "accuracy", "entropy", "tokens/selected_frac", "tokens/weight_mean"]
         keys += sorted(k for k in last if k.startswith("rule/"))
         print("  ".join(f"{k}={last[k]:.4g}" if isinstance(last.get(k), float) else f"{k}={last.get(k)}" for k in keys))
-    for f in sorted((run_dir / "eval").glob("*.json")):
-        import json
-
-        m = json.loads(f.read_text())["metrics"]
-        print(f"{f.stem}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items() if isinstance(v, float)))
+    for result in read_eval_results(run_dir):
+        if result["final"]:
+            m = result.get("metrics") or {}
+            print(f"{result['benchmark']}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items() if isinstance(v, float)))
 
 
 def cmd_sweep(argv: list[str]) -> int:
@@ -131,10 +135,10 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def _sweep_root(path: Path) -> Path:
-    """A sweep YAML → its run folder (<output>/<name>); a folder is taken as is."""
+    """A sweep YAML (or a packaged sweep's name) → its run folder (<output>/<name>); a folder is taken as is."""
     if path.is_dir():
         return path
-    if not path.is_file():
+    if not path.is_file() and (path.suffix or len(path.parts) > 1):
         raise UserError(f"no such sweep file or run folder: {path}")
     from stare_lab.sweep.schema import load_sweep
 
@@ -196,8 +200,8 @@ def cmd_plot(argv: list[str]) -> int:
 def cmd_demo(argv: list[str]) -> int:
     """sweeps/demo.yaml on the built-in model with the local launcher, then the table and plots."""
     p = argparse.ArgumentParser(prog="stare-lab demo")
-    p.add_argument("--sweep", type=Path, default=REPO / "sweeps" / "demo.yaml")
-    p.add_argument("--out", type=Path, default=REPO / "analysis" / "demo")
+    p.add_argument("--sweep", type=Path, default=_packaged_sweep("demo"))
+    p.add_argument("--out", type=Path, default=Path("analysis") / "demo", help="default: ./analysis/demo")
     a = _parse(p, argv)
     rc = cmd_sweep(["run", str(a.sweep), "--retry-failed"])  # the demo is one button: a failed run is retried
     if rc != 0:
@@ -205,6 +209,14 @@ def cmd_demo(argv: list[str]) -> int:
     cmd_table([str(a.sweep), "--out", str(a.out)])
     cmd_plot([str(a.sweep), "--out", str(a.out / "figures")])
     return rc
+
+
+def _packaged_sweep(name: str) -> Path:
+    """A sweep shipped with the package (stare_lab/sweeps/, before that the repository's sweeps/)."""
+    from stare_lab import config
+
+    folder = getattr(config, "SWEEP_DIR", config.CONF_DIR.parent / "sweeps")
+    return folder / f"{name}.yaml"
 
 
 def _parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

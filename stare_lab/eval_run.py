@@ -10,14 +10,14 @@ from pathlib import Path
 from omegaconf import DictConfig
 from transformers import TrainerCallback
 
-from stare_lab.runner import FINAL_DIR
-
-REPO = Path(__file__).resolve().parents[1]
-
+from stare_lab.record import FINAL_DIR, checkpoint_step, eval_result_dir, last_checkpoint
 
 def local_benchmark_file(name: str) -> Path | None:
-    """A local copy of a benchmark (no hub access here): $STARE_LAB_BENCHMARKS/<name>.jsonl or ../shared/data/benchmarks."""
-    for root in (os.environ.get("STARE_LAB_BENCHMARKS"), REPO.parent / "shared" / "data" / "benchmarks"):
+    """A local copy of a benchmark (no hub access needed): $STARE_LAB_BENCHMARKS/<name>.jsonl, else
+    the copy shipped in the package (stare_lab.config.BENCHMARK_DATA_DIR)."""
+    from stare_lab import config
+
+    for root in (os.environ.get("STARE_LAB_BENCHMARKS"), getattr(config, "BENCHMARK_DATA_DIR", None)):
         if root and (Path(root) / f"{name}.jsonl").is_file():
             return Path(root) / f"{name}.jsonl"
     return None
@@ -45,7 +45,7 @@ def evaluate_model(model, tokenizer, cfg: DictConfig, out_dir: Path, *, step: in
     e = cfg.eval
     results = {}
     for name in e.benchmarks:
-        dest = out_dir / "eval" / (f"step-{step}" if intermediate else "") / f"{name}.json"
+        dest = eval_result_dir(out_dir, step if intermediate else None) / f"{name}.json"
         if dest.is_file() and not force:
             continue
         records, verifier = _benchmark(name, cfg, task)
@@ -59,7 +59,6 @@ def evaluate_model(model, tokenizer, cfg: DictConfig, out_dir: Path, *, step: in
 def evaluate_run(run_dir: Path, cfg: DictConfig, *, force: bool = False) -> dict[str, dict]:
     """Evaluate <run_dir>/final on every benchmark of cfg.eval."""
     from stare_lab.models import load_model_and_tokenizer
-    from stare_lab.runner import last_checkpoint
 
     final = Path(run_dir) / FINAL_DIR
     if not final.is_dir():
@@ -67,7 +66,7 @@ def evaluate_run(run_dir: Path, cfg: DictConfig, *, force: bool = False) -> dict
     model, tokenizer = load_model_and_tokenizer(str(final), dtype=cfg.model.dtype)
     model.eval()
     ckpt = last_checkpoint(run_dir)
-    step = int(ckpt.name.split("-")[1]) if ckpt else int(cfg.trainer.max_steps)
+    step = checkpoint_step(ckpt) if ckpt else int(cfg.trainer.max_steps)
     return evaluate_model(model, tokenizer, cfg, Path(run_dir), step=step, force=force)
 
 

@@ -7,7 +7,6 @@ verifier ("math_verify": last `\boxed{}` against the gold with math-verify; "exa
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -16,8 +15,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-_PKG = Path(__file__).resolve().parent
-BENCHMARK_DIRS = (_PKG / "conf" / "benchmark", _PKG.parent / "conf" / "benchmark")
+from stare_lab.config import CONF_DIR
+
+BENCHMARK_DIRS = (CONF_DIR / "benchmark",)
 VERIFIERS = ("math_verify", "exact")
 PARQUET_COLUMNS = ("problem_id", "sample_index", "answer", "extracted", "gold", "correct", "length")
 
@@ -267,28 +267,10 @@ def evaluate_benchmark(model: Any, tokenizer: Any, task_or_verifier: Any, record
     result = {"benchmark": name, "step": step, "n": n, "temperature": temperature, "top_p": top_p,
               "max_tokens": max_tokens, "verifier": verifier, "num_problems": len(records),
               "metrics": summarize(df, n)}
-    dest = Path(out_dir) / "eval"
-    if intermediate:
-        dest = dest / f"step-{step}"
-    write_eval_files(dest, name, rows, result)
+    from stare_lab.record import eval_result_dir, write_eval_result
+
+    write_eval_result(eval_result_dir(out_dir, step if intermediate else None), name, rows, result)
     return result
-
-
-def write_eval_files(dest: Path, name: str, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
-    """`<dest>/<name>.parquet` (schema of docs/run_record.md) and `<dest>/<name>.json`, atomically."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from stare_lab.utils import atomic_write
-
-    schema = pa.schema([("problem_id", pa.string()), ("sample_index", pa.int64()), ("answer", pa.string()),
-                        ("extracted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
-                        ("length", pa.int64())])
-    dest.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=schema)
-    atomic_write(dest / f"{name}.parquet", lambda tmp: pq.write_table(table, tmp))
-    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    atomic_write(dest / f"{name}.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:

@@ -1,44 +1,51 @@
 """One run, start to finish: train (resuming from the last checkpoint) and evaluate.
 
 `execute(run_dir)` reads `run_dir/config.yaml` and writes metrics.jsonl, checkpoints/, final/,
-eval/ and wandb/ beside it (docs/run_record.md). It does not touch status.json: the sweep worker
-does that. Re-running a finished run redoes nothing; an interrupted one resumes from its last
-checkpoint with its rule state, and metrics rows after that checkpoint are dropped first so no
-step is logged twice.
+eval/ and wandb/ beside it (docs/run_record.md, file names in stare_lab.record). It does not
+touch status.json: the sweep worker does that. Re-running a finished run redoes nothing; an
+interrupted one resumes from its newest readable checkpoint with its rule state, and metrics rows
+after that checkpoint are dropped first so no step is logged twice. A run whose loss or weights
+become NaN/inf stops at that step with `NonFiniteError` (instead of failing a step later in the
+sampler).
 """
 from __future__ import annotations
 
-import os
-import re
-import warnings
+import json
+import math
+import shutil
 from pathlib import Path
+from typing import Sequence
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
 from stare_lab.config import load_config
+from stare_lab.record import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    FINAL_DIR,
+    checkpoint_step,
+    checkpoints,
+    last_checkpoint,
+    read_metrics,
+    truncate_metrics,
+)
 
-FINAL_DIR = "final"
-CHECKPOINT_DIR = "checkpoints"
+# Logged values that are finite in every healthy step; rule metrics (e.g. a closed gate's NaN) are not checked.
+FINITE_KEYS = ("loss", "grad_norm", "tokens/weight_mean", "tokens/weight_std")
 
 
-def last_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint (one with trainer_state.json) under run_dir/checkpoints."""
-    root = Path(run_dir) / CHECKPOINT_DIR
-    found = []
-    for d in root.glob("checkpoint-*"):
-        m = re.fullmatch(r"checkpoint-(\d+)", d.name)
-        if m and (d / "trainer_state.json").is_file():
-            found.append((int(m.group(1)), d))
-    return max(found)[1] if found else None
+class NonFiniteError(RuntimeError):
+    """The loss, gradient norm, token weights or model weights became NaN/inf."""
 
 
-def execute(run_dir: Path | str) -> None:
+def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> None:
+    """Train (unless final/ exists) and evaluate the run in `run_dir`. `callbacks` are extra
+    TrainerCallbacks, e.g. a test's crash at a given step."""
     run_dir = Path(run_dir)
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / CONFIG_FILE)
     if not (run_dir / FINAL_DIR / "config.json").is_file():
-        train(cfg, run_dir)
+        train(cfg, run_dir, callbacks)
     if cfg.eval.enabled:
         from stare_lab.eval_run import evaluate_run
 
@@ -100,28 +107,62 @@ def task_reward(task):
     return accuracy
 
 
-def train(cfg: DictConfig, run_dir: Path) -> None:
+def resume_point(run_dir: Path) -> Path | None:
+    """The checkpoint to resume from, with metrics.jsonl cut back to it.
+
+    Unreadable newer checkpoints (a save cut short) are named, renamed `corrupt-checkpoint-<N>`
+    (kept, but out of the trainer's way) and the newest readable one is used. Rows the checkpoint
+    logged but metrics.jsonl lacks (a torn last row) are restored from its trainer_state.json.
+    """
+    problems: list[str] = []
+    ckpt = last_checkpoint(run_dir, problems)
+    for bad, problem in zip(checkpoints(run_dir), problems):
+        bad.rename(bad.with_name(f"corrupt-{bad.name}"))
+        print(f"{run_dir.name}: {problem}; resuming from {ckpt.name if ckpt else 'the start'}", flush=True)
+    metrics = run_dir / "metrics.jsonl"
+    if ckpt is None:
+        if metrics.exists():
+            metrics.unlink()  # a run that died before its first checkpoint starts over
+        return None
+    _, kept = truncate_metrics(metrics, checkpoint_step(ckpt))
+    if kept is not None:
+        print(f"{run_dir.name}: metrics.jsonl had unreadable lines; the old file is kept as {kept.name}", flush=True)
+    _restore_logged_rows(run_dir, ckpt)
+    return ckpt
+
+
+def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
+    from stare_lab.record import append_metrics
+    from stare_lab.tracking import is_train_log, metrics_row
+
+    have = {r["step"] for r in read_metrics(run_dir)}
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    when = (ckpt / "trainer_state.json").stat().st_mtime
+    missing = [e for e in state.get("log_history", []) if is_train_log(e) and e.get("step") not in have]
+    if not missing:
+        return
+    rows = read_metrics(run_dir) + [metrics_row(int(e["step"]), e, when) for e in missing]
+    from stare_lab.utils import atomic_write_text
+
+    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"])))
+    print(f"{run_dir.name}: restored metrics of step(s) {', '.join(str(e['step']) for e in missing)} "
+          f"from {ckpt.name}", flush=True)
+
+
+def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] = ()) -> None:
     from transformers.trainer_callback import PrinterCallback
 
-    from stare_lab.tracking import METRICS_FILE, MetricsLogger, StepPrinter, init_wandb, truncate_metrics
-
-    ckpt = last_checkpoint(run_dir)
-    if ckpt is not None:
-        truncate_metrics(run_dir / METRICS_FILE, int(ckpt.name.split("-")[1]))
-    elif (run_dir / METRICS_FILE).exists():
-        (run_dir / METRICS_FILE).unlink()  # a run that died before its first checkpoint starts over
-    wandb_run = init_wandb(cfg, run_dir)
     from stare_lab.eval_run import IntermediateEval
+    from stare_lab.tracking import MetricsLogger, StepPrinter, init_wandb
 
-    callbacks = [MetricsLogger(run_dir, wandb_run)]
+    ckpt = resume_point(run_dir)
+    wandb_run = init_wandb(cfg, run_dir)
+    all_callbacks = [FiniteGuard(), MetricsLogger(run_dir, wandb_run)]
     if cfg.eval.enabled and cfg.eval.every_steps > 0:
-        callbacks.append(IntermediateEval(cfg, run_dir))
-    fail_at = os.environ.get("STARE_LAB_FAIL_AT_STEP")
-    if fail_at:
-        callbacks.append(_FailAt(int(fail_at)))
-    callbacks.append(StepPrinter(f"{cfg.method.name} s{cfg.seed}"))
+        all_callbacks.append(IntermediateEval(cfg, run_dir))
+    all_callbacks += [*callbacks, StepPrinter(f"{cfg.method.name} s{cfg.seed}")]
     try:
-        trainer = build_trainer(cfg, run_dir, callbacks)
+        trainer = build_trainer(cfg, run_dir, all_callbacks)
         trainer.remove_callback(PrinterCallback)
         if ckpt is not None:
             trainer.load_rule_state(ckpt)
@@ -131,8 +172,6 @@ def train(cfg: DictConfig, run_dir: Path) -> None:
         trainer.save_model(str(tmp))
         trainer.processing_class.save_pretrained(str(tmp))
         if final.exists():
-            import shutil
-
             shutil.rmtree(final)
         tmp.rename(final)
     finally:
@@ -140,18 +179,25 @@ def train(cfg: DictConfig, run_dir: Path) -> None:
             wandb_run.finish()
 
 
-class _FailAt(TrainerCallback):
-    """Test hook (env STARE_LAB_FAIL_AT_STEP=N): raise at optimizer step N, like a crashing job."""
+class FiniteGuard(TrainerCallback):
+    """Stops the run at the first step whose loss, gradient norm, token weights or model weights
+    are NaN/inf. Checked after each optimizer step and each log, so the next generation never
+    samples from a NaN policy (torch's sampler would fail a step later without saying why)."""
 
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.step:
-            raise RuntimeError(f"STARE_LAB_FAIL_AT_STEP: simulated crash at step {state.global_step}")
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        bad = [f"{k}={logs[k]}" for k in FINITE_KEYS
+               if isinstance((logs or {}).get(k), (int, float)) and not math.isfinite(logs[k])]
+        if bad:
+            raise NonFiniteError(f"step {state.global_step}: {', '.join(bad)} became non-finite; run stopped")
         return control
 
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        import torch
 
-# TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-torch.set_num_threads(max(1, min(torch.get_num_threads(), int(os.environ.get("STARE_LAB_THREADS", "64")))))
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if model is not None else []
+        if params and not bool(torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).all()):
+            names = [n for n, p in params if not bool(torch.isfinite(p.detach()).all())]
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            raise NonFiniteError(f"step {state.global_step}: the model weights became non-finite "
+                                 f"({names[0]}{more}); run stopped")
+        return control

@@ -1,12 +1,11 @@
 """Tracking: the run's own metrics log (metrics.jsonl) and Weights & Biases as a view of it.
 
-Analysis reads metrics.jsonl, never the W&B API (STYLE.md). W&B runs offline (files under
-<run_dir>/wandb) unless WANDB_API_KEY is set; its run id is the stare_lab run id, so a resumed
-run continues the same W&B run.
+Analysis reads metrics.jsonl (through stare_lab.record), never the W&B API (STYLE.md). W&B runs
+offline (files under <run_dir>/wandb) unless WANDB_API_KEY is set; its run id is the stare_lab
+run id, so a resumed run continues the same W&B run.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -15,35 +14,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-METRICS_FILE = "metrics.jsonl"
+from stare_lab.record import append_metrics, read_metrics  # noqa: F401 - read_metrics: tests/test_train_rules.py
+
 # TRL's per-function reward key; the task reward is registered under the name "accuracy".
 ACCURACY_KEY = "rewards/accuracy/mean"
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Rows of metrics.jsonl; a torn last line (a crash mid-write) is skipped."""
-    rows = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError:
-        return rows
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
-
-def truncate_metrics(path: Path, last_step: int) -> int:
-    """Keep rows with step ≤ last_step (the checkpoint being resumed); returns rows dropped."""
-    from stare_lab.utils import atomic_write_text
-
-    rows = read_metrics(path)
-    keep = [r for r in rows if r.get("step", 0) <= last_step]
-    if Path(path).is_file():  # rewritten even when nothing is dropped: a torn last line must go too
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
-    return len(rows) - len(keep)
 
 
 def wandb_mode(mode: str) -> str:
@@ -68,27 +42,34 @@ def init_wandb(cfg, run_dir: Path):
     )
 
 
+def metrics_row(step: int, logs: dict[str, Any], when: float | None = None) -> dict[str, Any]:
+    """The metrics.jsonl row of one train-step log (also used to restore rows from a checkpoint)."""
+    row: dict[str, Any] = {"step": step, "time": time.time() if when is None else when}
+    for k, v in logs.items():
+        if k.startswith("profiling/") or k == "step" or not isinstance(v, (int, float)):
+            continue
+        row[k] = float(v) if math.isfinite(float(v)) else None
+    if ACCURACY_KEY in row:
+        row["accuracy"] = row[ACCURACY_KEY]
+    return row
+
+
+def is_train_log(logs: dict[str, Any] | None) -> bool:
+    return bool(logs) and "reward" in logs  # train-step logs only (not the final train summary)
+
+
 class MetricsLogger(TrainerCallback):
     """Appends one row per logging step to metrics.jsonl (fsync'ed) and mirrors it to W&B."""
 
     def __init__(self, run_dir: Path, wandb_run=None):
-        self.path = Path(run_dir) / METRICS_FILE
+        self.run_dir = Path(run_dir)
         self.wandb_run = wandb_run
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:  # train-step logs only (not the final train summary)
+        if not is_train_log(logs):
             return control
-        row: dict[str, Any] = {"step": state.global_step, "time": time.time()}
-        for k, v in logs.items():
-            if k.startswith("profiling/") or not isinstance(v, (int, float)):
-                continue
-            row[k] = float(v) if math.isfinite(float(v)) else None
-        if ACCURACY_KEY in row:
-            row["accuracy"] = row[ACCURACY_KEY]
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        row = metrics_row(state.global_step, logs)
+        append_metrics(self.run_dir, row)
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in row.items() if k not in ("step", "time") and v is not None},
                                step=state.global_step)
@@ -102,7 +83,7 @@ class StepPrinter(TrainerCallback):
         self.label = label
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
+        if not is_train_log(logs):
             return control
         parts = [f"[{self.label}] step {state.global_step}/{state.max_steps}", f"reward={logs['reward']:.3f}"]
         for key, short in (("entropy", "H"), ("tokens/selected_frac", "sel"), ("tokens/weight_mean", "w")):

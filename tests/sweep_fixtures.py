@@ -4,9 +4,13 @@
   test skips with the reason, except under CI (CI=1 or STARE_LAB_REQUIRE_SLURM=1), where it fails.
 - `write_sweep`: a sweep file in tmp_path with the tiny real-runner settings.
 - `standin_execute`: a stand-in for stare_lab.runner.execute with the same resume contract
-  (checkpoints every save_steps, metrics rows after the last checkpoint dropped on resume,
-  STARE_LAB_FAIL_AT_STEP); only for the launcher tests that do not need a model
-  (select it with env STARE_LAB_EXECUTE=sweep_fixtures:standin_execute).
+  (checkpoints every save_steps, metrics rows after the last checkpoint dropped on resume); only
+  for launcher tests that do not need a model. It reaches workers as the `execute` argument of
+  the sweep CLI (`sweep_cli(..., standin=True)` runs this file as the driver).
+- `FailAt` / `crash_array_task_1`: the real runner crashing at a given step (a TrainerCallback).
+
+Run as a script, this file is the `sweep` command line with an optional stand-in runner:
+`python tests/sweep_fixtures.py [--standin SECONDS_PER_STEP] run FILE ...`.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stare_lab.config import CONF_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_CONF = Path(os.environ.get("STARE_LAB_SLURM_DIR", "/tmp/stare_lab_slurm")) / "slurm.conf"
 # The tiny real-runner settings: a few seconds per run on the built-in model.
@@ -28,7 +34,7 @@ TINY = {"trainer.max_steps": 2, "trainer.save_steps": 1, "trainer.per_device_tra
         "trainer.num_generations": 4, "trainer.gradient_accumulation_steps": 1, "trainer.max_completion_length": 8,
         "task.train_size": 64, "task.heldout_size": 16}
 # Small task splits where conf/task/arithmetic.yaml declares them (a sweep can only set declared keys).
-_TASK_KEYS = yaml.safe_load((ROOT / "conf" / "task" / "arithmetic.yaml").read_text()) or {}
+_TASK_KEYS = yaml.safe_load((CONF_DIR / "task" / "arithmetic.yaml").read_text()) or {}
 TINY = {k: v for k, v in TINY.items() if not k.startswith("task.") or k.split(".", 1)[1] in _TASK_KEYS}
 
 
@@ -87,14 +93,18 @@ def write_sweep(tmp_path: Path, name: str = "s", overrides: dict | None = None, 
 def sweep_env(**extra: str) -> dict[str, str]:
     """Environment of a `python -m stare_lab.sweep` subprocess (tests dir importable for the stand-in)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
-           "STARE_LAB_THREADS": "1", "WANDB_MODE": "disabled"}
+           "WANDB_MODE": "disabled"}
     env.update(extra)
     return env
 
 
-def sweep_cli(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "stare_lab.sweep", *args], cwd=ROOT, env=env or sweep_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+def sweep_cli(*args: str, env: dict | None = None, standin: float | None = None, **popen) -> subprocess.Popen:
+    """`stare-lab sweep ARGS` in a subprocess (the driver); `standin`: seconds per stand-in step."""
+    cmd = [sys.executable, "-m", "stare_lab.sweep", *args]
+    if standin is not None:
+        cmd = [sys.executable, str(Path(__file__)), "--standin", str(standin), *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env or sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **popen)
 
 
 def read_json(path: Path) -> dict:
@@ -123,8 +133,8 @@ def run_dirs(tmp_path: Path, name: str) -> list[Path]:
 
 # -- the stand-in runner ----------------------------------------------------------------------
 
-def standin_execute(run_dir: Path) -> None:
-    """Steps of STARE_LAB_STANDIN_STEP_S seconds; the runner's checkpoint/resume/metrics contract."""
+def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0) -> None:
+    """Steps of `step_s` seconds; the runner's checkpoint/resume/metrics contract."""
     run_dir = Path(run_dir)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     t = cfg["trainer"]
@@ -136,12 +146,11 @@ def standin_execute(run_dir: Path) -> None:
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= last))
-    fail_at = int(os.environ.get("STARE_LAB_FAIL_AT_STEP") or 0)
     value = _standin_value(cfg)
     for step in range(last + 1, t["max_steps"] + 1):
-        time.sleep(float(os.environ.get("STARE_LAB_STANDIN_STEP_S", "0.05")))
+        time.sleep(step_s)
         if fail_at and step >= fail_at:
-            raise RuntimeError(f"STARE_LAB_FAIL_AT_STEP: simulated crash at step {step}")
+            raise RuntimeError(f"simulated crash at step {step}")
         with metrics.open("a") as f:
             f.write(json.dumps({"step": step, "time": time.time(), "reward": value * step / t["max_steps"]}) + "\n")
         if step % t["save_steps"] == 0 or step == t["max_steps"]:
@@ -152,6 +161,28 @@ def standin_execute(run_dir: Path) -> None:
         if every and step % every == 0:
             _write_eval(run_dir / "eval" / f"step-{step}", cfg, value * step / t["max_steps"])
     _write_eval(run_dir / "eval", cfg, value)
+
+
+class FailAt:
+    """A TrainerCallback for the real runner: raise at optimizer step N, like a crashing job."""
+
+    def __new__(cls, step: int):
+        from transformers import TrainerCallback
+
+        class _FailAt(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step >= step:
+                    raise RuntimeError(f"simulated crash at step {state.global_step}")
+                return control
+
+        return _FailAt()
+
+
+def crash_array_task_1(run_dir: Path) -> None:
+    """The real runner; the Slurm array's task 1 crashes at step 1 (a job failing on its own)."""
+    from stare_lab.runner import execute
+
+    execute(run_dir, callbacks=[FailAt(1)] if os.environ.get("SLURM_ARRAY_TASK_ID") == "1" else [])
 
 
 def _standin_value(cfg: dict) -> float:
@@ -165,3 +196,19 @@ def _write_eval(folder: Path, cfg: dict, value: float) -> None:
     n = cfg["eval"]["n"]
     for bench in cfg["eval"]["benchmarks"]:
         (folder / f"{bench}.json").write_text(json.dumps({"benchmark": bench, "n": n, "metrics": {f"avg@{n}": value}}))
+
+
+if __name__ == "__main__":
+    import functools
+
+    sys.path.insert(0, str(ROOT))
+    from stare_lab.sweep.cli import main
+
+    argv = sys.argv[1:]
+    execute = None
+    if argv[:1] == ["--standin"]:
+        import sweep_fixtures  # pickled by module name: workers can not import this __main__
+
+        execute = functools.partial(sweep_fixtures.standin_execute, step_s=float(argv[1]))
+        argv = argv[2:]
+    sys.exit(main(argv, execute=execute))

@@ -1,10 +1,12 @@
 """Local launcher: safe re-runs after SIGKILL, the sweep lock, failures and retries, the worker.
 
 These run the real runner on the built-in model with tiny settings. STARE_LAB_SWEEP_TESTS_STANDIN=1
-swaps in the stand-in runner of sweep_fixtures (same resume contract, no model) for development.
+swaps in the stand-in runner of sweep_fixtures (same resume contract, no model) for development;
+it reaches the workers as the sweep CLI's `execute` argument.
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -16,7 +18,7 @@ import pytest
 
 from stare_lab.sweep.cli import main
 from stare_lab.sweep.lock import SweepLock
-from stare_lab.sweep.records import read_status
+from stare_lab.record import read_status
 from stare_lab.sweep.schema import SweepError
 from stare_lab.sweep.worker import run_one
 from sweep_fixtures import metric_steps, read_json, run_dirs, standin_execute, sweep_cli, sweep_env, wait_until, write_sweep
@@ -25,9 +27,11 @@ STANDIN = os.environ.get("STARE_LAB_SWEEP_TESTS_STANDIN") == "1"
 
 
 def runner_env(**extra: str) -> dict[str, str]:
-    if STANDIN:
-        extra = {"STARE_LAB_EXECUTE": "sweep_fixtures:standin_execute", "STARE_LAB_STANDIN_STEP_S": "0.3", **extra}
     return sweep_env(**extra)
+
+
+STANDIN_STEP_S = 0.3 if STANDIN else None
+EXECUTE = functools.partial(standin_execute, step_s=0.3) if STANDIN else None
 
 
 @pytest.fixture
@@ -43,7 +47,7 @@ def by_label(tmp_path: Path, name: str) -> dict[str, Path]:
 def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_process_env, capsys):
     path = write_sweep(tmp_path, "killed", overrides={"trainer.max_steps": 4},
                        grid={"method": ["full", "top_entropy", "random"]}, launcher={"name": "local", "workers": 1})
-    proc = sweep_cli("run", str(path), env=runner_env(), start_new_session=True)
+    proc = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S, start_new_session=True)
 
     def first_done_second_checkpointed():
         runs = {read_json(d / "status.json")["label"]: d for d in run_dirs(tmp_path, "killed")}
@@ -64,7 +68,7 @@ def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_proc
     finished_metrics = {k: (runs[k] / "metrics.jsonl").read_bytes() for k in done}
     assert read_status(busy)["state"] == "running"           # the record of a worker that died
 
-    assert main(["sweep", "run", str(path)]) == 0
+    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 0
     out = capsys.readouterr().out
     assert f"{len(done)} finished (skipped)" in out
     for label, d in by_label(tmp_path, "killed").items():
@@ -91,7 +95,7 @@ def read_json_lines(path: Path) -> list[dict]:
 def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_process_env, capsys):
     path = write_sweep(tmp_path, "failing", grid={"task.name": ["arithmetic", "no_such_task"]},
                        launcher={"name": "local", "workers": 2})
-    assert main(["sweep", "run", str(path)]) == 1
+    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 1
     runs = by_label(tmp_path, "failing")
     good, bad = runs["name=arithmetic seed=0"], runs["name=no_such_task seed=0"]
     assert read_status(good)["state"] == "finished"
@@ -104,10 +108,10 @@ def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_proce
     out = capsys.readouterr().out
     assert "1 failed" in out and "1 finished" in out and f"error: {failed['error']}" in out
 
-    assert main(["sweep", "run", str(path)]) == 1            # without --retry-failed: left alone
+    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 1   # without --retry-failed: left alone
     assert "1 failed (skipped; --retry-failed" in capsys.readouterr().out
     assert read_status(bad)["attempts"] == 1 and read_status(good)["attempts"] == 1
-    assert main(["sweep", "run", str(path), "--retry-failed"]) == 1
+    assert main(["sweep", "run", str(path), "--retry-failed"], execute=EXECUTE) == 1
     assert read_status(bad)["attempts"] == 2 and read_status(good)["attempts"] == 1
 
 

@@ -8,7 +8,7 @@ import optuna
 from optuna.trial import TrialState
 
 from stare_lab.sweep.cli import main
-from stare_lab.sweep.records import read_status
+from stare_lab.record import read_status
 from stare_lab.sweep.schema import load_sweep
 from stare_lab.sweep.search import distributions, intermediate_values, objective_value
 from sweep_fixtures import metric_steps, run_dirs, sweep_cli, wait_until, write_sweep

@@ -11,9 +11,10 @@ import time
 import pytest
 
 from stare_lab.sweep.cli import main
-from stare_lab.sweep.records import read_status
-from sweep_fixtures import metric_steps, read_json, run_dirs, slurm_cluster, sweep_cli, wait_until, write_sweep  # noqa: F401
-from test_sweep_local import in_process_env, read_json_lines, runner_env  # noqa: F401
+from stare_lab.record import read_status
+from sweep_fixtures import (crash_array_task_1, metric_steps, read_json, run_dirs, slurm_cluster,  # noqa: F401
+                            sweep_cli, wait_until, write_sweep)
+from test_sweep_local import EXECUTE, STANDIN_STEP_S, in_process_env, read_json_lines, runner_env  # noqa: F401
 
 pytestmark = pytest.mark.slurm
 
@@ -32,7 +33,7 @@ def squeue_state(job: str) -> str:
 
 def test_small_slurm_sweep_completes_with_correct_records(slurm_cluster, tmp_path, in_process_env, capsys):
     path = write_sweep(tmp_path, "slurm_ok", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
-    assert main(["sweep", "run", str(path)]) == 0
+    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 0
     dirs = run_dirs(tmp_path, "slurm_ok")
     assert len(dirs) == 2
     jobs = set()
@@ -54,7 +55,7 @@ def test_small_slurm_sweep_completes_with_correct_records(slurm_cluster, tmp_pat
 
 def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slurm_cluster, tmp_path):
     path = write_sweep(tmp_path, "slurm_requeue", overrides={"trainer.max_steps": 8}, launcher=SLURM)
-    proc = sweep_cli("run", str(path), env=runner_env())
+    proc = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
     try:
         def checkpointed():
             dirs = run_dirs(tmp_path, "slurm_requeue")
@@ -85,10 +86,8 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
 
 
 def test_a_crashing_job_is_recorded_failed_while_the_others_finish(slurm_cluster, tmp_path, in_process_env):
-    crash_second = 'if [ "$SLURM_ARRAY_TASK_ID" = 1 ]; then export STARE_LAB_FAIL_AT_STEP=1; fi'
-    path = write_sweep(tmp_path, "slurm_crash", grid={"method": ["full", "top_entropy"]},
-                       launcher={**SLURM, "setup": [crash_second]})
-    assert main(["sweep", "run", str(path)]) == 1
+    path = write_sweep(tmp_path, "slurm_crash", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
+    assert main(["sweep", "run", str(path)], execute=crash_array_task_1) == 1
     states = {read_json(d / "status.json")["label"]: read_json(d / "status.json") for d in run_dirs(tmp_path, "slurm_crash")}
     assert states["full seed=0"]["state"] == "finished"
     failed = states["top_entropy seed=0"]

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from stare_lab.config import compose, save_config
+from stare_lab.record import read_metrics
 from stare_lab.runner import execute
-from stare_lab.tracking import read_metrics
+from sweep_fixtures import FailAt
 
 SMALL = ["method=stare", "trainer.per_device_train_batch_size=8", "trainer.num_generations=4",
          "trainer.gradient_accumulation_steps=1", "trainer.max_steps=3", "trainer.save_steps=1",
@@ -64,12 +65,10 @@ def test_wandb_values_equal_metrics_jsonl(tmp_path):
     assert any(math.isfinite(history[s]["rule/gate"]) for s in history)
 
 
-def test_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
+def test_resumed_run_continues_the_same_wandb_run(tmp_path):
     cfg, d = _run(tmp_path, "resumed")
-    monkeypatch.setenv("STARE_LAB_FAIL_AT_STEP", "2")
-    with pytest.raises(RuntimeError):
-        execute(d)
-    monkeypatch.delenv("STARE_LAB_FAIL_AT_STEP")
+    with pytest.raises(RuntimeError, match="simulated crash at step 2"):
+        execute(d, callbacks=[FailAt(2)])
     execute(d)
     ids = {p.name for f in (d / "wandb").glob("offline-run-*") for p in f.glob("run-*.wandb")}
     assert ids == {f"run-{cfg.run.id}.wandb"}

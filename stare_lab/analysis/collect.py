@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 import yaml
+
+from stare_lab.record import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    EVAL_DIR,
+    WANDB_DIR,
+    read_eval_results,
+    read_status,
+    scan_metrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +39,7 @@ RUN_COLUMNS = ["sweep", "run", "label", "rule", "arm", "seed"]
 EVAL_COLUMNS = RUN_COLUMNS + ["step", "final", "benchmark", "metric", "value", *EVAL_SETTINGS]
 TRAIN_COLUMNS = RUN_COLUMNS + ["step", "metric", "value"]
 STATE_COLUMNS = RUN_COLUMNS + ["state", "attempts", "error", "path"]
-_SKIP_DIRS = {"checkpoints", "eval", "wandb"}
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_SKIP_DIRS = {CHECKPOINT_DIR, EVAL_DIR, WANDB_DIR}
 
 
 def rule_label(method: str, variant: str | None) -> str:
@@ -60,7 +68,7 @@ def find_run_dirs(root: Path | str | Iterable[Path | str]) -> list[Path]:
 
 
 def _walk(path: Path, depth: int) -> list[Path]:
-    if (path / "config.yaml").is_file():
+    if (path / CONFIG_FILE).is_file():
         return [path]
     if depth == 0 or not path.is_dir():
         return []
@@ -87,20 +95,11 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _read_config(run_dir: Path) -> dict[str, Any]:
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
     except (OSError, yaml.YAMLError) as err:
         log.warning("%s: unreadable config.yaml (%s)", run_dir, err)
         cfg = {}
     return flatten(cfg) if isinstance(cfg, dict) else {}
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        log.warning("%s: skipped (%s)", path, err)
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _identity(run_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -149,21 +148,11 @@ def _runs(root) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
 
 
 def _eval_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """One row per (benchmark, metric) of every eval json, final and intermediate."""
-    eval_dir = run_dir / "eval"
-    files = [(p, True, None) for p in sorted(eval_dir.glob("[!.]*.json"))]  # not .x.json.tmp-<pid>
-    for sub in sorted(eval_dir.glob("step-*")):
-        match = _STEP_DIR.match(sub.name)
-        if match and sub.is_dir():
-            files += [(p, False, int(match.group(1))) for p in sorted(sub.glob("[!.]*.json"))]
+    """One row per (benchmark, metric) of every evaluation result, final and intermediate."""
     rows = []
-    for path, final, dir_step in files:
-        data = _read_json(path)
-        if data is None:
-            continue
-        step = data.get("step", dir_step)
+    for data in read_eval_results(run_dir):
         settings = {k: data.get(k) for k in EVAL_SETTINGS}
-        base = {"step": step, "final": final, "benchmark": str(data.get("benchmark") or path.stem), **settings}
+        base = {"step": data.get("step"), "final": data["final"], "benchmark": str(data["benchmark"]), **settings}
         for metric, value in (data.get("metrics") or {}).items():
             if isinstance(value, (list, tuple)) and len(value) == 2:
                 rows.append({**base, "metric": f"{metric}_lo", "value": value[0]})
@@ -199,23 +188,13 @@ def collect_runs(root: Path | list[Path]) -> pd.DataFrame:
     return df
 
 
-def _metric_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of metrics.jsonl; unparsable lines (a crash's truncated last line) are skipped."""
+def _metric_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Long rows of metrics.jsonl; unreadable lines (a crash's torn last line) are skipped and logged."""
+    records, bad = scan_metrics(run_dir)
+    for n, _ in bad:
+        log.warning("%s/metrics.jsonl:%d: skipped an unparsable line (truncated by a crash?)", run_dir, n)
     rows = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return rows
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            log.warning("%s:%d: skipped an unparsable line (truncated by a crash?)", path, n)
-            continue
-        if not isinstance(record, dict) or "step" not in record:
-            continue
+    for record in records:
         for metric, value in record.items():
             if metric in ("step", "time") or isinstance(value, bool):
                 continue
@@ -231,7 +210,7 @@ def collect_training(root: Path | list[Path]) -> pd.DataFrame:
     """
     frames = []
     for run_dir, ident, _ in _runs(root):
-        rows = _metric_rows(run_dir / "metrics.jsonl")
+        rows = _metric_rows(run_dir)
         if rows:
             frames.append(pd.DataFrame(rows).assign(**ident))
     if not frames:
@@ -244,13 +223,14 @@ def collect_training(root: Path | list[Path]) -> pd.DataFrame:
 def run_states(root: Path | list[Path]) -> pd.DataFrame:
     """One row per run: sweep, run, label, rule, arm, seed, state, attempts, error, path.
 
-    `state` is status.json's state, or "unknown" when the file is missing or unreadable. The
+    `state` is status.json's state, "unknown" when the file is missing, "corrupt" when unreadable. The
     frame doubles as the `expected` runs of `results_table`.
     """
     rows = []
     for run_dir, ident, _ in _runs(root):
-        status = _read_json(run_dir / "status.json") if (run_dir / "status.json").exists() else None
-        status = status or {}
+        status = read_status(run_dir) or {}
+        if status.get("state") == "corrupt":
+            log.warning("%s", status["error"])
         rows.append({
             **ident,
             "state": status.get("state", "unknown"),

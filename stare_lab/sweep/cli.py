@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stare_lab.config import ConfigError
 from stare_lab.sweep.schema import SweepError, load_sweep
+
+if TYPE_CHECKING:
+    from stare_lab.sweep.worker import Execute
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,18 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, execute: Execute | None = None) -> int:
+    """`execute` replaces the real runner in the workers (tests; a picklable function)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sweep"]:
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     try:
-        return cmd_run(args) if args.command == "run" else cmd_status(args)
+        return cmd_run(args, execute) if args.command == "run" else cmd_status(args)
     except (SweepError, ConfigError) as e:
         print(f"stare-lab: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the launcher has already said what it stopped, in one line
         return 130
+    except OSError as e:  # e.g. the disk filled up while writing records
+        print(f"stare-lab: error: {e.filename or 'writing the sweep records'}: {e.strerror or e}; "
+              "`sweep status` shows each run's state", file=sys.stderr)
+        return 1
 
 
 def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,7 +70,7 @@ def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in opts.items() if v is not None}
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, execute: Execute | None = None) -> int:
     from stare_lab.sweep.launch import check_output
 
     cli = _cli_launcher(args)
@@ -72,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.workers < 1:
             raise SweepError("--workers: expected an integer ≥ 1")
     if spec.search is not None:
-        return _run_search(spec, args)
+        return _run_search(spec, args, execute)
     from stare_lab.sweep.expand import expand_sweep
 
     runs = expand_sweep(spec)
@@ -80,10 +88,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         _print_plan(spec, runs)
         return 0
     check_output(spec)
-    return _launch(spec, runs, args.retry_failed)
+    return _launch(spec, runs, args.retry_failed, execute)
 
 
-def _launch(spec, runs, retry_failed: bool) -> int:
+def _launch(spec, runs, retry_failed: bool, execute: Execute | None) -> int:
     from stare_lab.sweep.expand import verify_run
     from stare_lab.sweep.launch import launch_runs, plan_runs
     from stare_lab.sweep.lock import SweepLock
@@ -99,7 +107,7 @@ def _launch(spec, runs, retry_failed: bool) -> int:
         plan = plan_runs(runs, retry_failed)
         print(f"sweep {spec.name!r} ({spec.launcher['name']}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
               flush=True)
-        counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True))
+        counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True), execute=execute)
     print("done: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
     bad = len(runs) - counts.get("finished", 0)
     if bad:
@@ -107,7 +115,7 @@ def _launch(spec, runs, retry_failed: bool) -> int:
     return 0 if bad == 0 else 1
 
 
-def _run_search(spec, args: argparse.Namespace) -> int:
+def _run_search(spec, args: argparse.Namespace, execute: Execute | None) -> int:
     from stare_lab.sweep.launch import check_output
 
     s = spec.search
@@ -127,7 +135,7 @@ def _run_search(spec, args: argparse.Namespace) -> int:
         sample = {k: (d.choices[0] if hasattr(d, "choices") else d.low) for k, d in distributions(s).items()}
         verify_run(trial_run(Composer(spec), spec, 0, sample))
         write_manifest(spec.folder, spec.name, spec.digest, runs=[], launcher=spec.launcher["name"])
-        counts = run_search(spec, echo=lambda m: print(m, flush=True))
+        counts = run_search(spec, echo=lambda m: print(m, flush=True), execute=execute)
     print("trials: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     best = best_trial(spec)
     if best:
@@ -140,7 +148,7 @@ def _print_plan(spec, runs) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from stare_lab.sweep.records import read_status
+    from stare_lab.record import read_status
 
     la = spec.launcher
     settings = ", ".join(f"{k}={v}" for k, v in la.items() if k != "name" and v not in (None, [], {}))

@@ -11,29 +11,27 @@ lost). The caller holds the sweep lock.
 from __future__ import annotations
 
 import os
-
+import signal
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
+from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, first_line, new_status, read_status, set_aside
+from stare_lab.record import update_status, write_status
 from stare_lab.sweep.expand import RunSpec
-from stare_lab.sweep.records import (
-    CONFIG_FILE,
-    first_line,
-    holder_alive,
-    new_status,
-    read_status,
-    update_status,
-    write_status,
-)
+from stare_lab.sweep.records import Liveness, process_start
 from stare_lab.sweep.schema import SweepError, SweepSpec
-from stare_lab.sweep.worker import RunWorker
+from stare_lab.sweep.worker import Execute, RunWorker
 from stare_lab.utils import atomic_write_text
 
 POLL_S = 1.0
 FORCE_CHECK_S = 10.0
+REQUEUE_GRACE_S = 30.0
+STOP_WAIT_S = 30.0
 
 
 @dataclass
@@ -41,6 +39,7 @@ class Plan:
     start: list[tuple[RunSpec, str]] = field(default_factory=list)   # (run, "new" | "resume" | "retry")
     finished: list[RunSpec] = field(default_factory=list)
     failed: list[RunSpec] = field(default_factory=list)              # left alone without retry_failed
+    corrupt: list[RunSpec] = field(default_factory=list)             # unreadable status.json, left alone
     active: list[RunSpec] = field(default_factory=list)              # a live worker or job has it
 
     def summary(self) -> str:
@@ -49,23 +48,28 @@ class Plan:
                  f"{len(self.finished)} finished (skipped)"]
         if self.failed:
             parts.append(f"{len(self.failed)} failed (skipped; --retry-failed retries them)")
+        if self.corrupt:
+            parts.append(f"{len(self.corrupt)} with an unreadable status.json (skipped; `sweep status` names "
+                         "them, --retry-failed sets the file aside and resumes them)")
         if self.active:
             parts.append(f"{len(self.active)} still running from an earlier launch (watched)")
         return "; ".join(parts)
 
 
-def plan_runs(runs: list[RunSpec], retry_failed: bool = False, alive: Callable[[dict], bool] = holder_alive) -> Plan:
+def plan_runs(runs: list[RunSpec], retry_failed: bool = False) -> Plan:
+    """What to do with each run; the caller holds the sweep lock, so no other launcher is alive."""
     plan = Plan()
-    for run in runs:
-        status = read_status(run.run_dir)
+    statuses = [read_status(run.run_dir) for run in runs]
+    live = Liveness.probe(statuses, launcher_alive=False)
+    for run, status in zip(runs, statuses):
         state = status.get("state") if status else None
         if state is None:
             plan.start.append((run, "new"))
         elif state == "finished":
             plan.finished.append(run)
-        elif state == "failed":
-            (plan.start.append((run, "retry")) if retry_failed else plan.failed.append(run))
-        elif state in ("pending", "running") and alive(status):
+        elif state in ("failed", CORRUPT):
+            (plan.start.append((run, "retry")) if retry_failed else (plan.failed if state == "failed" else plan.corrupt).append(run))
+        elif live.alive(run.run_dir, status):
             plan.active.append(run)
         else:
             plan.start.append((run, "resume" if status.get("attempts") else "new"))
@@ -85,12 +89,25 @@ def check_output(spec: SweepSpec) -> None:
 
 
 def prepare(run: RunSpec) -> None:
-    """config.yaml and a pending status.json (keeping attempts and timings of earlier tries)."""
+    """config.yaml and a pending status.json (keeping attempts and timings of earlier tries; an
+    unreadable status.json is set aside, never overwritten)."""
     atomic_write_text(run.run_dir / CONFIG_FILE, OmegaConf.to_yaml(run.cfg, resolve=True))
-    status = read_status(run.run_dir) or new_status(run.label, run.variant, run.seed)
+    status = read_status(run.run_dir)
+    if status is not None and status.get("state") == CORRUPT:
+        kept = set_aside(run.run_dir / STATUS_FILE)
+        status = {**new_status(), "note": f"the earlier unreadable status.json is kept as {kept.name}"}
+    status = status or new_status(run.label, run.variant, run.seed)
     status.update(state="pending", label=run.label, variant=run.variant, seed=run.seed,
                   slurm_job_id=None, pid=None, pid_start=None, error=None, traceback=None)
     write_status(run.run_dir, status)
+
+
+def worker_threads(spec: SweepSpec) -> int | None:
+    """Torch threads per local worker: N workers share this machine's cores (torch's default of
+    one thread per core each would oversubscribe them). Slurm jobs get their own cores."""
+    if spec.launcher["name"] != "local":
+        return None
+    return max(1, (os.cpu_count() or 1) // max(1, int(spec.launcher.get("workers", 1))))
 
 
 def make_executor(spec: SweepSpec):
@@ -98,9 +115,6 @@ def make_executor(spec: SweepSpec):
 
     la, logs = spec.launcher, spec.folder / "submitit" / "%j"
     if la["name"] == "local":
-        # N workers share this machine's cores: one worker with torch's default thread count per
-        # core would oversubscribe them (the runner reads STARE_LAB_THREADS).
-        os.environ.setdefault("STARE_LAB_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, int(la.get("workers", 1))))))
         ex = submitit.LocalExecutor(folder=logs)
         ex.update_parameters(timeout_min=la["timeout_min"])
         return ex
@@ -120,39 +134,76 @@ def make_executor(spec: SweepSpec):
 @dataclass
 class Tracked:
     run: RunSpec
-    job: Any = None             # a submitit Job, or None for a run another launch is running
+    job: Any = None             # a submitit Job, or None for a run another worker is running
 
 
-def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print, executor=None) -> dict[str, int]:
-    """Start the plan's runs, watch them and the active ones until all end; returns counts by state."""
+def submit_run(executor, worker: RunWorker, run: RunSpec):
+    """Submit one run; a local job's process is recorded as the run's holder (a lease) until its
+    worker starts, so a re-run after this driver dies watches it instead of starting a second."""
+    job = _without_sigint(lambda: executor.submit(worker, str(run.run_dir)))
+    pid = getattr(getattr(job, "_process", None), "pid", None)
+    if pid and (read_status(run.run_dir) or {}).get("state") == "pending":
+        update_status(run.run_dir, pid=pid, pid_start=process_start(pid), host=socket.gethostname())
+    return job
+
+
+def _without_sigint(start: Callable[[], Any]) -> Any:
+    """Start local jobs with SIGINT ignored: a Ctrl-C at the terminal reaches every process of the
+    foreground group, and submitit's controllers would each print a KeyboardInterrupt traceback.
+    The driver stops them itself (`stop_job`), and Python keeps an inherited SIG_IGN."""
+    if threading.current_thread() is not threading.main_thread():
+        return start()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stop_job(job) -> None:
+    """Stop a job: SIGTERM for a local one (its worker records the run interrupted), scancel on Slurm."""
+    process = getattr(job, "_process", None)
+    if process is not None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    else:
+        job.cancel(check=False)
+
+
+def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print, executor=None,
+                execute: Execute | None = None) -> dict[str, int]:
+    """Start the plan's runs, watch them and the active ones until all end; returns counts by state.
+    `execute` replaces the real runner in the workers (tests)."""
     executor = executor or make_executor(spec)
+    worker = RunWorker(execute, worker_threads(spec))
     for run, _ in plan.start:
         prepare(run)
     queue = [run for run, _ in plan.start]
     waiting = [Tracked(run) for run in plan.active]
     if spec.launcher["name"] == "slurm" and queue:
-        waiting += _submit_array(executor, queue)
+        waiting += _submit_array(executor, worker, queue)
         queue = []
     workers = spec.launcher.get("workers") or 10**9  # Slurm: the array's parallelism caps it
     counts = {"finished": len(plan.finished), "failed": 0, "interrupted": 0}
-    last_force = time.time()
+    watch = SlurmWatch()
     with _progress(len(queue) + len(waiting), echo) as advance:
         try:
             while queue or waiting:
                 while queue and sum(1 for t in waiting if t.job is not None) < workers:
                     run = queue.pop(0)
-                    waiting.append(Tracked(run, executor.submit(RunWorker(), str(run.run_dir))))
-                force = time.time() - last_force > FORCE_CHECK_S
-                last_force = time.time() if force else last_force
-                for t in [t for t in waiting if _ended(t, force)]:
+                    waiting.append(Tracked(run, submit_run(executor, worker, run)))
+                live, fresh = watch.look(waiting)
+                for t in [t for t in waiting if watch.ended(t, live, fresh)]:
                     waiting.remove(t)
-                    if t.job is None and (read_status(t.run.run_dir) or {}).get("state") in ("pending", "running"):
-                        prepare(t.run)  # its earlier worker died while we watched: resume it here
-                        queue.append(t.run)
-                        continue
                     state = reconcile(t)
-                    counts[state] = counts.get(state, 0) + 1
-                    advance(t.run, state)
+                    if state == "watch":            # another worker holds the run: follow it instead
+                        waiting.append(Tracked(t.run))
+                    elif state == "resume":         # its earlier worker died while we watched
+                        prepare(t.run)
+                        queue.append(t.run)
+                    else:
+                        counts[state] = counts.get(state, 0) + 1
+                        advance(t.run, state)
                 time.sleep(POLL_S if (queue or waiting) else 0)
         except KeyboardInterrupt:
             _interrupt(spec, waiting, echo)
@@ -160,12 +211,12 @@ def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print
     return counts
 
 
-def _submit_array(executor, runs: list[RunSpec]) -> list[Tracked]:
+def _submit_array(executor, worker: RunWorker, runs: list[RunSpec]) -> list[Tracked]:
     from submitit.core.utils import FailedJobError
 
     try:
         with executor.batch():
-            jobs = [executor.submit(RunWorker(), str(run.run_dir)) for run in runs]
+            jobs = [executor.submit(worker, str(run.run_dir)) for run in runs]
     except (FailedJobError, OSError) as e:
         raise SweepError(f"launcher: Slurm refused the job array: {first_line(str(e).split('stderr:')[-1])}") from None
     for run, job in zip(runs, jobs):
@@ -175,66 +226,79 @@ def _submit_array(executor, runs: list[RunSpec]) -> list[Tracked]:
     return [Tracked(run, job) for run, job in zip(runs, jobs)]
 
 
-def _ended(t: Tracked, force: bool) -> bool:
-    if t.job is None:  # started by an earlier launch: its record and its holder tell
-        status = read_status(t.run.run_dir) or {}
-        return status.get("state") not in ("pending", "running") or (force and not holder_alive(status))
+class SlurmWatch:
+    """When a tracked job has ended. Each round takes one `Liveness` look; Slurm is asked (one
+    squeue call) at most every FORCE_CHECK_S. The per-launch memory of jobs that left Slurm's
+    queue lives here, not in module state."""
+
+    def __init__(self):
+        self.asked = 0.0
+        self.slurm: dict[str, str] | None = None
+        self.gone_since: dict[str, float] = {}
+        self.unanswered = 0
+
+    def look(self, waiting: list[Tracked]) -> tuple[Liveness, bool]:
+        """(this round's liveness, whether Slurm was asked this round)."""
+        statuses = [read_status(t.run.run_dir) for t in waiting]
+        fresh = time.time() - self.asked >= FORCE_CHECK_S
+        if fresh:
+            self.asked = time.time()
+            live = Liveness.probe(statuses, ask_slurm=any(_is_slurm(t.job) for t in waiting))
+            # An unanswered squeue (a busy controller) counts as "still queued", up to 30 looks in
+            # a row, so a loaded cluster never ends a sweep's wait early.
+            self.unanswered = self.unanswered + 1 if live.slurm is None else 0
+            self.slurm = live.slurm
+        else:
+            live = Liveness(socket.gethostname(), self.slurm, launcher_alive=False)
+        return live, fresh
+
+    def ended(self, t: Tracked, live: Liveness, fresh: bool) -> bool:
+        if t.job is None:  # another worker's run: its record and its liveness tell
+            status = read_status(t.run.run_dir) or {}
+            return status.get("state") not in ("pending", "running") or (fresh and not live.alive(t.run.run_dir, status))
+        if not _is_slurm(t.job):  # local jobs: submitit knows their process
+            return t.job.done()
+        if not t.job.done(force_check=fresh):
+            return False
+        # A requeued (pre-empted, timed-out, `scontrol requeue`d) job can look done to submitit (it
+        # may even hold the first attempt's result) while Slurm requeues it. Slurm's queue decides;
+        # and a run whose worker did not record an end must stay out of the queue for a grace
+        # period before the sweep stops waiting for it.
+        job_id = str(t.job.job_id)
+        if (self.slurm is None and self.unanswered <= 30) or live.slurm_job_live(job_id):
+            self.gone_since.pop(job_id, None)
+            return False
+        if (read_status(t.run.run_dir) or {}).get("state") in ("finished", "failed"):
+            return True
+        gone = self.gone_since.setdefault(job_id, time.time())
+        return time.time() - gone > REQUEUE_GRACE_S
+
+
+def _is_slurm(job) -> bool:
+    if job is None:
+        return False
     from submitit.slurm.slurm import SlurmJob
 
-    if not isinstance(t.job, SlurmJob):  # local jobs: submitit knows their process
-        return t.job.done()
-    if not t.job.done(force_check=force):
-        return False
-    # A requeued (pre-empted, timed-out, `scontrol requeue`d) job can look done to submitit (it may
-    # even hold the first attempt's result) while Slurm requeues it. Slurm's queue decides; and a run
-    # whose worker did not record an end (interrupted, running) must stay out of the queue for a
-    # grace period before the sweep stops waiting for it.
-    job_id = str(t.job.job_id)
-    if _still_queued(job_id):
-        _GONE_SINCE.pop(job_id, None)
-        return False
-    if (read_status(t.run.run_dir) or {}).get("state") in ("finished", "failed"):
-        return True
-    gone = _GONE_SINCE.setdefault(job_id, time.time())
-    return time.time() - gone > REQUEUE_GRACE_S
-
-
-REQUEUE_GRACE_S = 30.0
-_GONE_SINCE: dict[str, float] = {}
-_SQUEUE_ERRORS: dict[str, int] = {}
-
-
-def _still_queued(job_id: str) -> bool:
-    """Slurm lists the job in a live state. An unanswered squeue (a busy controller) counts as
-    listed, up to 30 times in a row, so a loaded cluster never ends a sweep's wait early."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["squeue", "--states=all", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
-                             text=True, timeout=30)
-        # a job the controller no longer knows (purged after MinJobAge) has ended
-        answered = out.returncode == 0 or "Invalid job id" in out.stderr
-    except (OSError, subprocess.TimeoutExpired):
-        out, answered = None, False
-    if not answered:
-        _SQUEUE_ERRORS[job_id] = _SQUEUE_ERRORS.get(job_id, 0) + 1
-        return _SQUEUE_ERRORS[job_id] <= 30
-    _SQUEUE_ERRORS.pop(job_id, None)
-    return any(st not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
-               for st in out.stdout.split())
+    return isinstance(job, SlurmJob)
 
 
 def reconcile(t: Tracked) -> str:
-    """The run's final state; a job that died without the worker saying so is recorded failed."""
-    error = None
+    """The run's final state once its job ended: a job that died without the worker saying so is
+    recorded failed; "watch" when another worker holds the run, "resume" when a watched run's
+    worker is gone."""
+    error, result = None, None
     if t.job is not None:
         try:
-            t.job.result()
+            result = t.job.result()
         except Exception as e:  # noqa: BLE001 - the job's failure, recorded below if the worker could not
             error = f"{type(e).__name__}: {first_line(str(e)) or ''}"
+    if isinstance(result, dict) and result.get("claimed_elsewhere"):
+        return "watch"
     status = read_status(t.run.run_dir) or {}
     state = status.get("state")
     if state in ("pending", "running"):
+        if t.job is None:
+            return "resume"
         update_status(t.run.run_dir, state="failed", error=error or "the job ended without a result",
                       traceback=_job_log_tail(t.job), pid=None)
         state = "failed"
@@ -250,13 +314,16 @@ def _job_log_tail(job, lines: int = 40) -> str | None:
 
 
 def _interrupt(spec: SweepSpec, waiting: list[Tracked], echo) -> None:
-    if spec.launcher["name"] == "local":
-        for t in waiting:
-            if t.job is not None:
-                t.job.cancel(check=False)
-        echo("interrupted: local runs stopped; `sweep run` again resumes them")
-    else:
+    if spec.launcher["name"] != "local":
         echo("interrupted: the Slurm jobs keep running; `sweep run` again watches them, `sweep status` shows them")
+        return
+    jobs = [t.job for t in waiting if t.job is not None]
+    for job in jobs:
+        stop_job(job)
+    deadline = time.time() + STOP_WAIT_S  # let the workers record `interrupted`
+    while time.time() < deadline and not all(job.done() for job in jobs):
+        time.sleep(0.2)
+    echo("interrupted: local runs stopped; `sweep run` again resumes them")
 
 
 class _progress:

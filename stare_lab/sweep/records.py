@@ -1,9 +1,18 @@
-"""Run records on disk (docs/run_record.md): status.json, the sweep manifest, and liveness.
+"""Sweep-level records and the one liveness policy of `sweep run` and `sweep status`.
 
-status.json is written atomically (temp file + rename) by the launcher (pending, with the Slurm
-job id once submitted) and by the worker (running, finished, failed, interrupted). Beyond the
-contract's keys it keeps `label`, `variant`, `seed`, `pid`, `pid_start` and `restarts` so that
-`sweep status` never parses a config and a re-run can tell a live worker from a dead one.
+The run record itself (status.json, metrics, checkpoints, eval) lives in stare_lab.record. This
+module keeps the sweep manifest and answers "is someone still working on this run?" with one
+batched Slurm query per look (`Liveness.probe`) and one policy (`Liveness.alive`):
+
+1. a finished, failed or interrupted run has no worker;
+2. a run whose claim (`<run_dir>/.claim`, flock'ed by its worker) is held has one, wherever that
+   worker runs, as far as the filesystem's locks reach;
+3. a run with a Slurm job id has one while Slurm lists the job in a live state (pending,
+   requeued, running); when Slurm does not answer we do not guess: alive;
+4. a run with a pid on this host (its worker, or the local job that will start it) has one
+   while that process exists with the same start time;
+5. a pid on another host without Slurm is judged by its claim alone (rule 2): without it, dead;
+6. a pending run with neither has one while the `sweep run` that queued it holds the sweep lock.
 """
 from __future__ import annotations
 
@@ -11,45 +20,18 @@ import json
 import os
 import socket
 import subprocess
-import time
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+from stare_lab.record import claim_held, new_status, now_iso  # noqa: F401 - new_status: benchmarks/sweep_scale.py
 from stare_lab.utils import atomic_write_json
 
-STATUS_FILE = "status.json"
-CONFIG_FILE = "config.yaml"
 MANIFEST_FILE = "manifest.json"
-STATES = ("pending", "running", "finished", "failed", "interrupted")
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def read_status(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(run_dir) / STATUS_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def write_status(run_dir: Path, status: dict[str, Any]) -> dict[str, Any]:
-    atomic_write_json(Path(run_dir) / STATUS_FILE, status)
-    return status
-
-
-def new_status(label: str | None = None, variant: str | None = None, seed: int | None = None) -> dict[str, Any]:
-    return {"state": "pending", "attempts": 0, "host": None, "slurm_job_id": None, "created": now_iso(),
-            "started": None, "finished": None, "duration_s": 0.0, "error": None, "traceback": None,
-            "label": label, "variant": variant, "seed": seed, "pid": None, "pid_start": None, "restarts": 0}
-
-
-def update_status(run_dir: Path, **changes: Any) -> dict[str, Any]:
-    status = read_status(run_dir) or new_status()
-    status.update(changes)
-    return write_status(run_dir, status)
+LIVE = ("pending", "running")
+# Slurm states of a job that will not run again (anything else is queued, running or requeued)
+SLURM_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+               "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
 
 
 def process_start(pid: int) -> str | None:
@@ -62,34 +44,70 @@ def process_start(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]  # a zombie is dead, only not reaped
 
 
-def slurm_active(job_id: str) -> bool | None:
-    """True while Slurm still runs or queues the job, False once it ended, None if Slurm can't say."""
+def slurm_states() -> dict[str, str] | None:
+    """Every job Slurm still knows, one squeue call: {job id: state}, array tasks as `A_i`.
+    Empty where Slurm is not installed (no job of this machine's can be alive); None when
+    squeue does not answer (a busy controller)."""
     try:
-        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
+        out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-o", "%i %T"], capture_output=True,
                              text=True, timeout=30)
+    except FileNotFoundError:
+        return {}
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
-        return False if "Invalid job id" in out.stderr else None
-    return bool(out.stdout.strip())
+        return None
+    states = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1]
+    return states
 
 
-def holder_alive(status: dict[str, Any]) -> bool:
-    """Whether the worker or job recorded in a pending/running status may still be working on it.
+@dataclass(frozen=True)
+class Liveness:
+    """One look at the workers of a set of runs (see the module docstring for the policy)."""
 
-    A Slurm job is asked about (queued, running or requeued counts as alive); a local worker is
-    alive when its PID on this host still exists with the same start time. A record from another
-    host without a Slurm job can not be checked and counts as dead (its launcher lock is gone).
-    """
-    if status.get("state") not in ("pending", "running"):
-        return False
-    job = status.get("slurm_job_id")
-    if job:
-        return bool(slurm_active(job))
-    pid = status.get("pid")
-    if pid and status.get("host") == socket.gethostname():
-        return process_start(int(pid)) == status.get("pid_start")
-    return False
+    host: str
+    slurm: dict[str, str] | None      # squeue's answer; None: not asked or no answer
+    launcher_alive: bool              # the `sweep run` that queued pending runs still runs
+
+    @classmethod
+    def probe(cls, statuses: Iterable[dict[str, Any] | None], launcher_alive: bool = False,
+              ask_slurm: bool = False) -> "Liveness":
+        """Slurm is asked once, when a live record names a job (or `ask_slurm`)."""
+        ask_slurm = ask_slurm or any(s and s.get("state") in LIVE and s.get("slurm_job_id") for s in statuses)
+        return cls(socket.gethostname(), slurm_states() if ask_slurm else None, launcher_alive)
+
+    def slurm_job_live(self, job_id: str) -> bool:
+        if self.slurm is None:
+            return True
+        state = self.slurm.get(str(job_id))
+        return state is not None and state.split()[0] not in SLURM_ENDED
+
+    def alive(self, run_dir: Path, status: dict[str, Any] | None) -> bool:
+        if not status or status.get("state") not in LIVE:
+            return False
+        if claim_held(run_dir):
+            return True
+        if status.get("slurm_job_id"):
+            return self.slurm_job_live(status["slurm_job_id"])
+        if status.get("pid"):
+            if status.get("host") != self.host:
+                return False
+            return process_start(int(status["pid"])) == status.get("pid_start")
+        return status.get("state") == "pending" and self.launcher_alive
+
+
+def self_identity() -> dict[str, Any]:
+    """host, pid and Slurm ids of the current process (the worker)."""
+    env = os.environ
+    job = env.get("SLURM_JOB_ID")
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "slurm_job_id": job, "restarts": int(env.get("SLURM_RESTART_COUNT", "0") or 0)}
 
 
 def write_manifest(folder: Path, sweep: str, digest: str, runs: list[dict[str, Any]], launcher: str) -> None:
@@ -103,23 +121,3 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         return json.loads((Path(folder) / MANIFEST_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-
-
-def first_line(text: str | None) -> str | None:
-    if not text:
-        return text
-    return text.strip().splitlines()[0] if text.strip() else None
-
-
-def elapsed(since: float) -> float:
-    return round(time.time() - since, 3)
-
-
-def self_identity() -> dict[str, Any]:
-    """host, pid and Slurm ids of the current process (the worker)."""
-    env = os.environ
-    job = env.get("SLURM_JOB_ID")
-    if env.get("SLURM_ARRAY_JOB_ID"):
-        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '0')}"
-    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-            "slurm_job_id": job, "restarts": int(env.get("SLURM_RESTART_COUNT", "0") or 0)}

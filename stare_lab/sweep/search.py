@@ -11,16 +11,15 @@ reports them, and stops a trial Optuna prunes (its run is recorded interrupted, 
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from stare_lab.sweep.expand import Composer, RunSpec, fmt_value
-from stare_lab.sweep.launch import POLL_S, reconcile, Tracked, make_executor, prepare
-from stare_lab.sweep.records import read_status, update_status
+from stare_lab.record import eval_files, eval_metric, read_metrics, read_status, update_status
+from stare_lab.sweep.launch import POLL_S, Tracked, make_executor, prepare, reconcile, stop_job, submit_run, worker_threads
 from stare_lab.sweep.schema import SearchSpec, SweepSpec
-from stare_lab.sweep.worker import RunWorker
+from stare_lab.sweep.worker import Execute, RunWorker
 
 
 def storage_for(spec: SweepSpec):
@@ -83,37 +82,20 @@ def objective_value(run_dir: Path, metric: str) -> float | None:
     kind, _, rest = metric.partition("/")
     if kind == "eval":
         bench, _, name = rest.partition("/")
-        return _eval_metric(Path(run_dir) / "eval" / f"{bench}.json", name)
-    rows = [r for r in _metric_rows(Path(run_dir)) if rest in r]
+        return eval_metric(run_dir, bench, name)
+    rows = [r for r in read_metrics(run_dir) if rest in r]
     return float(rows[-1][rest]) if rows else None
 
 
 def intermediate_values(run_dir: Path, metric: str) -> dict[int, float]:
-    """step → value so far: eval/step-<N>/<benchmark>.json, or metrics.jsonl rows."""
+    """step → value so far: intermediate evaluations (eval/step-<N>/), or metrics.jsonl rows."""
     kind, _, rest = metric.partition("/")
     if kind == "eval":
         bench, _, name = rest.partition("/")
-        out = {}
-        for d in (Path(run_dir) / "eval").glob("step-*"):
-            v = _eval_metric(d / f"{bench}.json", name)
-            if v is not None and d.name[5:].isdigit():
-                out[int(d.name[5:])] = v
-        return out
-    return {int(r["step"]): float(r[rest]) for r in _metric_rows(Path(run_dir)) if rest in r and "step" in r}
-
-
-def _eval_metric(path: Path, name: str) -> float | None:
-    try:
-        v = json.loads(path.read_text())["metrics"].get(name)
-    except (OSError, ValueError, KeyError):
-        return None
-    return None if v is None else float(v)
-
-
-def _metric_rows(run_dir: Path) -> list[dict]:
-    from stare_lab.tracking import read_metrics
-
-    return read_metrics(run_dir / "metrics.jsonl")
+        steps = {step for path, final, step in eval_files(run_dir) if not final and path.stem == bench}
+        values = {step: eval_metric(run_dir, bench, name, step) for step in steps}
+        return {step: v for step, v in values.items() if v is not None}
+    return {int(r["step"]): float(r[rest]) for r in read_metrics(run_dir) if rest in r}
 
 
 def trial_run(composer: Composer, spec: SweepSpec, number: int, params: dict[str, Any]) -> RunSpec:
@@ -122,14 +104,17 @@ def trial_run(composer: Composer, spec: SweepSpec, number: int, params: dict[str
     return composer.run(assigned, seed=spec.seeds[0], label=label, variant=None)
 
 
-def run_search(spec: SweepSpec, echo: Callable[[str], None] = print, executor=None) -> dict[str, int]:
-    """Run the study until `trials` trials have ended; returns counts of trial states."""
+def run_search(spec: SweepSpec, echo: Callable[[str], None] = print, executor=None,
+               execute: Execute | None = None) -> dict[str, int]:
+    """Run the study until `trials` trials have ended; returns counts of trial states. `execute`
+    replaces the real runner in the workers (tests)."""
     from optuna.trial import Trial, TrialState
 
     s: SearchSpec = spec.search
     study = load_study(spec, create=True)
     composer, dists = Composer(spec), distributions(s)
     executor = executor or make_executor(spec)
+    worker = RunWorker(execute, worker_threads(spec))
     stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     if stale:
         echo(f"resuming {len(stale)} trial(s) left running by an earlier launch")
@@ -152,20 +137,36 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print, executor=No
                 done += _tell(study, trial, run, s, echo)
                 continue
             prepare(run)
-            inflight.append((trial, Tracked(run, executor.submit(RunWorker(), str(run.run_dir)))))
+            inflight.append((trial, Tracked(run, submit_run(executor, worker, run))))
         for trial, tracked in list(inflight):
             if s.pruner.get("name") != "none" and _prune(trial, tracked, s):
                 inflight.remove((trial, tracked))
                 study.tell(trial, state=TrialState.PRUNED)
                 echo(f"trial {trial.number} pruned  {tracked.run.label}")
                 done += 1
-            elif tracked.job.done():
+            elif _job_done(tracked):
                 inflight.remove((trial, tracked))
-                reconcile(tracked)
+                state = reconcile(tracked)
+                if state == "watch":      # a worker of an earlier launch holds the run: follow it
+                    inflight.append((trial, Tracked(tracked.run)))
+                    continue
+                if state == "resume":     # ... and it died while we watched
+                    prepare(tracked.run)
+                    inflight.append((trial, Tracked(tracked.run, submit_run(executor, worker, tracked.run))))
+                    continue
                 done += _tell(study, trial, tracked.run, s, echo)
         time.sleep(POLL_S if inflight else 0)
     states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
     return {k: states.count(k) for k in sorted(set(states))}
+
+
+def _job_done(t: Tracked) -> bool:
+    if t.job is not None:
+        return t.job.done()
+    from stare_lab.sweep.records import Liveness
+
+    status = read_status(t.run.run_dir)
+    return not Liveness.probe([status]).alive(t.run.run_dir, status)
 
 
 def _tell(study, trial, run: RunSpec, s: SearchSpec, echo) -> int:
@@ -191,9 +192,9 @@ def _prune(trial, tracked: Tracked, s: SearchSpec) -> bool:
         trial.report(values[step], step)
     if new:
         trial.set_user_attr("_reported_steps", reported + new)
-    if not new or not trial.should_prune() or tracked.job.done():
+    if not new or not trial.should_prune() or tracked.job is None or tracked.job.done():
         return False
-    tracked.job.cancel(check=False)
+    stop_job(tracked.job)
     deadline = time.time() + 30
     while not tracked.job.done() and time.time() < deadline:
         time.sleep(0.2)

@@ -1,55 +1,86 @@
-"""The worker: one run, with its status.json bookkeeping around `stare_lab.runner.execute`.
+"""The worker: one run, with its claim and status.json bookkeeping around `stare_lab.runner.execute`.
 
-`run_one(run_dir)` is what every launcher runs (and what `stare-lab train` calls in-process):
-state running → finished | failed | interrupted, attempts, host, pid, Slurm job id, timings, and
-the error's first line plus traceback. `RunWorker` is the same as a submitit `Checkpointable`:
-on pre-emption or time-out submitit calls `checkpoint`, which records the run as interrupted and
-resubmits the worker itself; the requeued job calls `run_one` again, and the runner resumes from
-the last trainer checkpoint (and the same W&B run, whose id is the run id).
+`run_one(run_dir)` is what every launcher runs (and what `stare-lab train` calls in-process). It
+first takes the run's claim (stare_lab.record.RunClaim): a second worker started for the same run
+(a re-run that could not see the first one, a duplicate Slurm job) finds it held and leaves
+without touching the record. Then: state running → finished | failed | interrupted, attempts,
+host, pid, Slurm job id, timings, and the error's first line plus traceback.
+
+`RunWorker` is the same as a submitit `Checkpointable`: on pre-emption or time-out submitit calls
+`checkpoint`, which records the run as interrupted and resubmits the worker itself; the requeued
+job calls `run_one` again, and the runner resumes from the last trainer checkpoint (and the same
+W&B run, whose id is the run id). Thread count and warning filters are set by `start_worker`
+when a worker process starts, never on import.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import submitit
 
-from stare_lab.sweep.records import (
+from stare_lab.record import (
+    CORRUPT,
+    RecordError,
+    RunClaim,
     elapsed,
     first_line,
     new_status,
     now_iso,
     read_status,
-    self_identity,
     update_status,
     write_status,
 )
+from stare_lab.sweep.records import self_identity
 
 Execute = Callable[[Path], None]
 
 
 class Terminated(BaseException):
-    """SIGTERM in a worker: Slurm cancels, requeues or pre-empts the job."""
+    """SIGTERM in a worker: Slurm cancels, requeues or pre-empts the job, or `sweep run` is stopped."""
+
+
+def start_worker(threads: int | None = None) -> None:
+    """Process-wide settings of a worker: torch threads (N workers share the cores) and warnings."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(max(1, int(threads)))
+    # TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
 
 
 def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool = False) -> dict[str, Any]:
     """Run (or resume) the run in `run_dir`; returns its final status. Raises what the run raised.
 
     A finished run is not run again unless `force`. `execute` defaults to the real runner; tests
-    pass a stand-in.
+    pass a stand-in or the runner with a crash callback. When another worker holds the run's
+    claim, nothing is done and the status is returned with `claimed_elsewhere: True`.
     """
     run_dir = Path(run_dir)
+    claim = RunClaim(run_dir)
+    if not claim.acquire():
+        return {**(read_status(run_dir) or {}), "claimed_elsewhere": True}
+    try:
+        return _run_claimed(run_dir, execute, force)
+    finally:
+        claim.release()
+
+
+def _run_claimed(run_dir: Path, execute: Execute | None, force: bool) -> dict[str, Any]:
     status = read_status(run_dir) or new_status()
+    if status.get("state") == CORRUPT:
+        raise RecordError(f"{status['error']}; fix or remove it (`sweep run --retry-failed` sets it aside)")
     if status.get("state") == "finished" and not force:
         return status
     if execute is None:
-        execute = _default_execute()
+        from stare_lab.runner import execute
     ident = self_identity()
     if not ident["slurm_job_id"]:
         ident["slurm_job_id"] = status.get("slurm_job_id") if ident["host"] == status.get("host") else None
@@ -66,7 +97,7 @@ def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool 
                       error=first_line(f"{type(e).__name__}: {e}"), traceback=traceback.format_exc(),
                       duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3),
                       finished=None if interrupted else now_iso())
-        _write_unless_requeued(run_dir, status)
+        _record_end(run_dir, status)
         raise
     status.update(state="finished", finished=now_iso(),
                   duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3))
@@ -74,25 +105,16 @@ def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool 
     return status
 
 
-def _default_execute() -> Execute:
-    """stare_lab.runner.execute, or the `module:function` named by STARE_LAB_EXECUTE (a test hook
-    that lets launcher tests swap in a stand-in run without a model)."""
-    target = os.environ.get("STARE_LAB_EXECUTE")
-    if not target:
-        from stare_lab.runner import execute
-
-        return execute
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _write_unless_requeued(run_dir: Path, status: dict[str, Any]) -> None:
+def _record_end(run_dir: Path, status: dict[str, Any]) -> None:
     # checkpoint() may have recorded `interrupted` already; a SystemExit from submitit's requeue
     # must not turn that into anything else.
-    current = read_status(run_dir) or {}
-    if current.get("state") == "interrupted" and status["state"] == "interrupted":
-        status["requeued"] = current.get("requeued")
-    write_status(run_dir, status)
+    try:
+        current = read_status(run_dir) or {}
+        if current.get("state") == "interrupted" and status["state"] == "interrupted":
+            status["requeued"] = current.get("requeued")
+        write_status(run_dir, status)
+    except OSError as e:  # e.g. the disk is full: say so; `sweep status` shows the run stalled
+        print(f"stare-lab: could not record the run's end in {run_dir}: {e}", file=sys.stderr, flush=True)
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -100,16 +122,22 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 class RunWorker(submitit.helpers.Checkpointable):
-    """The submitit callable: `RunWorker()(run_dir)`; requeued as itself on pre-emption/time-out."""
+    """The submitit callable: `RunWorker(execute, threads)(run_dir)`; requeued as itself on
+    pre-emption/time-out. `execute` (a picklable function) replaces the real runner in tests."""
+
+    def __init__(self, execute: Execute | None = None, threads: int | None = None):
+        self.execute = execute
+        self.threads = threads
 
     def __call__(self, run_dir: str) -> dict[str, Any]:
+        start_worker(self.threads)
         # submitit ignores SIGTERM ("bypass") and leaves the job to Slurm's SIGKILL; a requeue
         # (`scontrol requeue`, pre-emption) would then record nothing until KillWait ends. Here
         # SIGTERM records the run interrupted and leaves at once, without a submitit result, so a
         # requeued job still counts as running and a cancelled one ends interrupted (resumable).
         previous = signal.signal(signal.SIGTERM, _terminate)
         try:
-            return run_one(Path(run_dir))
+            return run_one(Path(run_dir), execute=self.execute)
         except Terminated:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -1,0 +1,338 @@
+"""The run record (docs/run_record.md): its file names and every reader and writer of it.
+
+Runner, worker, evaluation, tracking, analysis, sweep status and search all go through this
+module, so a file name or format lives in one place. It imports no torch, transformers or trl:
+`sweep status` and the analysis read records in milliseconds.
+
+Writes are atomic (temp file + rename) except metrics.jsonl, which is appended one fsync'ed row
+per step; its readers tolerate a torn last row. A record that can not be parsed is never taken
+for a missing one: `read_status` answers a `corrupt` state naming the problem, and the metrics
+scan returns the unreadable lines beside the good rows.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import time
+import zipfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from stare_lab.utils import atomic_write, atomic_write_json, atomic_write_text
+
+CONFIG_FILE = "config.yaml"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+FINAL_DIR = "final"
+EVAL_DIR = "eval"
+WANDB_DIR = "wandb"
+CLAIM_FILE = ".claim"              # flock'ed by the one worker executing the run
+RULE_STATE_FILE = "rule_state.json"  # written by the trainer into each checkpoint
+STATES = ("pending", "running", "finished", "failed", "interrupted")
+CORRUPT = "corrupt"                # read_status's state for a status.json it can not parse
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+_STEP_DIR = re.compile(r"step-(\d+)")
+
+
+class RecordError(Exception):
+    """A run record that can not be used as it is (one line naming the file and the problem)."""
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def first_line(text: str | None) -> str | None:
+    if not text or not text.strip():
+        return None if text is None else text
+    return text.strip().splitlines()[0]
+
+
+def elapsed(since: float) -> float:
+    return round(time.time() - since, 3)
+
+
+# ------------------------------------------------------------------------------------ status
+def new_status(label: str | None = None, variant: str | None = None, seed: int | None = None) -> dict[str, Any]:
+    return {"state": "pending", "attempts": 0, "host": None, "slurm_job_id": None, "created": now_iso(),
+            "started": None, "finished": None, "duration_s": 0.0, "error": None, "traceback": None,
+            "label": label, "variant": variant, "seed": seed, "pid": None, "pid_start": None, "restarts": 0}
+
+
+def read_status(run_dir: Path | str) -> dict[str, Any] | None:
+    """status.json, None when there is none, or `{"state": "corrupt", "error": ...}` when it can
+    not be parsed (a run with a garbled record must not look like one never started)."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        return {"state": CORRUPT, "error": f"{path}: unreadable ({e})"}
+    try:
+        status = json.loads(text)
+    except ValueError as e:
+        return {"state": CORRUPT, "error": f"{path}: not JSON ({e})"}
+    if not isinstance(status, dict) or status.get("state") not in STATES:
+        return {"state": CORRUPT, "error": f"{path}: no valid state in {text[:60]!r}"}
+    return status
+
+
+def write_status(run_dir: Path | str, status: dict[str, Any]) -> dict[str, Any]:
+    atomic_write_json(Path(run_dir) / STATUS_FILE, status)
+    return status
+
+
+def update_status(run_dir: Path | str, **changes: Any) -> dict[str, Any]:
+    status = read_status(run_dir)
+    if status is not None and status.get("state") == CORRUPT:
+        set_aside(Path(run_dir) / STATUS_FILE)  # kept beside the new record, never overwritten
+        status = None
+    status = status or new_status()
+    status.update(changes)
+    return write_status(run_dir, status)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged record file out of the way, keeping it: `<name>.bad-<time>`."""
+    dest = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+    os.replace(path, dest)
+    return dest
+
+
+# ------------------------------------------------------------------------------------ claim
+class RunClaim:
+    """The one worker executing a run holds an exclusive flock on `<run_dir>/.claim`.
+
+    The kernel drops it when the holder dies (SIGKILL included), and on a filesystem whose locks
+    reach every host (local disk, NFSv4, Lustre mounted with `flock`) other hosts see it too.
+    Whoever holds it may train; anyone else only watches.
+    """
+
+    def __init__(self, run_dir: Path | str):
+        self.path = Path(run_dir) / CLAIM_FILE
+        self._fd: int | None = None
+
+    def acquire(self, wait_s: float = 2.0) -> bool:
+        """Take the claim; False if another process holds it. The short wait covers `claim_held`,
+        which takes a shared lock for a moment to look."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.time() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return True
+            except BlockingIOError:
+                if time.time() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+
+def claim_held(run_dir: Path | str) -> bool:
+    """Whether a live process holds the run's claim (probed without waiting)."""
+    try:
+        fd = os.open(Path(run_dir) / CLAIM_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+# ----------------------------------------------------------------------------------- metrics
+def metrics_path(run_dir_or_file: Path | str) -> Path:
+    p = Path(run_dir_or_file)
+    return p / METRICS_FILE if p.is_dir() else p
+
+
+def scan_metrics(run_dir_or_file: Path | str) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """(rows, bad lines as (line number, text)) of metrics.jsonl; a missing file has neither."""
+    try:
+        lines = metrics_path(run_dir_or_file).read_text(errors="replace").splitlines()
+    except OSError:
+        return [], []
+    rows, bad = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad.append((n, line))
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)) and not isinstance(row["step"], bool):
+            rows.append(row)
+        else:
+            bad.append((n, line))
+    return rows, bad
+
+
+def read_metrics(run_dir_or_file: Path | str) -> list[dict[str, Any]]:
+    """The parseable rows of metrics.jsonl (see `scan_metrics` for the others)."""
+    return scan_metrics(run_dir_or_file)[0]
+
+
+def append_metrics(run_dir: Path | str, row: dict[str, Any]) -> None:
+    with open(Path(run_dir) / METRICS_FILE, "a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def truncate_metrics(run_dir_or_file: Path | str, last_step: int) -> tuple[int, Path | None]:
+    """Keep rows with step ≤ last_step (the checkpoint being resumed) so no step is logged twice.
+
+    Returns (rows dropped, where the old file was kept when it held unreadable lines other than a
+    torn last one: damage is set aside, not silently erased).
+    """
+    path = metrics_path(run_dir_or_file)
+    if not path.is_file():
+        return 0, None
+    rows, bad = scan_metrics(path)
+    n_lines = len(path.read_text(errors="replace").splitlines())
+    kept_copy = None
+    if any(n != n_lines for n, _ in bad):
+        kept_copy = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+        atomic_write(kept_copy, lambda tmp: Path(tmp).write_bytes(path.read_bytes()))
+    keep = [r for r in rows if r["step"] <= last_step]
+    # rewritten even when nothing is dropped: a torn last line must go too
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
+    return len(rows) - len(keep), kept_copy
+
+
+# ------------------------------------------------------------------------------- checkpoints
+def checkpoint_step(path: Path) -> int:
+    return int(_CHECKPOINT.fullmatch(Path(path).name).group(1))
+
+
+def checkpoints(run_dir: Path | str) -> list[Path]:
+    """Trainer checkpoints that count as saved (trainer_state.json present), newest first."""
+    found = []
+    for d in (Path(run_dir) / CHECKPOINT_DIR).glob("checkpoint-*"):
+        if _CHECKPOINT.fullmatch(d.name) and (d / "trainer_state.json").is_file():
+            found.append(d)
+    return sorted(found, key=checkpoint_step, reverse=True)
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """Why a checkpoint can not be resumed from (first problem found), or None.
+
+    Checks the structure of each file without loading tensors: JSON parses, a safetensors header
+    and its data length match the file size, a torch zip archive has its central directory.
+    """
+    for f in sorted(Path(ckpt).iterdir()):
+        try:
+            if f.suffix == ".json":
+                json.loads(f.read_text())
+            elif f.suffix == ".safetensors":
+                _check_safetensors(f)
+            elif f.suffix in (".pt", ".pth", ".bin") and f.stat().st_size and not zipfile.is_zipfile(f):
+                raise ValueError("not a complete torch archive")
+        except (OSError, ValueError) as e:
+            return f"{f.name}: {e}"
+    return None
+
+
+def _check_safetensors(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("truncated (no header)")
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            raise ValueError("truncated header")
+        header = json.loads(f.read(n))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise ValueError(f"truncated ({size} bytes, {8 + n + end} expected)")
+
+
+def last_checkpoint(run_dir: Path | str, problems: list[str] | None = None) -> Path | None:
+    """The newest readable checkpoint; newer unreadable ones are described in `problems`."""
+    for ckpt in checkpoints(run_dir):
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            return ckpt
+        if problems is not None:
+            problems.append(f"{ckpt.name} is unreadable ({problem})")
+    return None
+
+
+# -------------------------------------------------------------------------------- evaluation
+def eval_result_dir(run_dir: Path | str, step: int | None = None) -> Path:
+    """eval/ (final model) or eval/step-<N>/ (an intermediate checkpoint)."""
+    d = Path(run_dir) / EVAL_DIR
+    return d if step is None else d / f"step-{step}"
+
+
+def write_eval_result(dest: Path, name: str, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
+    """`<dest>/<name>.parquet` (one row per sample) and `<dest>/<name>.json`, atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("problem_id", pa.string()), ("sample_index", pa.int64()), ("answer", pa.string()),
+                        ("extracted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
+                        ("length", pa.int64())])
+    dest.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=schema)
+    atomic_write(dest / f"{name}.parquet", lambda tmp: pq.write_table(table, tmp))
+    text = json.dumps(result, indent=2, allow_nan=False) + "\n"
+    atomic_write(dest / f"{name}.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def eval_files(run_dir: Path | str) -> Iterator[tuple[Path, bool, int | None]]:
+    """(json path, final?, step of an intermediate folder) of every evaluation result."""
+    root = Path(run_dir) / EVAL_DIR
+    for p in sorted(root.glob("[!.]*.json")):  # not the .x.json.tmp of a write in progress
+        yield p, True, None
+    for sub in sorted(root.glob("step-*")):
+        m = _STEP_DIR.fullmatch(sub.name)
+        if m and sub.is_dir():
+            for p in sorted(sub.glob("[!.]*.json")):
+                yield p, False, int(m.group(1))
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a record file, or None when missing or unparsable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_eval_results(run_dir: Path | str) -> list[dict[str, Any]]:
+    """Every evaluation result of a run, each with `path`, `final` and `step` filled in."""
+    out = []
+    for path, final, dir_step in eval_files(run_dir):
+        data = read_json(path)
+        if data is None:
+            continue
+        data.setdefault("benchmark", path.stem)
+        data["step"] = data.get("step", dir_step)
+        out.append({**data, "path": str(path), "final": final})
+    return out
+
+
+def eval_metric(run_dir: Path | str, benchmark: str, metric: str, step: int | None = None) -> float | None:
+    """One metric of the final (or step-N) evaluation of a benchmark, or None."""
+    data = read_json(eval_result_dir(run_dir, step) / f"{benchmark}.json")
+    value = ((data or {}).get("metrics") or {}).get(metric)
+    return None if value is None else float(value)
