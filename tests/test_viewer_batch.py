@@ -15,7 +15,8 @@ from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
 from stare_lab.viewer import collect_for_trainer, kept_steps, load_batch, save_batch
 from stare_lab.viewer.batch import BatchError
-from stare_lab.viewer.collect import needed_statistics
+from stare_lab.stats import TokenStats
+from stare_lab.viewer.collect import needed_statistics, stats_for_all_rules
 from stare_lab.viewer.selection import apply_all_rules, apply_rule
 from stare_lab.viewer.synthetic import random_batch_tensors
 
@@ -140,6 +141,13 @@ def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(setu
         ids = batch.completion_ids[row][valid[row]].tolist()
         assert "".join(batch.token_pieces(row)) == tok.decode(ids, skip_special_tokens=False)
     assert len(set(batch.prompts)) == 2 and all(p for p in batch.prompts)
+
+    # statistics the trainer passes are stored as they are; only the missing ones are computed
+    mine = TokenStats(logp=batch.stats["logp"], mask=batch.mask, advantages=batch.advantages, group=batch.group,
+                      entropy=batch.stats["entropy"] + 1.0)
+    got = stats_for_all_rules(trainer.model, out, mine, num_generations=G, run_rule=trainer.rule,
+                              trainer=trainer.trainer_values)
+    assert torch.equal(got["entropy"], mine.entropy) and torch.allclose(got["js"], batch.stats["js"], atol=1e-6)
 
 
 def test_applying_a_rule_the_batch_can_not_feed_names_what_is_missing(tmp_path):

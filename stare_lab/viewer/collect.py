@@ -128,17 +128,13 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | Non
     model = trainer.accelerator.unwrap_model(trainer.model)
     values = getattr(trainer, "trainer_values", None)
     G, temperature = int(trainer.num_generations), float(getattr(trainer, "temperature", 1.0))
-    was_training = model.training
-    model.eval()
-    try:
-        all_stats = stats_for_all_rules(
-            model, out, stats, num_generations=trainer.num_generations, temperature=temperature, run_rule=trainer.rule,
-            trainer=values, rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
-            chunk_tokens=getattr(trainer, "stats_chunk_tokens", 1024),
-            chunk_queries=getattr(trainer, "attn_chunk_queries", 128),
-            chunk_positions=getattr(trainer, "js_chunk_positions", 64))
-    finally:
-        model.train(was_training)
+    # the model stays in the mode the trainer's own statistics pass ran in, so the values agree
+    all_stats = stats_for_all_rules(
+        model, out, stats, num_generations=G, temperature=temperature, run_rule=trainer.rule, trainer=values,
+        rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
+        chunk_tokens=getattr(trainer, "stats_chunk_tokens", 1024),
+        chunk_queries=getattr(trainer, "attn_chunk_queries", 128),
+        chunk_positions=getattr(trainer, "js_chunk_positions", 64))
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
     B = out["completion_ids"].size(0)
