@@ -159,3 +159,29 @@ def test_applying_a_rule_the_batch_can_not_feed_names_what_is_missing(tmp_path):
     assert apply_rule(batch, "anchor").reason == "not computable: needs attn_entropy at layers [2]"
     assert apply_rule(batch, "gmts").reason.startswith("not computable: rule 'gmts'")  # no trainer values kept
     assert apply_rule(batch, "nope").reason.startswith("not computable: unknown token rule 'nope'")
+
+
+def test_hook_inside_training_keeps_the_due_steps_and_each_reproduces_its_weights(setup, tmp_path):
+    """The wiring the trainer gets, emulated around `_generate_and_score_completions`: state before the
+    rule, the hook after it. `random` draws from (seed, step): reproducing it proves the kept state."""
+    trainer = _trainer(setup, tmp_path, get_method("random", rho=0.3))
+    trainer.args.max_steps = 5
+    generate, trained = trainer._generate_and_score_completions, {}
+
+    def with_hook(inputs):
+        before = trainer.rule_state.to_dict()
+        before["step"] = trainer.state.global_step  # the trainer sets the step just before the rule runs
+        out = generate(inputs)
+        trained[trainer.state.global_step] = out["token_weights"].clone()
+        collect_for_trainer(trainer, out, None, run_dir=tmp_path / "run", every=2, rule_state=before,
+                            trained_weights=out["token_weights"])
+        return out
+
+    trainer._generate_and_score_completions = with_hook
+    trainer.train()
+    assert sorted(trained) == [0, 1, 2, 3, 4] and kept_steps(tmp_path / "run") == [0, 2, 4]
+    for step in (0, 2, 4):
+        batch = load_batch(tmp_path / "run" / "batches" / f"step-{step}.safetensors")
+        own = apply_rule(batch, "random", batch.run_rule["params"], own=True)
+        assert batch.step == step and torch.equal(own.weights, trained[step].float())
+    assert not torch.equal(trained[0], trained[2])
