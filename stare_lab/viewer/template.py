@@ -17,9 +17,10 @@ button.ctl.on{background:#333;color:#fff;border-color:#333}button.ctl:disabled{c
 table{border-collapse:collapse;margin:4px 0}td,th{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 td.na{color:#999}.params{font:11px monospace;color:#555;max-width:360px;word-break:break-all}
-.group{border-top:2px solid #ccc;margin-top:10px;padding-top:4px}
+#rollouts{max-height:62vh;overflow:auto;border:1px solid #ddd;padding:0 6px}
+.group{border-top:2px solid #ccc;margin-top:6px;padding-top:4px}.group:first-child{border-top:0}
 .prompt{white-space:pre-wrap;font:12px monospace;background:#f6f6f6;padding:3px 6px;margin:2px 0}
-.rollout{margin:3px 0 3px 10px;display:flex;gap:10px}.meta{flex:0 0 190px;color:#555;font:11px monospace}
+.rollout{margin:3px 0 3px 10px;display:flex;gap:10px}.meta{flex:0 0 150px;color:#555;font:11px monospace;white-space:pre}
 .tokens{font:12.5px/1.9 monospace;white-space:pre-wrap;word-break:break-all}
 .tok{border-radius:2px;padding:0 .5px}.tok.off{opacity:.45}.tok.sel{box-shadow:inset 0 -2px 0 #222}
 #tip{position:fixed;display:none;background:#222;color:#fff;font:11px monospace;padding:4px 6px;border-radius:3px;
@@ -152,12 +153,12 @@ var d=document.getElementById('errors');if(d)d.textContent='script error: '+m+' 
 <h1 id="title">{title}</h1>
 <div class="sub" id="info"></div>
 <div id="controls"></div>
+<h2>Rollouts</h2>
+<div id="rollouts"></div>
 <h2>Rules on this batch</h2>
 <table id="rules"></table>
 <h2>Overlap of the selected sets (Jaccard)</h2>
 <table id="overlap"></table>
-<h2>Rollouts</h2>
-<div id="rollouts"></div>
 <div id="tip"></div>
 <script id="data" type="application/json">{data}</script>
 <script>{script}</script>
