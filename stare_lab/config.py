@@ -12,6 +12,7 @@ with one line naming the bad key, option or value.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable from here)
     LAUNCHER_SCHEMAS, Config, EvalConfig, LocalLauncherConfig, LoggerConfig, MethodConfig, ModelConfig,
-    RunConfig, SlurmLauncherConfig, TrainerConfig, field_problem, schema_fields)
+    RunConfig, SlurmLauncherConfig, TrainerConfig, field_checkers, field_problem, schema_fields)
 
 # Everything the package reads at run time lives inside it (a wheel works from any directory).
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -48,7 +49,13 @@ def group_options(group: str) -> list[str]:
         from stare_lab.methods import list_methods
 
         return sorted(list_methods())
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    return list(_file_options(CONF_DIR, group))
+
+
+@functools.lru_cache(maxsize=None)
+def _file_options(conf_dir: Path, group: str) -> tuple[str, ...]:
+    """The YAML files of a group (read once per process: the package's configs do not change)."""
+    return tuple(sorted(p.stem for p in (conf_dir / group).glob("*.yaml")))
 
 
 def store_methods() -> None:
@@ -109,15 +116,13 @@ def resolve(raw: DictConfig | dict) -> DictConfig:
 
 def rule_params(name: str, params: dict[str, Any], trainer: Any) -> dict[str, Any]:
     """The rule's full params (its Params defaults filled in) as plain data, after checking them
-    and the rule's agreement with the trainer values. ValueError from the rule → ConfigError."""
-    from stare_lab.methods import get_method
+    and their agreement with the trainer's values (`trainer`: the trainer block, or the
+    `TrainerValues` read from it). A rule's ValueError becomes a ConfigError."""
+    from stare_lab.methods import TrainerValues, get_method
 
     try:
         rule = get_method(name, **params)
-        import stare_lab.methods as methods
-
-        if hasattr(methods, "TrainerValues") and hasattr(rule, "check_trainer"):
-            rule.check_trainer(methods.TrainerValues.from_config(trainer))
+        rule.check_trainer(trainer if isinstance(trainer, TrainerValues) else TrainerValues.from_config(trainer))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return _jsonable(dataclasses.asdict(rule.params))
@@ -163,14 +168,20 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
 
 
 def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
-    for name, (hint, rules) in schema_fields(schema).items():
-        value = data[name]
-        if dataclasses.is_dataclass(hint):
-            _check_section(hint, value, f"{prefix}{name}.")
+    for name, section, check in _check_plan(schema):
+        if section is not None:
+            _check_section(section, data[name], f"{prefix}{name}.")
             continue
-        problem = field_problem(value, hint, rules)
+        problem = check(data[name])
         if problem:
             raise ConfigError(f"{prefix}{name}: {problem}")
+
+
+@functools.cache
+def _check_plan(schema: type) -> tuple[tuple[str, type | None, Any], ...]:
+    checkers = field_checkers(schema)
+    return tuple((name, hint if dataclasses.is_dataclass(hint) else None, checkers[name])
+                 for name, (hint, _) in schema_fields(schema).items())
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

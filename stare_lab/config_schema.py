@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from omegaconf import MISSING
 
@@ -29,11 +29,11 @@ def _loss_types() -> tuple[str, ...]:
     return tuple(SUPPORTED_LOSS_TYPES)
 
 
-def _lr_schedulers() -> tuple[str, ...]:
-    from transformers.trainer_utils import SchedulerType
-
-    # these two need an evaluation strategy, which the GRPO trainer does not run
-    return tuple(s.value for s in SchedulerType if s.value not in ("reduce_lr_on_plateau", "greedy"))
+# transformers' SchedulerType values (a test keeps them equal) without the two that need an
+# evaluation strategy, which the GRPO trainer does not run; importing transformers here would
+# cost seconds before every sweep.
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
 
 
 # ------------------------------------------------------------------------------- the schemas
@@ -55,7 +55,7 @@ class MethodConfig:
 class TrainerConfig:
     max_steps: int = bounded(ge=1)
     learning_rate: float = bounded(ge=0)
-    lr_scheduler_type: str = bounded(choices=_lr_schedulers)
+    lr_scheduler_type: str = bounded(choices=LR_SCHEDULERS)
     warmup_steps: int = bounded(ge=0)
     weight_decay: float = bounded(ge=0)
     max_grad_norm: float = bounded(ge=0)
@@ -162,33 +162,54 @@ def schema_fields(schema: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
     return {f.name: (hints[f.name], f.metadata) for f in dataclasses.fields(schema)}
 
 
+_KINDS = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list, tuple), dict: (dict, Mapping)}
 _KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
                dict: "a mapping"}
+_BOUNDS = (("ge", "≥", lambda v, b: v >= b), ("gt", ">", lambda v, b: v > b),
+           ("le", "≤", lambda v, b: v <= b), ("lt", "<", lambda v, b: v < b))
 
 
 def field_problem(value: Any, hint: Any, rules: Mapping[str, Any]) -> str | None:
     """Why `value` does not fit a schema field of type `hint` with `rules`, or None.
     Numbers are not converted (an int is a valid float)."""
+    return _checker(hint, rules)(value)
+
+
+@functools.cache
+def field_checkers(schema: type) -> dict[str, Callable[[Any], str | None]]:
+    """{field name: value → problem or None} of a schema dataclass, built once (a sweep checks
+    every field of every run)."""
+    return {name: _checker(hint, rules) for name, (hint, rules) in schema_fields(schema).items()}
+
+
+def _checker(hint: Any, rules: Mapping[str, Any]) -> Callable[[Any], str | None]:
     args = typing.get_args(hint)
-    if value is None:
-        return None if hint is Any or type(None) in args else "must be set, got null"
+    nullable = hint is Any or type(None) in args
     if type(None) in args:
         hint = next(a for a in args if a is not type(None))
     origin = typing.get_origin(hint) or hint
-    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list, tuple), dict: (dict, Mapping)}
-    if origin in kinds:
-        if not isinstance(value, kinds[origin]) or (origin in (int, float) and isinstance(value, bool)):
-            return f"expected {_KIND_NAMES[origin]}, got {value!r}"
-        item = typing.get_args(hint)[:1] if origin is list else ()
-        if item and item[0] is not Any and not all(field_problem(v, item[0], {}) is None for v in value):
-            return f"expected a list of {_KIND_NAMES[item[0]].split(' ', 1)[1]}s, got {value!r}"
+    kinds, numeric = _KINDS.get(origin), origin in (int, float)
+    item = typing.get_args(hint)[0] if origin is list and typing.get_args(hint) else Any
+    item_check = None if item is Any else _checker(item, {})
+    bounds = [(symbol, rules[key], ok) for key, symbol, ok in _BOUNDS if rules.get(key) is not None]
     choices = rules.get("choices")
-    if choices is not None:
-        choices = choices() if callable(choices) else choices
-        if value not in choices:
-            return f"{value!r} is not one of {', '.join(map(str, choices))}"
-    for op, bound, ok in (("≥", rules.get("ge"), lambda v, b: v >= b), (">", rules.get("gt"), lambda v, b: v > b),
-                          ("≤", rules.get("le"), lambda v, b: v <= b), ("<", rules.get("lt"), lambda v, b: v < b)):
-        if bound is not None and not ok(value, bound):
-            return f"must be {op} {bound}, got {value!r}"
-    return None
+    resolved: list[tuple] = []                         # the choices, read on first use
+
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None if nullable else "must be set, got null"
+        if kinds is not None and (not isinstance(value, kinds) or (numeric and isinstance(value, bool))):
+            return f"expected {_KIND_NAMES[origin]}, got {value!r}"
+        if item_check is not None and any(item_check(v) for v in value):
+            return f"expected a list of {_KIND_NAMES[item].split(' ', 1)[1]}s, got {value!r}"
+        if choices is not None:
+            if not resolved:
+                resolved.append(tuple(choices() if callable(choices) else choices))
+            if value not in resolved[0]:
+                return f"{value!r} is not one of {', '.join(map(str, resolved[0]))}"
+        for symbol, bound, ok in bounds:
+            if not ok(value, bound):
+                return f"must be {symbol} {bound}, got {value!r}"
+        return None
+
+    return check

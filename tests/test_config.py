@@ -216,3 +216,12 @@ def test_sweeps_are_found_by_path_or_by_packaged_name(tmp_path, monkeypatch):
     assert sweep_path("sweeps/demo.yaml") == Path("sweeps/demo.yaml")
     with pytest.raises(SweepError, match=r"^nope: no such sweep file \(or packaged sweep name: anchor_explorer, demo,"):
         load_sweep("nope")
+
+
+def test_the_scheduler_choices_are_transformers_own():
+    from transformers.trainer_utils import SchedulerType
+
+    from stare_lab.config_schema import LR_SCHEDULERS
+
+    needs_eval = {"reduce_lr_on_plateau", "greedy"}            # the GRPO trainer runs no evaluation strategy
+    assert set(LR_SCHEDULERS) == {s.value for s in SchedulerType} - needs_eval

@@ -45,6 +45,7 @@ TRAIN_CASES = [
     (["trainer.learning_rate=nan"], "trainer.learning_rate: must be ≥ 0, got nan"),
     (["model.dtype=float8"], "model.dtype: 'float8' is not one of float32, bfloat16, float16"),
     (["logger.mode=sometimes"], "logger.mode: 'sometimes' is not one of auto, offline, online, disabled"),
+    (["method=gmts", "method.params.beta=0.1"], "rule 'gmts': beta=0.1 but trainer.beta=0.0"),
 ]
 
 
@@ -140,4 +141,12 @@ def test_a_search_range_outside_the_schema_is_refused(tmp_path, capsys):
     assert main(["sweep", "run", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "search.params.trainer.max_steps.low: must be ≥ 1, got 0" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rule_that_disagrees_with_the_trainer_is_refused_at_expansion(tmp_path, capsys):
+    path = write_sweep(tmp_path, variants={"g": {"method": "gmts", "method.params.eps_high": 0.3}})
+    assert main(["sweep", "run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "variants.g" in err and "eps_high=0.3 but trainer.epsilon_high=0.28" in err, err
     assert not (tmp_path / "runs").exists()

@@ -115,6 +115,7 @@ class Composer:
         self._schema_nodes: dict[str, Any] = {}
         self._base: dict | None = None
         self._sections: dict[tuple[str, str], dict | None] = {}
+        self._checked: set[tuple[str, ...]] = set()
         self.base = [(k, v, "base.overrides." + k if not k.startswith("eval.") else k)
                      for k, v in spec.overrides.items()]
 
@@ -129,13 +130,16 @@ class Composer:
         run_block = {"root": str(spec.output), "sweep": spec.name, "label": label, "variant": variant}
         overrides = [self._override(g, c) for g, c in groups.items()]
         overrides += [self._override(k, v) for k, v, _ in dotted]
+        signature = tuple(overrides)                 # the run's config but for its seed and run block
         overrides += [f"seed={seed}"] + [self._override(f"run.{k}", v) for k, v in run_block.items() if k != "label"]
         overrides.append(f"run.label={fmt_value(label)}")
         cfg = self._resolve(groups, dotted, origins, label)
         cfg["seed"] = seed
         cfg["run"] = {**run_block, "id": None}
         finalize(cfg)
-        self._check(cfg, origins, label)
+        if signature not in self._checked:           # seeds are checked by the schema (schema._seeds)
+            self._check(cfg, origins, label)
+            self._checked.add(signature)
         run_id = cfg["run"]["id"]
         return RunSpec(overrides=overrides, config=cfg, id=run_id, label=label, variant=variant,
                        seed=seed, run_dir=spec.folder / run_id)
@@ -222,10 +226,17 @@ class Composer:
         if (package and package.group(1) != group) or "${" in text:
             return None
         node = OmegaConf.create(text)
-        if "defaults" in node:                      # a base plus differences: Hydra composes it
-            node = OmegaConf.create(OmegaConf.to_container(hydra_raw([f"{group}={choice}"])[group]))
+        base = self._schema_node(group)
+        defaults = node.pop("defaults", None)
+        if defaults is not None:                    # a base plus differences (conf/trainer/gpu_stare.yaml)
+            if list(defaults)[1:] == ["_self_"] and isinstance(defaults[0], str) and "${" not in defaults[0]:
+                base = self._section(group, defaults[0])
+            else:                                   # any other defaults list: Hydra composes it
+                node = OmegaConf.create(OmegaConf.to_container(hydra_raw([f"{group}={choice}"])[group]))
+        if base is None:
+            return None
         try:
-            merged = OmegaConf.merge(self._schema_node(group), node)
+            merged = OmegaConf.merge(base, node)
         except Exception as e:  # noqa: BLE001 - a broken group file, named
             raise SweepError(f"{self.spec.where()}: conf/{group}/{choice}.yaml: {' '.join(str(e).split())}") from None
         return OmegaConf.to_container(merged, resolve=True)
@@ -271,11 +282,14 @@ class Composer:
         return f"{key}={fmt_value(value)} can not be applied by the sweep expansion (a nested key?)"
 
     def _filled_params(self, method: dict, trainer: dict, origins: dict[str, str], label: str) -> dict:
+        from stare_lab.methods import TrainerValues
+
         params = method.get("params") or {}
-        cache_key = repr((method["name"], sorted(params.items()), sorted(trainer.items())))
+        values = TrainerValues.from_config(trainer)     # all a rule may read of the trainer
+        cache_key = (repr((method["name"], sorted(params.items()))), values)
         if cache_key not in self._params:
             try:
-                self._params[cache_key] = rule_params(method["name"], params, trainer)
+                self._params[cache_key] = rule_params(method["name"], params, values)
             except ConfigError as e:
                 msg = str(e)
                 bad = re.search(r"parameter '([^']+)'", msg)
