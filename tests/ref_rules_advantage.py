@@ -42,7 +42,7 @@ def near(a: float, b: float) -> bool:
     return abs(a - b) <= TOL * max(1.0, abs(a), abs(b))
 
 
-def select(d: dict, score: dict, rho: float, scope: str, ties: str) -> tuple[dict, dict]:
+def select(d: dict, score: dict, rho: float, scope: str, ties: str, count: str = "ceil") -> tuple[dict, dict]:
     """Top fraction rho of score {cell: s} per scope unit: ({cell: True|False|None}, {unit: k or None})."""
     units: dict = {}
     for cell, s in score.items():
@@ -57,8 +57,13 @@ def select(d: dict, score: dict, rho: float, scope: str, ties: str) -> tuple[dic
                 chosen[cell] = True if s == thr else (None if near(s, thr) else s > thr)
             continue
         n = len(values)
-        k = min(n, math.ceil(Fraction(str(rho)) * n))  # exact: 0.3·10 is 3.0000000000000004 in floats
+        exact = Fraction(str(rho)) * n  # exact: 0.3·10 is 3.0000000000000004 in floats
+        k = min(n, math.ceil(exact) if count == "ceil" else math.floor(exact))
         counts[unit] = k
+        if k == 0:
+            for cell, _ in items:
+                chosen[cell] = False
+            continue
         v = sorted(values, reverse=True)[k - 1]
         above = sum(1 for s in values if s > v and not near(s, v))
         at = sum(1 for s in values if near(s, v))
@@ -120,13 +125,18 @@ def gmts_delta(d: dict, p, b: int, t: int) -> float:
     omega = 0.0 if clipped else r * A
     if p.beta > 0:
         omega += p.beta * math.exp(d["ref_logp"][b][t] - logp) - p.beta
-    return abs(d["entropy"][b][t] * omega)
+    delta = abs(d["entropy"][b][t] * omega)
+    if p.score == "sequence_mean":  # share of the per-sequence mean loss: / (G · |o_b|)
+        length = sum(1 for tt in range(d["T"]) if d["mask"][b][tt] > 0)
+        rows = sum(1 for g in d["group"] if g == d["group"][b])
+        delta /= rows * length
+    return delta
 
 
 def gmts_ref(stats, p) -> tuple[list[list], dict]:
     d = lists(stats)
     score = {(b, t): gmts_delta(d, p, b, t) for b, t in d["cells"]}
-    chosen, counts = select(d, score, p.rho, p.scope, p.ties)
+    chosen, counts = select(d, score, p.rho, p.scope, p.ties, p.count)
     w = empty_weights(d)
     for (b, t), c in chosen.items():
         w[b][t] = None if c is None else float(c)

@@ -50,9 +50,17 @@ def scope_ids(valid: Tensor, group: Tensor, scope: str) -> Tensor:
     return ids[:, None].expand(B, T)
 
 
+COUNTS = ("ceil", "floor")
+
+
 def select_top(score: Tensor, valid: Tensor, group: Tensor, rho: float, *, scope: str = "batch",
-               ties: str = "topk", largest: bool = True, generator: torch.Generator | None = None) -> Tensor:
-    """[B, T] bool: the top (largest=True) or bottom fraction ρ of `score` among valid tokens, per scope unit."""
+               ties: str = "topk", largest: bool = True, generator: torch.Generator | None = None,
+               count: str = "ceil") -> Tensor:
+    """[B, T] bool: the top (largest=True) or bottom fraction ρ of `score` among valid tokens, per scope unit.
+
+    count (ties="topk" only): keep ⌈ρ·n⌉ ("ceil") or ⌊ρ·n⌋ ("floor") tokens of a unit of n.
+    """
+    check_choice("count", count, COUNTS)
     valid = valid.bool()
     ids = scope_ids(valid, group, scope)
     out = torch.zeros_like(valid)
@@ -66,7 +74,8 @@ def select_top(score: Tensor, valid: Tensor, group: Tensor, rho: float, *, scope
         s = flat_score[idx] if largest else -flat_score[idx]
         n = idx.numel()
         if ties == "topk":
-            k = min(n, math.ceil(rho * n - 1e-9))
+            # ±1e-9: ρ·n in floating point (0.3·10 = 3.0000000000000004) must round as the exact product
+            k = min(n, math.ceil(rho * n - 1e-9) if count == "ceil" else math.floor(rho * n + 1e-9))
             # order by score descending, ties by the random key: stable sort on key, then on score
             order = torch.argsort(tie_key[idx], stable=True)
             order = order[torch.argsort(s[order], descending=True, stable=True)]
