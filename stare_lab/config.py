@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable from here)
     LAUNCHER_SCHEMAS, Config, EvalConfig, LocalLauncherConfig, LoggerConfig, MethodConfig, ModelConfig,
-    RunConfig, SlurmLauncherConfig, TrainerConfig, field_checkers, field_problem, schema_fields)
+    TASK_SCHEMAS, RunConfig, SlurmLauncherConfig, TrainerConfig, field_checkers, field_problem, schema_fields)
 
 # Everything the package reads at run time lives inside it (a wheel works from any directory).
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -150,6 +150,7 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
     """Every value of a resolved config (plain data) against its schema field's type and range,
     and the combinations TRL or evaluation would refuse later. ConfigError naming the key."""
     _check_section(Config, cfg, "")
+    _check_task(cfg["task"])
     t = cfg["trainer"]
     per_generation = t["steps_per_generation"] or t["gradient_accumulation_steps"]
     batch = t["per_device_train_batch_size"] * per_generation
@@ -175,6 +176,19 @@ def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
         problem = check(data[name])
         if problem:
             raise ConfigError(f"{prefix}{name}: {problem}")
+
+
+def _check_task(task: Mapping[str, Any]) -> None:
+    schema = TASK_SCHEMAS.get(task.get("name"))
+    if schema is None:
+        raise ConfigError(f"task.name: unknown task {task.get('name')!r}; valid: {', '.join(TASK_SCHEMAS)}")
+    checkers = field_checkers(schema)
+    for key, value in task.items():
+        if key not in checkers:
+            raise ConfigError(f"task.{key}: unknown key for task {task['name']!r}; valid keys: {', '.join(checkers)}")
+        problem = checkers[key](value)
+        if problem:
+            raise ConfigError(f"task.{key}: {problem}")
 
 
 @functools.cache

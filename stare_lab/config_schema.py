@@ -128,6 +128,37 @@ class Config:
 
 
 @dataclass
+class ArithmeticTaskConfig:
+    name: str = MISSING
+    train_size: int = bounded(ge=1)
+    heldout_size: int = bounded(ge=1)
+    seed: int = bounded(ge=0, lt=2**32)
+
+
+@dataclass
+class MathTaskConfig:
+    name: str = MISSING
+    train_source: Optional[str] = MISSING
+    heldout_source: Optional[str] = MISSING
+    train_split: str = MISSING
+    heldout_split: str = MISSING
+    train_subset: Optional[str] = MISSING
+    heldout_subset: Optional[str] = MISSING
+    fields: Any = MISSING                            # {problem, answer, id}: a column name or a list of them
+    heldout_fields: Any = MISSING
+    train_limit: Optional[int] = bounded(ge=1)
+    heldout_limit: Optional[int] = bounded(ge=1)
+    template: str = MISSING                          # must contain {problem}
+    chat: bool = MISSING
+    system_prompt: Optional[str] = MISSING
+
+
+# The `task` section is free-form in `Config` (each task has its own keys); these schemas check
+# the keys a task's YAML or an override sets (keys left out take the task's own defaults).
+TASK_SCHEMAS: dict[str, type] = {"arithmetic": ArithmeticTaskConfig, "math": MathTaskConfig}
+
+
+@dataclass
 class LocalLauncherConfig:
     name: str = MISSING
     workers: int = bounded(ge=1)

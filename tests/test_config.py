@@ -74,6 +74,13 @@ def test_every_field_has_exactly_one_value_source(group):
         assert not copies, f"{path} repeats its base's values for {copies}"
 
 
+def test_task_files_set_only_keys_their_task_schema_knows():
+    for path in sorted((CONF_DIR / "task").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        fields = config.schema_fields(config.TASK_SCHEMAS[data["name"]])
+        assert data["name"] == path.stem and set(data) <= set(fields), path
+
+
 def test_root_config_sets_seed_and_run_block_once():
     root = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
     assert set(root) - {"defaults"} == {"seed", "run"}

@@ -46,6 +46,9 @@ TRAIN_CASES = [
     (["model.dtype=float8"], "model.dtype: 'float8' is not one of float32, bfloat16, float16"),
     (["logger.mode=sometimes"], "logger.mode: 'sometimes' is not one of auto, offline, online, disabled"),
     (["method=gmts", "method.params.beta=0.1"], "rule 'gmts': beta=0.1 but trainer.beta=0.0"),
+    (["task.train_size=0"], "task.train_size: must be ≥ 1, got 0"),
+    (["+task.train_sise=10"], "task.train_sise: unknown key for task 'arithmetic'; valid keys: name, train_size"),
+    (["task=math", "task.train_source=x.jsonl", "task.heldout_limit=-1"], "task.heldout_limit: must be ≥ 1, got -1"),
 ]
 
 
