@@ -1,6 +1,6 @@
 """TokenRuleGRPOTrainer: TRL's GRPOTrainer with per-token weights from a token rule.
 
-Two overrides of the loss path and nothing more:
+Two overrides on the loss path:
 - `_generate_and_score_completions`: the parent generates, scores and computes advantages; then
   the statistics pass (`signals.token_statistics`, one no-grad forward of the rollout policy over
   the whole generation batch) builds `TokenStats` with what the rule declares, the rule is called
@@ -10,6 +10,8 @@ Two overrides of the loss path and nothing more:
   micro-batch split.
 - `_compute_loss`: the clipped surrogate of `objective.py` times `token_weights`, aggregated with
   the rule's normalisation. With rule `full` this is TRL's loss to the bit (a test).
+Besides these, `_save_checkpoint` writes the rule state into each checkpoint before transformers
+marks it complete, so a resumed run continues the rule's memory.
 The trainer never names a rule: it asks the registry (`stare_lab.methods`).
 """
 from __future__ import annotations
