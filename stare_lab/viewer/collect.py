@@ -115,12 +115,15 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | Non
     """The trainer hook: on a kept step (`trainer.state.global_step % every == 0`) write
     `<run_dir>/batches/step-<N>.safetensors` with every statistic any rule reads; else None.
 
-    `out` is the dict `_generate_and_score_completions` returns, `stats` the TokenStats the trainer
-    built (None: everything is recomputed, through the same `signals.token_statistics`), `rule_state` the rule state *before* the rule ran (`RuleState.to_dict()`), and
-    `trained_weights` the weights it returned. Only the main process writes.
+    `out` is the dict `_generate_and_score_completions` returns; `stats` the (local) TokenStats the
+    trainer built, or None to recompute everything through the same `signals.token_statistics`;
+    `rule_state` the rule state as the rule received it, taken *before* the call (the rule updates
+    its memory in place): `RuleState.to_dict()` after step and total_steps are set; `trained_weights`
+    the weights it returned. Every process must call it on a kept step (the extra
+    forward is collective under FSDP / ZeRO-3); only the main process writes its own rows.
     """
     step = int(trainer.state.global_step)
-    if not keep_due(step, every) or not trainer.accelerator.is_main_process:
+    if not keep_due(step, every):
         return None
     from stare_lab.signals import resolve_layers
     from stare_lab.signals.attention import unwrap_model
@@ -135,6 +138,8 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | Non
         chunk_tokens=getattr(trainer, "stats_chunk_tokens", 1024),
         chunk_queries=getattr(trainer, "attn_chunk_queries", 128),
         chunk_positions=getattr(trainer, "js_chunk_positions", 64))
+    if not trainer.accelerator.is_main_process:
+        return None
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
     B = out["completion_ids"].size(0)
