@@ -59,3 +59,11 @@ def test_trainer_values_from_config():
     assert TrainerValues.from_config(make_dataclass("T", list(keys))(**keys)) == want
     d = {"epsilon": 0.1, "epsilon_high": None, "beta": 0.04, "loss_type": "grpo", "num_generations": 4}
     assert TrainerValues.from_config(d) == TrainerValues(0.1, 0.1, 0.04, "grpo", 4)  # None: TRL uses ε_low
+
+
+def test_a_reference_rule_sees_the_trainer_values():
+    """random matched to gmts reads what gmts reads under this trainer (ref_logp only with β > 0)."""
+    matched = get_method("random", match="position", reference="gmts")
+    kl = TrainerValues(**{**vars(TRAINER), "beta": 0.04})
+    assert matched.needs_for(TRAINER) == {"logp", "entropy", "old_logp"}
+    assert matched.needs_for(kl) == {"logp", "entropy", "old_logp", "ref_logp"}

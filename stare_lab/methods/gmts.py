@@ -94,7 +94,7 @@ class Params:
             raise ValueError(f"beta={self.beta} is out of range (beta ≥ 0)")
 
 
-def needs(p: Params) -> set[str]:
+def needs(p: Params, trainer=None) -> set[str]:
     # p.beta is the effective β; None only while the trainer is unknown (then no KL term is assumed)
     return {"logp", "entropy", "old_logp"} | ({"ref_logp"} if (p.beta or 0.0) > 0 else set())
 

@@ -49,7 +49,7 @@ class Params:
         check_choice("flow", self.flow, FLOWS)
 
 
-def needs(p: Params) -> set[str]:
+def needs(p: Params, trainer=None) -> set[str]:
     return {"logp", "entropy", "p2", "p2logp"} if p.flow == "full" else {"logp", "entropy"}
 
 

@@ -15,8 +15,9 @@ Deviations and decisions:
 2. [ours] match="position" reproduces the reference rule's positional histogram exactly in
    every scope unit, so "anchors are early tokens" cannot explain an anchor-vs-random gap
    (the anchor/explorer study's controls). ρ is then ignored: the count comes from the reference.
-3. [ours] The reference runs with the same RuleState, so it selects exactly what its own arm
-   would on this batch; its `needs` (and attention layers) become this rule's.
+3. [ours] The reference runs with the same RuleState (trainer values included), so it selects
+   exactly what its own arm would on this batch; its `needs` (and attention layers) become this
+   rule's. A trainer value set explicitly in `reference_params` is not checked against the trainer.
 4. [ours] A reference with no `selected` subset (a soft rule) counts as selecting every valid
    token, so matching it selects every valid token.
 5. [ours] Random keys are drawn once over the whole [B, T] batch from state.generator("random"),
@@ -65,8 +66,8 @@ class Params:
         return get_method(self.reference, **self.reference_params)
 
 
-def _needs(p: Params) -> frozenset[str]:
-    return p.reference_rule().needs if p.match == "position" else frozenset()
+def _needs(p: Params, trainer) -> frozenset[str]:
+    return p.reference_rule().needs_for(trainer) if p.match == "position" else frozenset()
 
 
 def _attn_layers(p: Params):

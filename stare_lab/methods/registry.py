@@ -101,9 +101,10 @@ class RuleOutput:
     selected: Tensor | None = None     # [B, T] bool: the rule's selected subset (for metrics); None = all valid
 
 
-# A declaration is a constant or a function of the rule's Params (trainer fields already filled
-# in where the trainer is known, None where it is not).
-NeedsSpec = Iterable[str] | Callable[[Any], Iterable[str]]
+# A declaration is a constant or a function. `needs` functions get (params, trainer): the Params
+# with trainer-valued fields filled in where the trainer is known (None where it is not), and the
+# TrainerValues or None (a rule that delegates to another rule passes it on).
+NeedsSpec = Iterable[str] | Callable[[Any, "TrainerValues | None"], Iterable[str]]
 LayersSpec = Callable[[Any], int | Iterable[int] | None] | None
 
 
@@ -123,7 +124,7 @@ def register(name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: La
     """Decorator: register `fn(stats, state, params) -> RuleOutput` under `name`.
 
     needs: the statistics the rule reads (names of `STATISTICS`, `logp` included), or a function
-        of its Params returning them.
+        `needs(params, trainer)` returning them.
     attn_layers: for a rule that reads `attn_entropy`, a function of its Params returning the
         layer index or indices (None = the middle layer); the statistics pass averages over them.
     """
@@ -197,7 +198,7 @@ class Rule:
         n = self._entry.needs
         if not callable(n):
             return n
-        names = frozenset(n(self.effective_params(trainer, strict=False)))
+        names = frozenset(n(self.effective_params(trainer, strict=False), trainer))
         _check_needs(self.name, names)
         return names
 
