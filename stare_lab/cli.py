@@ -102,8 +102,16 @@ def _print_last_metrics(run_dir: Path) -> None:
         print("  ".join(f"{k}={last[k]:.4g}" if isinstance(last.get(k), float) else f"{k}={last.get(k)}" for k in keys))
     for result in read_eval_results(run_dir):
         if result["final"]:
-            m = result.get("metrics") or {}
-            print(f"{result['benchmark']}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items() if isinstance(v, float)))
+            _print_result(result)
+
+
+def _print_result(result: dict) -> None:
+    """`arithmetic: avg@4=0.250  pass@1=...  (n=4, T=1, top-p=0.7, max tokens 8, exact, step 2)`."""
+    m = result.get("metrics") or {}
+    settings = (f"n={result.get('n')}, T={result.get('temperature')}, top-p={result.get('top_p')}, "
+                f"max tokens {result.get('max_tokens')}, {result.get('verifier')}, step {result.get('step')}")
+    print(f"{result['benchmark']}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items() if isinstance(v, float))
+          + f"  ({settings})")
 
 
 def cmd_sweep(argv: list[str]) -> int:
@@ -115,23 +123,38 @@ def cmd_sweep(argv: list[str]) -> int:
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="stare-lab eval")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--n", type=int, default=None)
+    p.add_argument("--n", type=int, default=None, help="samples per problem (default: the benchmark's own)")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--benchmarks", nargs="*", default=None)
-    p.add_argument("--force", action="store_true", help="re-evaluate even if results exist")
+    p.add_argument("--force", action="store_true", help="re-evaluate even if a result under the same settings exists")
     a = _parse(p, argv)
     if not (a.run_dir / "config.yaml").is_file():
         raise UserError(f"{a.run_dir} is not a run directory (no config.yaml)")
+    overrides = {"n": a.n, "temperature": a.temperature, "top_p": a.top_p, "max_tokens": a.max_tokens}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    _check_eval_settings(overrides)
     from stare_lab.config import load_config
     from stare_lab.eval_run import evaluate_run
+    from stare_lab.sweep.worker import start_worker
 
     cfg = load_config(a.run_dir / "config.yaml")
-    if a.n is not None:
-        cfg.eval.n = a.n
     if a.benchmarks:
         cfg.eval.benchmarks = a.benchmarks
-    evaluate_run(a.run_dir, cfg, force=a.force)
-    _print_last_metrics(a.run_dir)
+    start_worker()
+    for result in evaluate_run(a.run_dir, cfg, force=a.force, overrides=overrides).values():
+        _print_result(result)
     return 0
+
+
+def _check_eval_settings(s: dict) -> None:
+    problems = {"n": s.get("n", 1) >= 1, "temperature": s.get("temperature", 0.0) >= 0,
+                "top_p": 0 < s.get("top_p", 1.0) <= 1, "max_tokens": s.get("max_tokens", 1) >= 1}
+    bad = [k for k, ok in problems.items() if not ok]
+    if bad:
+        ranges = {"n": "≥ 1", "temperature": "≥ 0", "top_p": "in (0, 1]", "max_tokens": "≥ 1"}
+        raise UserError(f"--{bad[0].replace('_', '-')} {s[bad[0]]}: expected a value {ranges[bad[0]]}")
 
 
 def _sweep_root(path: Path) -> Path:
@@ -153,14 +176,32 @@ def cmd_table(argv: list[str]) -> int:
     p.add_argument("--baseline", default="full")
     p.add_argument("--metric", default=None)
     p.add_argument("--out", type=Path, default=None, help="also write md, tex and csv files to this folder")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="only results evaluated with this setting (n, temperature, top_p, max_tokens, verifier)")
+    p.add_argument("--mix-settings", action="store_true",
+                   help="allow one column to hold results under different evaluation settings (noted)")
     a = _parse(p, argv)
     from stare_lab.analysis import collect_runs, passk_table, results_table, run_states
+    from stare_lab.analysis.collect import SettingsMismatch
 
+    where = dict(w.split("=", 1) for w in a.where if "=" in w)
+    if len(where) != len(a.where):
+        raise UserError(f"--where: expected KEY=VALUE, got {a.where}")
     root = _sweep_root(a.sweep)
     df = collect_runs(root)
     if df.empty:
         raise UserError(f"no evaluation results under {root} yet")
-    table = results_table(df, metric=a.metric, baseline=a.baseline, expected=run_states(root))
+    expected = run_states(root)
+    try:
+        table = results_table(df, metric=a.metric, baseline=a.baseline, expected=expected, where=where,
+                              mix_settings=a.mix_settings)
+        passk = {b: passk_table(df, b, baseline=a.baseline, where=where, mix_settings=a.mix_settings)
+                 for b in sorted(df["benchmark"].unique())} if a.out else {}
+    except SettingsMismatch as e:
+        raise UserError(str(e)) from None
+    for note in table.notes:
+        if note.startswith("Warning: runs come from different code"):
+            print(f"stare-lab: {note}", file=sys.stderr)
     rendered = {"md": table.to_markdown(), "latex": table.to_latex(), "csv": table.to_csv()}
     print(rendered[a.format])
     if a.out:
@@ -168,8 +209,8 @@ def cmd_table(argv: list[str]) -> int:
 
         for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv")):
             atomic_write_text(a.out / f"results.{ext}", rendered[fmt])
-        for bench in sorted(df["benchmark"].unique()):
-            atomic_write_text(a.out / f"passk_{bench}.md", passk_table(df, bench, baseline=a.baseline).to_markdown())
+        for bench, t in passk.items():
+            atomic_write_text(a.out / f"passk_{bench}.md", t.to_markdown())
     return 0
 
 

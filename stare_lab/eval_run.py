@@ -1,16 +1,29 @@
 """Evaluation of a run: its final model on each configured benchmark (and, optionally, on
-intermediate checkpoints during training, for curves). Results land in <run_dir>/eval/
-(docs/run_record.md); a benchmark already evaluated is not redone unless forced.
+intermediate checkpoints during training, for curves).
+
+Each benchmark is evaluated under its own settings (stare_lab/conf/benchmark/<name>.yaml: n,
+temperature, top_p, max_tokens, verifier) unless the run's `eval.*` (the sweep) or the command
+(`stare-lab eval --n 64`) sets them; a value left null falls through to the next source. Results
+land in <run_dir>/eval/<benchmark>/<settings key>.{json,parquet} (stare_lab.record), so results
+under different settings or steps live side by side; a result already there under the same
+settings is not redone unless forced, and forcing replaces only that one.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Mapping
 
 from omegaconf import DictConfig
 from transformers import TrainerCallback
 
-from stare_lab.record import FINAL_DIR, checkpoint_step, eval_result_dir, last_checkpoint
+from stare_lab.record import EVAL_SETTINGS, FINAL_DIR, checkpoint_step, find_eval_result, last_checkpoint
+
+# Where neither the command, the run's eval config nor the benchmark sets a value: the usual
+# RLVR evaluation protocol (n = 32 samples, T = 1.0, top-p = 0.7); max_tokens defaults to the
+# trainer's completion length.
+FALLBACK = {"n": 32, "temperature": 1.0, "top_p": 0.7}
+
 
 def local_benchmark_file(name: str) -> Path | None:
     """A local copy of a benchmark (no hub access needed): $STARE_LAB_BENCHMARKS/<name>.jsonl, else
@@ -23,43 +36,70 @@ def local_benchmark_file(name: str) -> Path | None:
     return None
 
 
-def _benchmark(name: str, cfg: DictConfig, task):
-    """(records, verifier) of one benchmark; the run's own task supplies its held-out split."""
-    from stare_lab.evaluation import load_benchmark
+def _benchmark(name: str, task) -> tuple[list[dict], Any, dict[str, Any]]:
+    """(records, verifier, the benchmark's own settings) of one benchmark; the run's own task
+    supplies its held-out split and its verifier."""
+    from stare_lab.evaluation import benchmark_config, list_benchmarks, load_benchmark
 
     if name == task.name and hasattr(task, "heldout_dataset"):
         records = [{"prompt": r["prompt"], "problem": r["prompt"], "answer": str(r["answer"]),
                     "problem_id": str(r["problem_id"])} for r in task.heldout_dataset()]
-        return records, task
+        own = benchmark_config(name) if name in list_benchmarks() else {}
+        return records, task, own
     local = local_benchmark_file(name)
-    _, records, settings = load_benchmark(name, source_override=str(local) if local else None)
-    return records, settings["verifier"]
+    _, records, own = load_benchmark(name, source_override=str(local) if local else None)
+    return records, own["verifier"], own
+
+
+def eval_settings(cfg: DictConfig, own: Mapping[str, Any], verifier: Any,
+                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """n, temperature, top_p, max_tokens, verifier of one benchmark: the command's overrides,
+    else the run's eval.* value, else the benchmark's own, else FALLBACK (see module docstring)."""
+    from stare_lab.evaluation import _resolve_verifier
+
+    out: dict[str, Any] = {}
+    for key in ("n", "temperature", "top_p", "max_tokens"):
+        values = [(overrides or {}).get(key), cfg.eval.get(key), own.get(key)]
+        value = next((v for v in values if v is not None), FALLBACK.get(key))
+        out[key] = value if value is not None else cfg.trainer.max_completion_length
+    out["n"], out["max_tokens"] = int(out["n"]), int(out["max_tokens"])
+    out["temperature"], out["top_p"] = float(out["temperature"]), float(out["top_p"])
+    out["verifier"] = _resolve_verifier(verifier)[0]
+    return out
 
 
 def evaluate_model(model, tokenizer, cfg: DictConfig, out_dir: Path, *, step: int | None,
-                   intermediate: bool = False, force: bool = False) -> dict[str, dict]:
+                   intermediate: bool = False, force: bool = False,
+                   overrides: Mapping[str, Any] | None = None) -> dict[str, dict]:
+    """{benchmark: result} for every benchmark of cfg.eval: computed, or found under the same
+    settings and step (then not recomputed unless `force`)."""
     from stare_lab.evaluation import evaluate_benchmark
     from stare_lab.tasks import build_task
 
     task = build_task(cfg.task)
-    e = cfg.eval
     results = {}
-    for name in e.benchmarks:
-        dest = eval_result_dir(out_dir, step if intermediate else None) / f"{name}.json"
-        if dest.is_file() and not force:
+    for name in cfg.eval.benchmarks:
+        records, verifier, own = _benchmark(name, task)
+        s = eval_settings(cfg, own, verifier, overrides)
+        found = find_eval_result(out_dir, name, s, step, final=not intermediate)
+        if found is not None and not force:
+            results[name] = found
             continue
-        records, verifier = _benchmark(name, cfg, task)
         results[name] = evaluate_benchmark(
-            model, tokenizer, verifier, records, n=int(e.n), temperature=float(e.temperature), top_p=float(e.top_p),
-            max_tokens=int(e.max_tokens or cfg.trainer.max_completion_length), batch_size=int(e.batch_size),
-            seed=int(cfg.seed), out_dir=out_dir, step=step, name=name, intermediate=intermediate)
+            model, tokenizer, verifier, records, n=s["n"], temperature=s["temperature"], top_p=s["top_p"],
+            max_tokens=s["max_tokens"], batch_size=int(cfg.eval.batch_size), seed=int(cfg.seed), out_dir=out_dir,
+            step=step, name=name, intermediate=intermediate)
     return results
 
 
-def evaluate_run(run_dir: Path, cfg: DictConfig, *, force: bool = False) -> dict[str, dict]:
-    """Evaluate <run_dir>/final on every benchmark of cfg.eval."""
+def evaluate_run(run_dir: Path, cfg: DictConfig, *, force: bool = False,
+                 overrides: Mapping[str, Any] | None = None) -> dict[str, dict]:
+    """Evaluate <run_dir>/final on every benchmark of cfg.eval (`overrides`: settings of the command)."""
     from stare_lab.models import load_model_and_tokenizer
 
+    unknown = set(overrides or {}) - set(EVAL_SETTINGS)
+    if unknown:
+        raise ValueError(f"evaluation settings: unknown {sorted(unknown)}; valid: {list(EVAL_SETTINGS)}")
     final = Path(run_dir) / FINAL_DIR
     if not final.is_dir():
         raise FileNotFoundError(f"{final} does not exist: the run has not finished training")
@@ -67,11 +107,11 @@ def evaluate_run(run_dir: Path, cfg: DictConfig, *, force: bool = False) -> dict
     model.eval()
     ckpt = last_checkpoint(run_dir)
     step = checkpoint_step(ckpt) if ckpt else int(cfg.trainer.max_steps)
-    return evaluate_model(model, tokenizer, cfg, Path(run_dir), step=step, force=force)
+    return evaluate_model(model, tokenizer, cfg, Path(run_dir), step=step, force=force, overrides=overrides)
 
 
 class IntermediateEval(TrainerCallback):
-    """Evaluate the training model every `eval.every_steps` optimizer steps (eval/step-<N>/)."""
+    """Evaluate the training model every `eval.every_steps` optimizer steps (results with final=False)."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path):
         self.cfg, self.run_dir = cfg, Path(run_dir)

@@ -244,8 +244,9 @@ def evaluate_benchmark(model: Any, tokenizer: Any, task_or_verifier: Any, record
                        batch_size: int = 32, seed: int = 0, out_dir: str | os.PathLike, step: int | None = None,
                        name: str, template: str | None = None, chat: bool = False,
                        intermediate: bool = False) -> dict[str, Any]:
-    """Sample n answers per record, verify, write `<out_dir>/eval/<name>.{parquet,json}` (or
-    `eval/step-<step>/` when `intermediate`), and return the JSON object (metrics under "metrics").
+    """Sample n answers per record, verify, write `<out_dir>/eval/<name>/<settings key>.{parquet,json}`
+    (stare_lab.record.write_eval_result; `final` is False when `intermediate`), and return the JSON
+    object (metrics under "metrics").
 
     records: dicts with `problem_id`, `answer` (gold) and `problem` (formatted with `template`,
     default the fixed `\\boxed{}` template) or an already formatted `prompt`.
@@ -264,21 +265,22 @@ def evaluate_benchmark(model: Any, tokenizer: Any, task_or_verifier: Any, record
                          "extracted": None if extracted is None else str(extracted), "gold": gold,
                          "correct": bool(check(text, extracted, gold)), "length": int(length)})
     df = pd.DataFrame(rows, columns=list(PARQUET_COLUMNS))
-    result = {"benchmark": name, "step": step, "n": n, "temperature": temperature, "top_p": top_p,
-              "max_tokens": max_tokens, "verifier": verifier, "num_problems": len(records),
+    result = {"benchmark": name, "step": step, "final": not intermediate, "n": n, "temperature": temperature,
+              "top_p": top_p, "max_tokens": max_tokens, "verifier": verifier, "num_problems": len(records),
               "metrics": summarize(df, n)}
-    from stare_lab.record import eval_result_dir, write_eval_result
+    from stare_lab.record import write_eval_result
 
-    write_eval_result(eval_result_dir(out_dir, step if intermediate else None), name, rows, result)
-    return result
+    path = write_eval_result(out_dir, result, rows)
+    return {**result, "settings_key": path.stem}
 
 
 def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
     """(name, records, settings) for a benchmark: a name from conf/benchmark/, a YAML path, or a
     dict / DictConfig with that file's keys. `source_override` replaces `source` (e.g. a local
-    JSONL copy). settings: `n`, `verifier`, `source`, `split`, `subset`.
+    JSONL copy). settings: `n`, `verifier`, `source`, `split`, `subset`, and the benchmark's own
+    `temperature`, `top_p`, `max_tokens` (None where its file does not set them).
     """
-    cfg = _benchmark_config(cfg_or_name)
+    cfg = benchmark_config(cfg_or_name)
     for key in ("name", "source", "n", "verifier"):
         if cfg.get(key) is None:
             raise ValueError(f"benchmark.{key} is missing in {cfg.get('name', cfg_or_name)!r}")
@@ -300,6 +302,7 @@ def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tupl
                                subset=cfg.get("subset"), limit=cfg.get("limit"))
         records = [_clean_gold(r, cfg) for r in records]
     settings = {"n": int(cfg["n"]), "verifier": cfg["verifier"], "source": source,
+                **{k: cfg.get(k) for k in ("temperature", "top_p", "max_tokens")},
                 "split": cfg.get("split", "test"), "subset": cfg.get("subset")}
     return str(cfg["name"]), records, settings
 
@@ -317,7 +320,7 @@ def _clean_gold(record: dict[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any
     return {**record, "answer": answer}
 
 
-def _benchmark_config(cfg_or_name: Any) -> dict[str, Any]:
+def benchmark_config(cfg_or_name: Any) -> dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
     if isinstance(cfg_or_name, DictConfig):

@@ -276,37 +276,56 @@ def last_checkpoint(run_dir: Path | str, problems: list[str] | None = None) -> P
 
 
 # -------------------------------------------------------------------------------- evaluation
-def eval_result_dir(run_dir: Path | str, step: int | None = None) -> Path:
-    """eval/ (final model) or eval/step-<N>/ (an intermediate checkpoint)."""
-    d = Path(run_dir) / EVAL_DIR
-    return d if step is None else d / f"step-{step}"
+# What an evaluation result depends on besides the model: results differing in any of these (or in
+# the checkpoint step) are different results and live side by side.
+EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier")
 
 
-def write_eval_result(dest: Path, name: str, rows: list[dict[str, Any]], result: dict[str, Any]) -> None:
-    """`<dest>/<name>.parquet` (one row per sample) and `<dest>/<name>.json`, atomically."""
+def _num(x: Any) -> str:
+    return f"{float(x):g}"
+
+
+def settings_key(settings: dict[str, Any], step: int | None) -> str:
+    """The file stem of one evaluation: `step-2_n4_t1_p0.7_m8_exact` (step `final` when unknown)."""
+    return (f"step-{'final' if step is None else step}_n{int(settings['n'])}_t{_num(settings['temperature'])}"
+            f"_p{_num(settings['top_p'])}_m{int(settings['max_tokens'])}_{settings['verifier']}")
+
+
+def eval_result_path(run_dir: Path | str, benchmark: str, settings: dict[str, Any], step: int | None) -> Path:
+    """`eval/<benchmark>/<settings key>.json`; the per-sample parquet sits beside it."""
+    return Path(run_dir) / EVAL_DIR / benchmark / f"{settings_key(settings, step)}.json"
+
+
+def write_eval_result(run_dir: Path | str, result: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+    """`eval/<benchmark>/<key>.parquet` (one row per sample) and `.json` (settings inside), atomically.
+    A result under the same settings and step is replaced; any other is kept."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    path = eval_result_path(run_dir, result["benchmark"], result, result["step"])
+    result = {**result, "settings_key": path.stem}
     schema = pa.schema([("problem_id", pa.string()), ("sample_index", pa.int64()), ("answer", pa.string()),
                         ("extracted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
                         ("length", pa.int64())])
-    dest.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
-    atomic_write(dest / f"{name}.parquet", lambda tmp: pq.write_table(table, tmp))
+    atomic_write(path.with_suffix(".parquet"), lambda tmp: pq.write_table(table, tmp))
     text = json.dumps(result, indent=2, allow_nan=False) + "\n"
-    atomic_write(dest / f"{name}.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return path
 
 
-def eval_files(run_dir: Path | str) -> Iterator[tuple[Path, bool, int | None]]:
-    """(json path, final?, step of an intermediate folder) of every evaluation result."""
+def eval_files(run_dir: Path | str) -> Iterator[tuple[Path, bool | None, int | None]]:
+    """(json path, final?, step from the folder name) of every evaluation result, both layouts:
+    eval/<benchmark>/<key>.json (final? read from the file: None here), and the older
+    eval/<benchmark>.json (final) and eval/step-<N>/<benchmark>.json (intermediate)."""
     root = Path(run_dir) / EVAL_DIR
     for p in sorted(root.glob("[!.]*.json")):  # not the .x.json.tmp of a write in progress
         yield p, True, None
-    for sub in sorted(root.glob("step-*")):
+    for sub in sorted(d for d in root.iterdir() if d.is_dir()) if root.is_dir() else []:
         m = _STEP_DIR.fullmatch(sub.name)
-        if m and sub.is_dir():
-            for p in sorted(sub.glob("[!.]*.json")):
-                yield p, False, int(m.group(1))
+        for p in sorted(sub.glob("[!.]*.json")):
+            yield (p, False, int(m.group(1))) if m else (p, None, None)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -319,20 +338,86 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_eval_results(run_dir: Path | str) -> list[dict[str, Any]]:
-    """Every evaluation result of a run, each with `path`, `final` and `step` filled in."""
+    """Every evaluation result of a run, each with `path`, `benchmark`, `final` and `step` filled in."""
     out = []
     for path, final, dir_step in eval_files(run_dir):
         data = read_json(path)
         if data is None:
             continue
-        data.setdefault("benchmark", path.stem)
+        data.setdefault("benchmark", path.parent.name if final is None else path.stem)
         data["step"] = data.get("step", dir_step)
-        out.append({**data, "path": str(path), "final": final})
+        data["final"] = bool(data.get("final", True)) if final is None else final
+        out.append({**data, "path": str(path)})
     return out
 
 
+def same_settings(result: dict[str, Any], settings: dict[str, Any]) -> bool:
+    return all(_same(result.get(k), settings.get(k)) for k in EVAL_SETTINGS)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return a == b
+
+
+def find_eval_result(run_dir: Path | str, benchmark: str, settings: dict[str, Any], step: int | None,
+                     final: bool) -> dict[str, Any] | None:
+    """The result of this benchmark under exactly these settings at this step, in either layout."""
+    for r in read_eval_results(run_dir):
+        if r["benchmark"] == benchmark and r["final"] == final and r.get("step") == step and same_settings(r, settings):
+            return r
+    return None
+
+
 def eval_metric(run_dir: Path | str, benchmark: str, metric: str, step: int | None = None) -> float | None:
-    """One metric of the final (or step-N) evaluation of a benchmark, or None."""
-    data = read_json(eval_result_dir(run_dir, step) / f"{benchmark}.json")
-    value = ((data or {}).get("metrics") or {}).get(metric)
-    return None if value is None else float(value)
+    """A metric of the final evaluation (or the one at `step`) of a benchmark; among several
+    settings, the newest result that reports the metric."""
+    found = [r for r in read_eval_results(run_dir) if r["benchmark"] == benchmark
+             and (r["final"] if step is None else (not r["final"] and r.get("step") == step))
+             and (r.get("metrics") or {}).get(metric) is not None]
+    if not found:
+        return None
+    newest = max(found, key=lambda r: Path(r["path"]).stat().st_mtime)
+    return float(newest["metrics"][metric])
+
+
+# -------------------------------------------------------------------------------- provenance
+PROVENANCE_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate")
+
+
+def provenance(device: str | None = None) -> dict[str, Any]:
+    """What code ran an attempt: the project's git commit and dirty flag (tracked files) when the
+    package sits in its git checkout, else its installed version; library versions; Python; device."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    root = Path(__file__).resolve().parents[1]
+    commit = dirty = None
+    if (root / ".git").exists() and (root / "pyproject.toml").is_file():
+        try:
+            git = ["git", "-C", str(root)]
+            commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20).stdout.strip() or None
+            dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                        text=True, timeout=20).stdout.strip()) if commit else None
+        except (OSError, subprocess.TimeoutExpired):
+            commit = dirty = None
+    return {"stare_lab": version("stare_lab"), "commit": commit, "dirty": dirty, "python": platform.python_version(),
+            "versions": {name: version(name) for name in PROVENANCE_PACKAGES}, "device": device}
+
+
+def code_version(status_or_provenance: dict[str, Any] | None) -> str | None:
+    """`<commit[:10]>[+dirty]` or `stare_lab <version>` of a provenance, or of a status's last attempt."""
+    p = status_or_provenance or {}
+    if "provenance" in p:
+        p = (p["provenance"] or [{}])[-1] if isinstance(p["provenance"], list) else p["provenance"]
+    if p.get("commit"):
+        return p["commit"][:10] + ("+dirty" if p.get("dirty") else "")
+    return f"stare_lab {p['stare_lab']}" if p.get("stare_lab") else None

@@ -5,6 +5,7 @@ The expected numbers are worked out by hand in tests/fixtures_runs.py's docstrin
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import struct
@@ -15,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+from stare_lab.analysis.collect import SettingsMismatch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fixtures_runs as fx  # noqa: E402
@@ -157,8 +160,29 @@ def test_settings_disagreement_is_stated(tmp_path):
     fx.write_run(tmp_path, "full", None, 1, evals={"arithmetic": 0.5})
     hot = {**fx.SETTINGS, "arithmetic": {**fx.SETTINGS["arithmetic"], "temperature": 0.6}}
     fx.write_run(tmp_path, "full", None, 2, evals={"arithmetic": 0.6}, settings=hot)
-    notes = results_table(collect_runs(tmp_path)).notes
+    df = collect_runs(tmp_path)
+    with pytest.raises(SettingsMismatch, match=r"^arithmetic: runs were evaluated with different settings "
+                       r"\(n=32, T=0.6, top-p=0.7, max tokens 256, exact: 1 runs; n=32, T=1.0, .*: 1 runs\)"):
+        results_table(df)                                   # one column would mix T=0.6 and T=1.0
+    notes = results_table(df, mix_settings=True).notes
     assert "Settings disagree: T on arithmetic: 0.6 (runs full-s2); 1.0 (runs full-s1)." in notes
+    only = results_table(df, where={"temperature": 0.6})
+    assert only.cells.set_index("rule").loc["full", "mean"] == pytest.approx(0.6)
+    assert "Evaluation: T=0.6, top-p=0.7, n=32, max tokens=256, verifier=exact." in only.notes
+
+
+def test_a_run_evaluated_under_two_settings_shows_the_common_one_and_names_the_other(tmp_path):
+    for seed, avg in ((1, 0.5), (2, 0.6)):
+        fx.write_run(tmp_path, "full", None, seed, evals={"arithmetic": avg})
+    run = tmp_path / fx.SWEEP / fx.run_id("full", None, 2)
+    extra = {"benchmark": "arithmetic", "step": 50, "final": True, **fx.SETTINGS["arithmetic"], "n": 64,
+             "metrics": {"avg@64": 0.9}}
+    (run / "eval" / "arithmetic").mkdir()
+    (run / "eval" / "arithmetic" / "step-50_n64_t1_p0.7_m256_exact.json").write_text(json.dumps(extra))
+    table = results_table(collect_runs(tmp_path))
+    assert table.cells.set_index("rule").loc["full", "mean"] == pytest.approx(0.55)     # n=32 for both runs
+    assert ("arithmetic: also evaluated with n=64, T=1.0, top-p=0.7, max tokens 256, exact (1 runs); "
+            "not shown (choose with --where).") in table.notes
 
 
 def test_csv_round_trip(table):

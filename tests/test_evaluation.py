@@ -152,18 +152,20 @@ def test_evaluate_benchmark_writes_run_record(tiny_lm, tmp_path):
     records = [{"problem_id": f"p{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(3)]
     result = evaluate_benchmark(model, tok, "math_verify", records, n=4, temperature=1.0, top_p=0.7, max_tokens=6,
                                 batch_size=5, seed=0, out_dir=tmp_path, step=7, name="toy")
-    df = pd.read_parquet(tmp_path / "eval" / "toy.parquet")
+    key = "step-7_n4_t1_p0.7_m6_math_verify"     # the settings, readable, in the file name
+    assert result["settings_key"] == key
+    df = pd.read_parquet(tmp_path / "eval" / "toy" / f"{key}.parquet")
     assert tuple(df.columns) == PARQUET_COLUMNS and len(df) == 12
     assert df.groupby("problem_id")["sample_index"].apply(sorted).tolist() == [[0, 1, 2, 3]] * 3
     assert df["correct"].dtype == bool and df["length"].between(1, 6).all()
     assert set(df["gold"]) == {"1", "2", "3"}
-    written = json.loads((tmp_path / "eval" / "toy.json").read_text())
+    written = json.loads((tmp_path / "eval" / "toy" / f"{key}.json").read_text())
     assert written == result
-    assert list(written) == ["benchmark", "step", "n", "temperature", "top_p", "max_tokens", "verifier",
-                             "num_problems", "metrics"]
+    assert list(written) == ["benchmark", "step", "final", "n", "temperature", "top_p", "max_tokens", "verifier",
+                             "num_problems", "metrics", "settings_key"]
     assert (written["benchmark"], written["step"], written["n"], written["verifier"], written["num_problems"]) == ("toy", 7, 4, "math_verify", 3)
     assert written["metrics"] == summarize(df, 4)  # floats survive the JSON round trip exactly
-    assert not list((tmp_path / "eval").glob(".*tmp*"))
+    assert not list((tmp_path / "eval").rglob(".*tmp*"))
 
 
 def test_evaluate_benchmark_uses_task_verify(tiny_lm, tmp_path):
@@ -181,8 +183,8 @@ def test_evaluate_benchmark_uses_task_verify(tiny_lm, tmp_path):
     records = [{"problem_id": "a", "prompt": "12+3=", "answer": "15"}, {"problem_id": "b", "prompt": "4+4=", "answer": "8"}]
     result = evaluate_benchmark(model, tok, EvenLength(), records, n=4, max_tokens=5, batch_size=8, seed=2,
                                 out_dir=tmp_path, step=3, name="stub", intermediate=True)
-    df = pd.read_parquet(tmp_path / "eval" / "step-3" / "stub.parquet")
-    assert result["verifier"] == "exact"
+    df = pd.read_parquet(tmp_path / "eval" / "stub" / f"{result['settings_key']}.parquet")
+    assert result["verifier"] == "exact" and result["final"] is False and result["settings_key"].startswith("step-3_n4_")
     assert df["correct"].tolist() == [len(t) % 2 == 0 for t in df["answer"]]
     assert result["metrics"]["avg@4"] == pytest.approx(df["correct"].mean())
 

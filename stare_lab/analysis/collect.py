@@ -27,6 +27,7 @@ from stare_lab.record import (
     CONFIG_FILE,
     EVAL_DIR,
     WANDB_DIR,
+    code_version,
     read_eval_results,
     read_status,
     scan_metrics,
@@ -38,7 +39,12 @@ EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "num_pro
 RUN_COLUMNS = ["sweep", "run", "label", "rule", "arm", "seed"]
 EVAL_COLUMNS = RUN_COLUMNS + ["step", "final", "benchmark", "metric", "value", *EVAL_SETTINGS]
 TRAIN_COLUMNS = RUN_COLUMNS + ["step", "metric", "value"]
-STATE_COLUMNS = RUN_COLUMNS + ["state", "attempts", "error", "path"]
+STATE_COLUMNS = RUN_COLUMNS + ["state", "attempts", "error", "code", "path"]
+SETTING_COLUMNS = ("n", "temperature", "top_p", "max_tokens", "verifier")
+
+
+class SettingsMismatch(ValueError):
+    """Results of one benchmark computed under different evaluation settings would share a column."""
 _SKIP_DIRS = {CHECKPOINT_DIR, EVAL_DIR, WANDB_DIR}
 
 
@@ -236,8 +242,54 @@ def run_states(root: Path | list[Path]) -> pd.DataFrame:
             "state": status.get("state", "unknown"),
             "attempts": status.get("attempts"),
             "error": status.get("error"),
+            "code": code_version(status),
             "path": str(run_dir),
         })
     df = pd.DataFrame(rows, columns=STATE_COLUMNS)
     df["seed"] = df["seed"].astype("Int64")
     return df
+
+
+def settings_label(row) -> str:
+    """"n=32, T=1.0, top-p=0.7, max tokens 4096, math_verify" for a result row."""
+    return (f"n={row['n']}, T={row['temperature']}, top-p={row['top_p']}, max tokens {row['max_tokens']}, "
+            f"{row['verifier']}")
+
+
+def select_settings(final: pd.DataFrame, where: dict[str, Any] | None = None,
+                    mix: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """Keep, per benchmark, results of one evaluation setting so a column never mixes settings.
+
+    `where` keeps only results with those settings (e.g. {"n": 64}). Then, per benchmark, the
+    setting most runs have is used when every run with a result has it (other settings are named
+    in a note); otherwise `SettingsMismatch` names the settings and their runs, unless `mix`, which
+    keeps each run's result under the common setting where it has one, else its own, with a note.
+    """
+    if final.empty or not set(SETTING_COLUMNS) <= set(final.columns):
+        return final, []
+    for key, value in (where or {}).items():
+        if key not in SETTING_COLUMNS:
+            raise SettingsMismatch(f"--where {key}: unknown setting; valid: {', '.join(SETTING_COLUMNS)}")
+        final = final[final[key].astype(str) == str(value)]
+    final = final.assign(_settings=final.apply(settings_label, axis=1) if len(final) else pd.Series(dtype=str))
+    kept, notes = [], []
+    for bench, rows in final.groupby("benchmark", sort=True):
+        groups = rows.groupby("_settings")["run"].agg(lambda r: sorted(set(r)))
+        runs = set(rows["run"])
+        best = max(groups.index, key=lambda g: (len(groups[g]), g))
+        others = [g for g in groups.index if g != best]
+        if set(groups[best]) == runs:
+            if others:
+                notes.append(f"{bench}: also evaluated with " + "; ".join(
+                    f"{g} ({len(groups[g])} runs)" for g in others) + "; not shown (choose with --where).")
+            kept.append(rows[rows["_settings"] == best])
+        elif mix:
+            own = rows[(rows["_settings"] == best) | ~rows["run"].isin(groups[best])]
+            kept.append(own)
+            notes.append(f"{bench}: cells mix evaluation settings (--mix-settings): " + "; ".join(
+                f"{g} (runs {', '.join(groups[g])})" for g in groups.index) + ".")
+        else:
+            raise SettingsMismatch(f"{bench}: runs were evaluated with different settings (" + "; ".join(
+                f"{g}: {len(groups[g])} runs" for g in groups.index) + "); one column would mix them: choose one "
+                "with --where KEY=VALUE, or pass --mix-settings")
+    return pd.concat(kept).drop(columns="_settings"), notes

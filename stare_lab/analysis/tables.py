@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from stare_lab.analysis.collect import select_settings
+
 AVG_COLUMN = "Avg."
 SETTING_LABELS = {"temperature": "T", "top_p": "top-p", "n": "n", "max_tokens": "max tokens",
                   "verifier": "verifier"}
@@ -288,15 +290,18 @@ def _describe(group: pd.DataFrame, run: str) -> str:
 
 
 def results_table(df: pd.DataFrame, metric: str | None = None, baseline: str | None = "full",
-                  benchmarks: list[str] | None = None, expected: pd.DataFrame | None = None) -> Table:
+                  benchmarks: list[str] | None = None, expected: pd.DataFrame | None = None,
+                  where: dict | None = None, mix_settings: bool = False) -> Table:
     """Rule × benchmark table of `metric` (default: each benchmark's avg@n) over final evaluations.
 
     df: `collect_runs` output. baseline: the arm Δ is taken against (None: no Δ).
     expected: the runs that should have results (e.g. `run_states(root)`: columns run, arm or
-    rule, seed, optionally state); rules and runs among them without results are listed in a
-    "missing: ..." note and rules without any result get a row of dashes.
+    rule, seed, optionally state, code); rules and runs among them without results are listed in a
+    "missing: ..." note and rules without any result get a row of dashes; runs from several code
+    versions get a warning note. where / mix_settings: see `collect.select_settings` (a column
+    never silently mixes evaluation settings: SettingsMismatch).
     """
-    final = _final(df)
+    final, settings_picked = select_settings(_final(df), where, mix_settings)
     if benchmarks is None:
         benchmarks = sorted(final["benchmark"].unique()) if len(final) else []
     notes: list[str] = []
@@ -321,7 +326,8 @@ def results_table(df: pd.DataFrame, metric: str | None = None, baseline: str | N
     elif baseline is not None:
         notes.append(f"Baseline {baseline} has no results: no differences shown.")
     head += "; best per column in bold" + (f"; {AVG_COLUMN} = mean over benchmarks." if len(benchmarks) > 1 else ".")
-    notes = [head] + settings_notes(final, benchmarks) + notes + _duplicate_notes(values)
+    notes = [head] + settings_notes(final, benchmarks) + settings_picked + notes + _duplicate_notes(values)
+    notes += code_notes(values, expected)
     notes += [f"{b}: no {metric or 'avg@n'} results." for b, m in metrics.items()
               if m is None or not (values["column"] == b).any()]
     notes += missing_notes(final, benchmarks, expected)
@@ -329,9 +335,10 @@ def results_table(df: pd.DataFrame, metric: str | None = None, baseline: str | N
 
 
 def passk_table(df: pd.DataFrame, benchmark: str, baseline: str | None = "full",
-                ks: list[int] | None = None, expected: pd.DataFrame | None = None) -> Table:
+                ks: list[int] | None = None, expected: pd.DataFrame | None = None,
+                where: dict | None = None, mix_settings: bool = False) -> Table:
     """Rule × k table of pass@k on one benchmark (final evaluations; columns k = 1, 2, 4, ...)."""
-    final = _final(df)
+    final, settings_picked = select_settings(_final(df)[lambda f: f["benchmark"] == benchmark], where, mix_settings)
     rows = final[(final["benchmark"] == benchmark) & final["metric"].str.match(_PASS_METRIC)]
     rows = rows.assign(column=rows["metric"].str.extract(_PASS_METRIC, expand=False).astype(int))
     columns = sorted(set(rows["column"])) if ks is None else list(ks)
@@ -341,7 +348,8 @@ def passk_table(df: pd.DataFrame, benchmark: str, baseline: str | None = "full",
     cells = _aggregate(values, rules, columns, "k", baseline)
     notes = [f"Values: pass@k on {benchmark} in %, mean ± std over seeds (ddof=1)"
              + (f"; (+x) = difference to {baseline} in points" if baseline in rules else "") + "; best per column in bold."]
-    notes += settings_notes(final, [benchmark]) + missing_notes(final, [benchmark], expected)
+    notes += settings_notes(final, [benchmark]) + settings_picked + missing_notes(final, [benchmark], expected)
+    notes += code_notes(values, expected)
     return Table(cells, rules, columns, f"pass@k on {benchmark}", baseline if baseline in rules else None,
                  notes, column_name="k", column_labels={k: f"pass@{k}" for k in columns})
 
@@ -359,3 +367,15 @@ def _duplicate_notes(values: pd.DataFrame) -> list[str]:
     dup = seeded.groupby(["arm", "seed"])["run"].agg(sorted)
     return [f"Warning: {arm} has {len(r)} runs with seed {seed} ({', '.join(r)}), counted as separate samples."
             for (arm, seed), r in dup.items() if len(r) > 1]
+
+
+def code_notes(values: pd.DataFrame, expected: pd.DataFrame | None) -> list[str]:
+    """A warning when the runs in the table came from different code versions (run_states' `code`)."""
+    if expected is None or "code" not in expected.columns or values.empty:
+        return []
+    shown = expected[expected["run"].isin(set(values["run"]))]
+    codes = shown["code"].fillna("unrecorded").value_counts().sort_index()
+    if len(codes) < 2:
+        return []
+    return ["Warning: runs come from different code versions: "
+            + ", ".join(f"{c} ({n} runs)" for c, n in codes.items()) + "."]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stare_lab.sweep.expand import Composer, RunSpec, fmt_value
-from stare_lab.record import eval_files, eval_metric, read_metrics, read_status, update_status
+from stare_lab.record import eval_metric, read_eval_results, read_metrics, read_status, update_status
 from stare_lab.sweep.launch import POLL_S, Tracked, make_executor, prepare, reconcile, stop_job, submit_run, worker_threads
 from stare_lab.sweep.schema import SearchSpec, SweepSpec
 from stare_lab.sweep.worker import Execute, RunWorker
@@ -88,13 +88,13 @@ def objective_value(run_dir: Path, metric: str) -> float | None:
 
 
 def intermediate_values(run_dir: Path, metric: str) -> dict[int, float]:
-    """step → value so far: intermediate evaluations (eval/step-<N>/), or metrics.jsonl rows."""
+    """step → value so far: intermediate evaluations (final=False), or metrics.jsonl rows."""
     kind, _, rest = metric.partition("/")
     if kind == "eval":
         bench, _, name = rest.partition("/")
-        steps = {step for path, final, step in eval_files(run_dir) if not final and path.stem == bench}
-        values = {step: eval_metric(run_dir, bench, name, step) for step in steps}
-        return {step: v for step, v in values.items() if v is not None}
+        steps = {r["step"] for r in read_eval_results(run_dir) if not r["final"] and r["benchmark"] == bench}
+        values = {step: eval_metric(run_dir, bench, name, step) for step in steps if step is not None}
+        return {int(step): v for step, v in values.items() if v is not None}
     return {int(r["step"]): float(r[rest]) for r in read_metrics(run_dir) if rest in r}
 
 
