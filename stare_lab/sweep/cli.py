@@ -1,6 +1,6 @@
 """`stare-lab sweep run|status FILE`: the command line of sweeps.
 
-    stare-lab sweep run sweeps/demo.yaml [--launcher local|slurm] [--dry-run] [--retry-failed]
+    stare-lab sweep run sweeps/demo.yaml [--launcher local|slurm] [--dry-run] [--retry-failed] [--rerun-other-code]
         [--workers N] [--partition P] [--account A] [--gpus N] [--cpus N] [--mem-gb G]
         [--time-min M] [--root DIR]
     stare-lab sweep status sweeps/demo.yaml [--all] [--root DIR]
@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--launcher", choices=("local", "slurm"), help="override the sweep's launcher")
     run.add_argument("--dry-run", action="store_true", help="print the expanded runs and launch nothing")
     run.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    run.add_argument("--rerun-other-code", action="store_true",
+                     help="redo finished runs whose last attempt ran other code than this checkout")
     run.add_argument("--workers", type=int, help="parallel runs: local workers, or the Slurm array's parallelism")
     run.add_argument("--partition")
     run.add_argument("--account")
@@ -88,10 +90,10 @@ def cmd_run(args: argparse.Namespace, execute: Execute | None = None) -> int:
         _print_plan(spec, runs)
         return 0
     check_output(spec)
-    return _launch(spec, runs, args.retry_failed, execute)
+    return _launch(spec, runs, args.retry_failed, execute, args.rerun_other_code)
 
 
-def _launch(spec, runs, retry_failed: bool, execute: Execute | None) -> int:
+def _launch(spec, runs, retry_failed: bool, execute: Execute | None, rerun_other_code: bool = False) -> int:
     from stare_lab.sweep.expand import verify_run
     from stare_lab.sweep.launch import launch_runs, plan_runs
     from stare_lab.sweep.lock import SweepLock
@@ -104,7 +106,7 @@ def _launch(spec, runs, retry_failed: bool, execute: Execute | None) -> int:
                        runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs])
         if spec.path is not None:
             atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
-        plan = plan_runs(runs, retry_failed)
+        plan = plan_runs(runs, retry_failed, rerun_other_code)
         print(f"sweep {spec.name!r} ({spec.launcher['name']}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
               flush=True)
         counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True), execute=execute)

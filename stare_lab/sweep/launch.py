@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, first_line, new_status, read_status, set_aside
-from stare_lab.record import update_status, write_status
+from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, code_version, first_line, new_status, provenance
+from stare_lab.record import read_status, set_aside, update_status, write_status
 from stare_lab.sweep.expand import RunSpec
 from stare_lab.sweep.records import Liveness, process_start
 from stare_lab.sweep.schema import SweepError, SweepSpec
@@ -36,14 +36,16 @@ STOP_WAIT_S = 30.0
 
 @dataclass
 class Plan:
-    start: list[tuple[RunSpec, str]] = field(default_factory=list)   # (run, "new" | "resume" | "retry")
+    start: list[tuple[RunSpec, str]] = field(default_factory=list)   # (run, "new" | "resume" | "retry" | "rerun")
     finished: list[RunSpec] = field(default_factory=list)
     failed: list[RunSpec] = field(default_factory=list)              # left alone without retry_failed
     corrupt: list[RunSpec] = field(default_factory=list)             # unreadable status.json, left alone
     active: list[RunSpec] = field(default_factory=list)              # a live worker or job has it
+    other_code: dict[str, int] = field(default_factory=dict)        # code version → finished runs kept
+    current_code: str | None = None
 
     def summary(self) -> str:
-        kinds = {k: sum(1 for _, r in self.start if r == k) for k in ("new", "resume", "retry")}
+        kinds = {k: sum(1 for _, r in self.start if r == k) for k in ("new", "resume", "retry", "rerun")}
         parts = [f"{len(self.start)} to run ({', '.join(f'{v} {k}' for k, v in kinds.items() if v) or 'none'})",
                  f"{len(self.finished)} finished (skipped)"]
         if self.failed:
@@ -53,12 +55,18 @@ class Plan:
                          "them, --retry-failed sets the file aside and resumes them)")
         if self.active:
             parts.append(f"{len(self.active)} still running from an earlier launch (watched)")
+        if self.other_code:
+            versions = ", ".join(f"{v or 'unrecorded'}: {n}" for v, n in sorted(self.other_code.items(), key=str))
+            parts.append(f"note: {sum(self.other_code.values())} finished run(s) came from other code than "
+                         f"{self.current_code} ({versions}); --rerun-other-code redoes them")
         return "; ".join(parts)
 
 
-def plan_runs(runs: list[RunSpec], retry_failed: bool = False) -> Plan:
-    """What to do with each run; the caller holds the sweep lock, so no other launcher is alive."""
-    plan = Plan()
+def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code: bool = False) -> Plan:
+    """What to do with each run; the caller holds the sweep lock, so no other launcher is alive.
+    A finished run whose last attempt ran other code than this checkout is kept (and counted in
+    `other_code`) unless `rerun_other_code`."""
+    plan = Plan(current_code=code_version(provenance()))
     statuses = [read_status(run.run_dir) for run in runs]
     live = Liveness.probe(statuses, launcher_alive=False)
     for run, status in zip(runs, statuses):
@@ -66,7 +74,14 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False) -> Plan:
         if state is None:
             plan.start.append((run, "new"))
         elif state == "finished":
-            plan.finished.append(run)
+            code = code_version(status)
+            if code == plan.current_code:
+                plan.finished.append(run)
+            elif rerun_other_code:
+                plan.start.append((run, "rerun"))
+            else:
+                plan.finished.append(run)
+                plan.other_code[code] = plan.other_code.get(code, 0) + 1
         elif state in ("failed", CORRUPT):
             (plan.start.append((run, "retry")) if retry_failed else (plan.failed if state == "failed" else plan.corrupt).append(run))
         elif live.alive(run.run_dir, status):
@@ -88,9 +103,14 @@ def check_output(spec: SweepSpec) -> None:
         raise SweepError(f"{spec.where()}: output: can not write the sweep folder {folder}: {e.strerror or e}") from None
 
 
-def prepare(run: RunSpec) -> None:
+def prepare(run: RunSpec, fresh: bool = False) -> None:
     """config.yaml and a pending status.json (keeping attempts and timings of earlier tries; an
-    unreadable status.json is set aside, never overwritten)."""
+    unreadable status.json is set aside, never overwritten). `fresh`: the run starts over (other
+    code finished it); its whole old record moves to <sweep folder>/.superseded/<id>-<time>/."""
+    if fresh and run.run_dir.exists():
+        dest = run.run_dir.parent / ".superseded" / f"{run.id}-{time.strftime('%Y%m%dT%H%M%S')}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(run.run_dir, dest)
     atomic_write_text(run.run_dir / CONFIG_FILE, OmegaConf.to_yaml(run.cfg, resolve=True))
     status = read_status(run.run_dir)
     if status is not None and status.get("state") == CORRUPT:
@@ -176,8 +196,8 @@ def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print
     `execute` replaces the real runner in the workers (tests)."""
     executor = executor or make_executor(spec)
     worker = RunWorker(execute, worker_threads(spec))
-    for run, _ in plan.start:
-        prepare(run)
+    for run, kind in plan.start:
+        prepare(run, fresh=kind == "rerun")
     queue = [run for run, _ in plan.start]
     waiting = [Tracked(run) for run in plan.active]
     if spec.launcher["name"] == "slurm" and queue:

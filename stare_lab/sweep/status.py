@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stare_lab.record import CORRUPT, STATUS_FILE, read_status
+from stare_lab.record import CORRUPT, STATUS_FILE, code_version, read_status
 from stare_lab.sweep.lock import lock_held
 from stare_lab.sweep.records import Liveness, read_manifest
 
@@ -37,7 +37,7 @@ def collect(folder: Path) -> dict[str, Any]:
                      "planned": run_id in planned, "state": s.get("state") or "not started",
                      "attempts": s.get("attempts", 0), "job": s.get("slurm_job_id"),
                      "host": s.get("host"), "duration_s": s.get("duration_s"),
-                     "error": s.get("error"), "_status": status})
+                     "error": s.get("error"), "code": code_version(status), "_status": status})
     _mark_stalled(rows, folder)
     return {"rows": rows, "manifest": manifest}
 
@@ -52,6 +52,18 @@ def _mark_stalled(rows: list[dict[str, Any]], folder: Path) -> None:
             r["state"] = "stalled"
 
 
+def mixed_code_note(rows: list[dict[str, Any]]) -> str | None:
+    """A warning when runs of one table came from different code (rows with a `code` key)."""
+    codes: dict[str, int] = {}
+    for r in rows:
+        codes[r.get("code") or "unrecorded"] = codes.get(r.get("code") or "unrecorded", 0) + 1
+    if len(codes) < 2:
+        return None
+    return ("warning: finished runs come from different code versions ("
+            + ", ".join(f"{c}: {n} run{'s' * (n > 1)}" for c, n in sorted(codes.items())) + "); "
+            "`sweep run --rerun-other-code` redoes those not from this checkout")
+
+
 def format_status(name: str, data: dict[str, Any], digest: str | None = None, show_all: bool = False,
                   best: dict[str, Any] | None = None) -> str:
     rows, manifest = data["rows"], data["manifest"]
@@ -61,6 +73,9 @@ def format_status(name: str, data: dict[str, Any], digest: str | None = None, sh
     lines = [f"sweep {name!r}: {len(rows)} runs — " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)]
     if digest and manifest.get("digest") and manifest["digest"] != digest:
         lines.append("note: the sweep file changed since the last `sweep run`; run it again to launch the new plan")
+    mixed = mixed_code_note([r for r in rows if r["state"] == "finished"])
+    if mixed:
+        lines.append(mixed)
     width = max(len(r["label"]) for r in rows)
     for state in ORDER:
         group = [r for r in rows if r["state"] == state]

@@ -33,6 +33,7 @@ from stare_lab.record import (
     first_line,
     new_status,
     now_iso,
+    provenance,
     read_status,
     update_status,
     write_status,
@@ -85,9 +86,13 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool) -> dict[st
     if not ident["slurm_job_id"]:
         ident["slurm_job_id"] = status.get("slurm_job_id") if ident["host"] == status.get("host") else None
     t0 = time.time()
-    status.update(ident, state="running", attempts=int(status.get("attempts") or 0) + 1, error=None,
+    attempt = int(status.get("attempts") or 0) + 1
+    status.update(ident, state="running", attempts=attempt, error=None,
                   traceback=None, finished=None, started=status.get("started") or now_iso(),
                   attempt_started=now_iso())
+    # which code ran each attempt: `sweep run` and the tables compare it with the current code
+    status["provenance"] = [*(status.get("provenance") or []),
+                            {"attempt": attempt, "started": status["attempt_started"], **provenance(_device())}]
     write_status(run_dir, status)
     try:
         execute(run_dir)
@@ -103,6 +108,14 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool) -> dict[st
                   duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3))
     write_status(run_dir, status)
     return status
+
+
+def _device() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"cpu ({os.cpu_count()} cores)"
 
 
 def _record_end(run_dir: Path, status: dict[str, Any]) -> None:
