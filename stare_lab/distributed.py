@@ -143,7 +143,8 @@ def complete_groups(tensors: dict[str, Tensor], group: Tensor, accelerator_or_gr
     (rows in global order, right-padded with zeros to the longest completion over ranks), their
     group ids, and the slice of this rank's own rows in them. Only rows of split groups travel,
     point-to-point between the ranks that share the group. Nothing travels when no group is split
-    (B_local a multiple of G), beyond one all-gather of [B] group ids.
+    (B_local a multiple of G), beyond one all-gather of [B] group ids. With NCCL the tensors must
+    be on this rank's GPU (they are: hidden states of the statistics forward).
     """
     comm = comm_of(accelerator_or_group)
     B = group.numel()
@@ -339,8 +340,15 @@ def _raw(x: Tensor) -> Tensor:
     return x.contiguous().view(torch.uint8).reshape(-1)
 
 
+def _wire_device(comm: Comm, hint: torch.device) -> torch.device:
+    """Where a collective's tensors must live: NCCL takes CUDA tensors only, gloo takes both."""
+    if dist.get_backend(comm.group) == "nccl" and hint.type != "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return hint
+
+
 def _all_gather_ints(x: Tensor, comm: Comm, device: torch.device) -> Tensor:
-    x = x.to(device)
+    x = x.to(_wire_device(comm, device))
     out = [torch.empty_like(x) for _ in range(comm.world_size)]
     dist.all_gather(out, x, group=comm.group)
     return torch.stack(out).cpu()
@@ -348,11 +356,11 @@ def _all_gather_ints(x: Tensor, comm: Comm, device: torch.device) -> Tensor:
 
 def _all_gather_bytes(payload: Tensor, nbytes: list[int], comm: Comm) -> list[Tensor]:
     """One all-gather of every rank's packed bytes (padded to the largest); each rank's part."""
-    buf = torch.zeros(max(nbytes), dtype=torch.uint8, device=payload.device)
+    buf = torch.zeros(max(nbytes), dtype=torch.uint8, device=_wire_device(comm, payload.device))
     buf[: payload.numel()] = payload
     out = [torch.empty_like(buf) for _ in range(comm.world_size)]
     dist.all_gather(out, buf, group=comm.group)
-    return [o[:n] for o, n in zip(out, nbytes)]
+    return [o[:n].to(payload.device) for o, n in zip(out, nbytes)]
 
 
 def _pad_dim1(x: Tensor, T_max: int) -> Tensor:
