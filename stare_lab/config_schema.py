@@ -97,9 +97,10 @@ class LoggerConfig:
 @dataclass
 class EvalConfig:
     benchmarks: list[str] = MISSING                  # names of conf/benchmark/, or the run's own task
-    n: int = bounded(ge=1)
-    temperature: float = bounded(ge=0)               # 0: greedy
-    top_p: float = bounded(gt=0, le=1)
+    # n, temperature, top_p, max_tokens: null = the benchmark's own setting (conf/benchmark/<name>.yaml)
+    n: Optional[int] = bounded(ge=1)
+    temperature: Optional[float] = bounded(ge=0)     # 0: greedy
+    top_p: Optional[float] = bounded(gt=0, le=1)
     max_tokens: Optional[int] = bounded(ge=1)
     batch_size: int = bounded(ge=1)
     every_steps: int = bounded(ge=0)

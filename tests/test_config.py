@@ -143,6 +143,17 @@ def test_every_launcher_and_benchmark_file_loads():
     for path in sorted((CONF_DIR / "benchmark").glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
         assert data["name"] == path.stem and data["verifier"] in ("math_verify", "exact") and data["n"] >= 1, path
+        assert data["temperature"] >= 0 and 0 < data["top_p"] <= 1, path
+
+
+def test_evaluation_settings_left_null_are_each_benchmarks_own():
+    """conf/eval leaves n, temperature, top_p, max_tokens unset: MATH-500 keeps its avg@4 under eval=math."""
+    for option in group_options("eval"):
+        e = compose([f"eval={option}"]).eval
+        assert (e.n, e.temperature, e.top_p) == (None, None, None), option
+    bench = {p.stem: yaml.safe_load(p.read_text()) for p in (CONF_DIR / "benchmark").glob("*.yaml")}
+    assert (bench["math500"]["n"], bench["aime24"]["n"], bench["arithmetic"]["n"]) == (4, 32, 32)
+    assert compose(["eval.n=8"]).eval.n == 8
 
 
 def test_derived_defaults_and_run_id_come_from_one_function():
