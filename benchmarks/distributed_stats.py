@@ -54,7 +54,7 @@ def _timed(fn, reps: int) -> tuple[float, object]:
     return float(t), out
 
 
-def _local_stats(rule, rows: int, T: int, G: int, rank: int, seed: int):
+def _local_stats(rule, trainer_values, rows: int, T: int, G: int, rank: int, seed: int):
     """The TokenStats the statistics pass would hand this rank for `rule` (random values)."""
     from stare_lab.stats import TokenStats
 
@@ -62,7 +62,7 @@ def _local_stats(rule, rows: int, T: int, G: int, rank: int, seed: int):
     lengths = torch.randint(4, T + 1, (rows,), generator=g)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     group = (rank * rows + torch.arange(rows)) // G
-    needs = set(rule.needs)
+    needs = set(rule.needs_for(trainer_values) if hasattr(rule, "needs_for") else rule.needs)
     if "p2" in needs:
         needs.add("p2logp")
     # as the statistics pass builds it: declared statistics only, logp NaN when not declared
@@ -119,7 +119,7 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     lines = []
     for name in list_methods():
         rule = get_method(name)
-        local = _local_stats(rule, args.rows, args.T, args.G, rank, seed=1)
+        local = _local_stats(rule, getattr(state, "trainer", None), args.rows, args.T, args.G, rank, seed=1)
         gather_s, (gstats, _) = _timed(lambda: global_token_stats(local), args.reps)
         rule_global_s, _ = _timed(lambda: rule(gstats, state), args.reps)
         rule_local_s, _ = _timed(lambda: rule(local, state), args.reps)
