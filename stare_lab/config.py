@@ -159,11 +159,7 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
             f"trainer.num_generations: the generation batch (per_device_train_batch_size × steps_per_generation "
             f"= {t['per_device_train_batch_size']} × {per_generation} = {batch}) is not divisible by "
             f"num_generations = {t['num_generations']}: TRL needs whole groups of completions per prompt")
-    known = group_options("benchmark")
-    for i, name in enumerate(cfg["eval"]["benchmarks"]):
-        if name not in known and name != cfg["task"].get("name"):
-            raise ConfigError(f"eval.benchmarks[{i}]: unknown benchmark {name!r}; valid: "
-                              f"{', '.join(sorted(set(known) | {cfg['task'].get('name')}))}")
+    check_benchmarks(cfg["eval"]["benchmarks"], cfg["task"].get("name"))
     if rule:
         rule_params(cfg["method"]["name"], cfg["method"]["params"], t)
 
@@ -176,6 +172,14 @@ def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
         problem = check(data[name])
         if problem:
             raise ConfigError(f"{prefix}{name}: {problem}")
+
+
+def check_benchmarks(names: list[str], task_name: str | None) -> None:
+    """Each name is a benchmark of conf/benchmark/ or the run's own task (its held-out split)."""
+    known = set(group_options("benchmark")) | ({task_name} if task_name else set())
+    for i, name in enumerate(names):
+        if name not in known:
+            raise ConfigError(f"eval.benchmarks[{i}]: unknown benchmark {name!r}; valid: {', '.join(sorted(known))}")
 
 
 def _check_task(task: Mapping[str, Any]) -> None:
