@@ -2,7 +2,8 @@
 
 Paper: the anchor/explorer study of attention entropy in RLVR, arXiv 2605.07660.
 
-Equation implemented (AE itself is computed by the statistics pass, signals/attention.py): with ā_t the head-averaged attention row of response token t at layer ℓ,
+Equation implemented (AE itself is computed by the statistics pass, signals/attention.py): with
+ā_t the head-averaged attention row of response token t at layer ℓ,
     AE_t = -Σ_j ā_tj log ā_tj / log n_t ∈ [0, 1]   (AE = 0 at n_t = 1),
     w_t = 1[AE_t ≤ τ_ρ] on valid tokens, τ_ρ = the ρ threshold of AE within the scope unit,
 and the loss is divided by Σ w (normalize="selected").
@@ -11,11 +12,12 @@ Deviations and decisions:
 1. [paper] Anchors (focused attention, low AE) carry the learning signal; ρ = 0.2 [ours: the
    paper's exact ρ was not available; it matches its random-20% control [secondary]].
 2. [ours] Layer: `layers=None` = the middle layer (num_layers // 2); an int or a tuple averages
-   AE over the listed layers. The stats pass reads it through `Rule.attn_layers`; this rule only
-   reads `stats.attn_entropy`. Negative indices count back from the last layer; the stats pass
-   (signals.resolve_layers) checks the range against the model.
-3. [ours] scope="batch", ties="topk" (docs/pitfalls.md, Selection). The first response token can have AE = 0
-   only when n_t = 1, i.e. an empty prompt; ties are then broken by a seeded random order.
+   AE over the listed layers. The rule declares them at registration (`attn_layers=`); the
+   statistics pass computes AE there and this rule only reads `stats.attn_entropy`. Negative
+   indices count back from the last layer; `signals.resolve_layers` checks the range against the
+   model, which the rule does not know.
+3. [ours] scope="batch", ties="topk" (docs/pitfalls.md, Selection). The first response token can
+   have AE = 0 only when n_t = 1, i.e. an empty prompt; ties are then broken by a seeded random order.
 4. [ours] normalize="selected", like top_entropy, so anchor/explorer/top_entropy/random differ
    only in which tokens are kept.
 """

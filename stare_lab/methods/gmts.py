@@ -39,10 +39,10 @@ Deviations and decisions:
    keeps the tokens strictly above the ⌊(1−ρ)·n⌋-th smallest δ, and assumes groups of exactly 16
    rows. Its group loop is `range(0, rows // 16, 16)`: it steps by 16 over rows // 16 block
    indices, so a mini-batch of fewer than 256 rows (in fact up to 256: range(0, k, 16) = [0] for
-   k ≤ 16) runs the loop once and only its first block of 16 rows goes through the selection. With the paper's own Qwen3-8B
-   script (64 rows per GPU) only one group in four is selected; the other three are trained
-   without GMTS's selection. Anyone comparing with the paper's numbers needs this: stare_lab
-   selects in every group.
+   k ≤ 16) runs the loop once and only its first block of 16 rows goes through the selection.
+   With the paper's own Qwen3-8B script (64 rows per GPU) only one group in four is selected; the
+   other three never go through GMTS's selection. Anyone comparing with the paper's numbers needs
+   this: stare_lab selects in every group.
 """
 from __future__ import annotations
 

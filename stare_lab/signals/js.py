@@ -1,7 +1,8 @@
 """ICT's signal: Jensen-Shannon divergence of each rollout's next-token distribution to its group mean.
 
-ICT (methods/ict.py, arXiv 2606.19771 [secondary]): `P̄_t = mean_j p_j,t` over the rollouts j of the same prompt that are still
-generating at position t (live), `u_i,t = JS(p_i,t ‖ P̄_t) = ½KL(p_i‖M) + ½KL(P̄‖M)`,
+ICT (methods/ict.py, arXiv 2606.19771 [secondary]): `P̄_t = mean_j p_j,t` over the rollouts j of
+the same prompt that are still generating at position t (live),
+`u_i,t = JS(p_i,t ‖ P̄_t) = ½KL(p_i‖M) + ½KL(P̄‖M)`,
 `M = ½(p_i + P̄)`, in [0, log 2]. u = 0 where the row is not live and where fewer than two
 rollouts are live at t [ours]. All in log space; one group and `chunk_positions` positions at a
 time, so a few G×chunk×V float32 buffers are alive, never G×T×V.
@@ -19,7 +20,7 @@ _LOG2 = math.log(2.0)
 
 
 def group_slices(group: Tensor) -> list[tuple[int, int]]:
-    """[(start, end)] of each run of equal ids; rows of one group must be contiguous (stare_lab/stats.py: B = prompts × G, rows of one prompt contiguous)."""
+    """[(start, end)] of each run of equal ids; rows of one group must be contiguous (stare_lab/stats.py)."""
     g = group.tolist()
     bounds = [0] + [i for i in range(1, len(g)) if g[i] != g[i - 1]] + [len(g)]
     slices = list(zip(bounds[:-1], bounds[1:]))
