@@ -226,7 +226,8 @@ class Composer:
         if (package and package.group(1) != group) or "${" in text:
             return None
         node = OmegaConf.create(text)
-        base = self._schema_node(group)
+        hint = typing.get_type_hints(Config)[group]
+        base = OmegaConf.structured(hint) if dataclasses.is_dataclass(hint) else OmegaConf.create({})
         defaults = node.pop("defaults", None)
         if defaults is not None:                    # a base plus differences (conf/trainer/gpu_stare.yaml)
             if list(defaults)[1:] == ["_self_"] and isinstance(defaults[0], str) and "${" not in defaults[0]:
@@ -268,7 +269,8 @@ class Composer:
         return out
 
     def _schema_node(self, section: str):
-        """A fresh schema node of a config section (a dataclass schema, or free-form)."""
+        """A schema node of a config section (a dataclass schema, or free-form) that `_convert`
+        assigns values to, one at a time, to read them back as the schema stores them."""
         if section not in self._schema_nodes:
             hint = typing.get_type_hints(Config)[section]
             self._schema_nodes[section] = OmegaConf.structured(hint) if dataclasses.is_dataclass(hint) else OmegaConf.create({})
