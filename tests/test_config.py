@@ -243,3 +243,10 @@ def test_the_scheduler_choices_are_transformers_own():
 
     needs_eval = {"reduce_lr_on_plateau", "greedy"}            # the GRPO trainer runs no evaluation strategy
     assert set(LR_SCHEDULERS) == {s.value for s in SchedulerType} - needs_eval
+
+
+def test_all_in_a_grid_means_every_option_of_the_group(tmp_path):
+    from sweep_fixtures import write_sweep
+
+    spec = load_sweep(write_sweep(tmp_path, grid={"trainer": "all", "method": "all"}))
+    assert spec.grid == {"trainer": ["cpu_small", "gpu_stare"], "method": list_methods()}
