@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml requirements.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	# setuptools in the venv itself: tests/test_wheel.py builds the wheel offline, without build isolation
+	$(PY) -m pip install -q --upgrade pip "setuptools>=68"
 	# torch first and pinned: the CPU wheel on local disk; anything else pulls a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
