@@ -11,6 +11,7 @@ scan returns the unreadable lines beside the good rows.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -83,7 +84,22 @@ def read_status(run_dir: Path | str) -> dict[str, Any] | None:
 
 
 def write_status(run_dir: Path | str, status: dict[str, Any]) -> dict[str, Any]:
-    atomic_write_json(Path(run_dir) / STATUS_FILE, status)
+    """Atomically; on a full disk (no room for the temp file), a compact record without the
+    traceback is written over the old file in place, which needs no new blocks."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        atomic_write_json(path, status)
+    except OSError as e:
+        if e.errno != errno.ENOSPC or not path.is_file():
+            raise
+        compact = json.dumps({**status, "traceback": None}, separators=(",", ":")).encode()
+        if len(compact) > path.stat().st_size:
+            raise
+        with open(path, "r+b") as f:
+            f.write(compact)
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
     return status
 
 
