@@ -76,6 +76,7 @@ class TrainerConfig:
     save_total_limit: int = bounded(ge=1)
     logging_steps: int = bounded(ge=1)
     grad_geometry_every: int = bounded(ge=0)
+    keep_batches_every: int = bounded(ge=0)          # 0: off
     stats_chunk_tokens: int = bounded(ge=1)
     attn_chunk_queries: int = bounded(ge=1)
     js_chunk_positions: int = bounded(ge=1)
