@@ -1,12 +1,14 @@
-"""Random batches and weight assertions shared by test_rules_advantage.py and test_rules_stare.py.
+"""The stats factory and weight assertions shared by the rule tests.
 
-`make_stats` draws every statistic from real categorical distributions (groups of G contiguous
-rows, a fully masked row, an all-equal-reward group); the assertions compare weights with the loop
-references of ref_rules_advantage.py.
+`make_stats` draws every statistic of the table (stare_lab.stats.STATISTICS) from real categorical
+distributions (groups of G contiguous rows, a fully masked row, an all-equal-reward group), or only
+the ones a rule declares (`needs=`, as the invariant suite does). The assertions compare weights with
+the loop references of ref_rules_advantage.py.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from fractions import Fraction
 
 import pytest
@@ -23,10 +25,11 @@ SEEDS = (0, 1, 2)
 
 
 def make_stats(seed: int, B: int, T: int, *, entropy_scale: float | None = None, V: int = 6,
-               pad_value: float | None = None) -> TokenStats:
+               pad_value: float | None = None, lengths: list[int] | None = None,
+               needs: Iterable[str] | None = None) -> TokenStats:
     """Random batch drawn from real categorical distributions: groups of G contiguous rows, row 1
-    fully masked, group 1 (B = 8) with all-equal rewards (A = 0), random lengths, finite garbage
-    (or pad_value) on padding."""
+    fully masked, group 1 (B = 8) with all-equal rewards (A = 0), random lengths (or `lengths`),
+    finite garbage (or pad_value) on padding. `needs`: only these statistics (logp NaN otherwise)."""
     g = torch.Generator().manual_seed(seed)
     temp = torch.exp(torch.randn(B, T, 1, generator=g))
     probs = torch.softmax(torch.randn(B, T, V, generator=g) * 2 * temp, -1).double()
@@ -35,8 +38,9 @@ def make_stats(seed: int, B: int, T: int, *, entropy_scale: float | None = None,
     entropy = -(probs * probs.log()).sum(-1)
     if entropy_scale is not None:
         entropy = entropy * entropy_scale
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[1] = 0
+    drawn = torch.randint(1, T + 1, (B,), generator=g)
+    drawn[1] = 0
+    lengths = drawn if lengths is None else torch.tensor(lengths)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     group = torch.arange(B) // G
     rewards = torch.randint(0, 2, (B,), generator=g).float()
@@ -47,10 +51,14 @@ def make_stats(seed: int, B: int, T: int, *, entropy_scale: float | None = None,
     adv = (rewards - mean) / (std + 1e-4)
     fields = dict(logp=logp, entropy=entropy, js=torch.rand(B, T, generator=g).double() * math.log(2),
                   old_logp=logp + 0.3 * torch.randn(B, T, generator=g), ref_logp=logp + 0.3 * torch.randn(B, T, generator=g),
-                  p2=(probs ** 2).sum(-1), p2logp=(probs ** 2 * probs.log()).sum(-1))
+                  p2=(probs ** 2).sum(-1), p2logp=(probs ** 2 * probs.log()).sum(-1),
+                  attn_entropy=torch.rand(B, T, generator=g).double())  # drawn last: earlier draws unchanged
     fields = {k: v.float() for k, v in fields.items()}
     if pad_value is not None:
         fields = {k: torch.where(mask > 0, v, torch.full_like(v, pad_value)) for k, v in fields.items()}
+    if needs is not None:
+        fields = {k: v for k, v in fields.items() if k in set(needs)}
+        fields.setdefault("logp", torch.full((B, T), float("nan")))  # undeclared: reading it shows
     return TokenStats(mask=mask, advantages=adv.float(), group=group, **fields)
 
 

@@ -1,10 +1,10 @@
-"""The invariants every token rule must satisfy, and the one stats factory that feeds them.
+"""The invariants every token rule must satisfy.
 
-`make_stats(rule, ...)` builds exactly the statistics the rule declares (from the table
-`stare_lab.stats.STATISTICS`), drawn from real categorical distributions, so a rule that reads
-a statistic it did not declare fails (an undeclared statistic is None, an undeclared logp NaN).
-`tests/test_rule_invariants.py` runs `check_all` over `list_methods()`; a rule's own test file
-may call it for non-default parameters.
+`make_stats(rule, ...)` builds exactly the statistics the rule declares (the one stats factory,
+tests/rule_batches.py, filtered by `rule.needs_for(trainer)`), so a rule that reads a statistic it
+did not declare fails (an undeclared statistic is None, an undeclared logp NaN).
+`tests/test_rule_invariants.py` runs every check over `list_methods()`; a rule's own test file
+calls `check_all` for non-default parameters.
 """
 from __future__ import annotations
 
@@ -12,58 +12,23 @@ import math
 
 import torch
 
+import rule_batches
+from rule_batches import TRAINER
 from stare_lab.methods import Rule, RuleState, TrainerValues
 from stare_lab.methods.registry import NORMALIZE
 from stare_lab.objective import Aggregation, aggregate
 from stare_lab.stats import STATISTICS, TokenStats
 
-G = 4
-V = 6
-TRAINER = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=G)
 PADDING = (float("nan"), float("inf"), -float("inf"), 1e3, -1e3)
 
 
-def _draw(B: int, T: int, seed: int, entropy_scale: float) -> dict[str, torch.Tensor]:
-    """Every statistic of the table for one random batch of categorical distributions."""
-    g = torch.Generator().manual_seed(seed)
-    temp = torch.exp(torch.randn(B, T, 1, generator=g)) / entropy_scale
-    probs = torch.softmax(torch.randn(B, T, V, generator=g) * 2 * temp, -1).double()
-    a = torch.multinomial(probs.reshape(-1, V), 1, generator=g).reshape(B, T, 1)
-    logp = torch.log(probs.gather(-1, a).squeeze(-1))
-    return {
-        "logp": logp,
-        "entropy": -torch.special.xlogy(probs, probs).sum(-1),   # xlogy: 0·log 0 = 0 for underflowed p
-        "p2": (probs ** 2).sum(-1),
-        "p2logp": (probs * torch.special.xlogy(probs, probs)).sum(-1),
-        "js": torch.rand(B, T, generator=g).double() * math.log(2),
-        "attn_entropy": torch.rand(B, T, generator=g).double(),
-        "old_logp": logp + 0.3 * torch.randn(B, T, generator=g),
-        "ref_logp": logp + 0.3 * torch.randn(B, T, generator=g),
-    }
-
-
-def make_stats(rule: Rule, B: int = 8, T: int = 6, seed: int = 0, *, entropy_scale: float = 1.0,
-               lengths: list[int] | None = None, pad: float = 0.0, trainer: TrainerValues = TRAINER) -> TokenStats:
-    """The statistics `rule` declares for a random batch: G-row groups, row 1 fully masked, group 1
-    with all-equal rewards (A = 0), random lengths unless given; `pad` on every padding position."""
-    g = torch.Generator().manual_seed(10_000 + seed)
-    drawn = _draw(B, T, seed, entropy_scale)
-    if lengths is None:
-        lengths = torch.randint(1, T + 1, (B,), generator=g).tolist()
-        lengths[1] = 0
-    mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).float()
-    group = torch.arange(B) // G
-    rewards = torch.randint(0, 2, (B,), generator=g).float()
-    rewards[0], rewards[min(2, B - 1)] = 1.0, 0.0
-    rewards[G:2 * G] = 1.0
-    mean = torch.stack([rewards[group == k].mean() for k in group])
-    std = torch.stack([rewards[group == k].std() if (group == k).sum() > 1 else torch.tensor(0.0) for k in group])
-    adv = (rewards - mean) / (std + 1e-4)
-    needs = rule.needs_for(trainer)
-    fields = {k: v.float() for k, v in drawn.items() if k in needs}
-    fields = {k: torch.where(mask > 0, v, torch.full_like(v, pad)) for k, v in fields.items()}
-    logp = fields.pop("logp", torch.full((B, T), float("nan")))
-    return TokenStats(logp=logp, mask=mask, advantages=adv, group=group, **fields)
+def make_stats(rule: Rule, B: int = 8, T: int = 6, seed: int = 0, *, entropy_scale: float | None = None,
+               lengths: list[int] | None = None, pad: float | None = None, trainer: TrainerValues = TRAINER) -> TokenStats:
+    """Exactly the statistics `rule` declares under `trainer` (the one factory, tests/rule_batches.py):
+    an undeclared statistic is None, an undeclared logp NaN; `pad` on every padding position
+    (None: the drawn values stay there)."""
+    return rule_batches.make_stats(seed, B, T, entropy_scale=entropy_scale, pad_value=pad, lengths=lengths,
+                                   needs=rule.needs_for(trainer))
 
 
 def state(step: int = 20, trainer: TrainerValues = TRAINER) -> RuleState:
@@ -77,7 +42,7 @@ def _metrics_finite(out) -> bool:
 
 def check_padding_ignored(rule: Rule) -> None:
     """Whatever the padding holds, the weights are those of a clean batch, and 0 there."""
-    for entropy_scale in (1.0, 0.1):
+    for entropy_scale in (None, 0.1):
         clean = make_stats(rule, entropy_scale=entropy_scale)
         want = rule(clean, state())
         for pad in PADDING:
@@ -90,7 +55,7 @@ def check_padding_ignored(rule: Rule) -> None:
 
 def check_finite(rule: Rule) -> None:
     for seed in range(3):
-        for entropy_scale in (1.0, 0.1):
+        for entropy_scale in (None, 0.1):
             for step in (0, 20, 39):
                 stats = make_stats(rule, seed=seed, entropy_scale=entropy_scale)
                 out = rule(stats, state(step))
