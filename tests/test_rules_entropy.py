@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import itertools
 import math
+
 import pytest
 import torch
 
+import rule_batches
 from ref_rules_entropy import (exact_k, ref_attn_soft, ref_position_counts, ref_rsi_band, ref_select,
-                         ref_unit_counts, units)
+                               ref_unit_counts, units)
 from stare_lab.methods import RuleState, get_method
 from stare_lab.stats import TokenStats
 
-G = 4
 SHAPES = [(B, T, seed) for B, T, seed in itertools.product((4, 8), (1, 5, 9), (0, 1, 2))]
 SCOPES = ("batch", "group", "sequence")
 # what each reference comparison needs to know: (rule, score field, keeps the largest?)
@@ -24,28 +25,20 @@ RHOS = (0.2, 0.3, 0.5, 1.0)
 
 
 def make_stats(B: int, T: int, seed: int, tied: bool = False) -> TokenStats:
-    """Rows of one prompt contiguous (G=4); row 1 fully masked; group 0 has all-equal advantages;
-    padding holds huge scores so a rule that reads them fails."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, T + 1, (B,), generator=g)
-    lengths[1] = 0
-    lengths[2] = T
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
-    rewards = torch.randint(0, 2, (B,), generator=g).float()
-    rewards[:G] = 1.0  # all-equal group: advantage 0 for every row
-    r = rewards.view(-1, G)
-    adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).view(-1)
-
-    def score(scale: float) -> torch.Tensor:
-        x = torch.rand(B, T, generator=g) * scale
+    """The shared factory's batch (tests/rule_batches.py: groups of G contiguous rows, row 1 fully
+    masked, an all-equal-reward group), with the three scores these rules read quantised to three
+    values per score when `tied` (many ties at thresholds), huge values on padding (a rule that
+    reads them fails), and H = 0 at (0, 0) (the RSI guard)."""
+    stats = rule_batches.make_stats(seed, B, T)
+    valid = stats.valid
+    for name, pad in (("entropy", 1e3), ("attn_entropy", 1e3), ("logp", -1e3)):
+        x = getattr(stats, name)
         if tied:
-            x = torch.floor(x * 3 / scale) * scale / 3  # three distinct values: many ties
-        return torch.where(mask > 0, x, torch.full_like(x, 1e3))
-
-    entropy = score(2.0)
-    entropy[0, 0] = 0.0  # H < 1e-6: RSI guard
-    return TokenStats(logp=-score(3.0), mask=mask, advantages=adv, group=torch.arange(B) // G,
-                      entropy=entropy, attn_entropy=score(1.0))
+            lo, hi = x[valid].min(), x[valid].max()
+            x = lo + torch.floor((x - lo) / (hi - lo + 1e-6) * 3).clamp(0, 2) * (hi - lo) / 3
+        setattr(stats, name, torch.where(valid, x, torch.full_like(x, pad)))
+    stats.entropy[0, 0] = 0.0
+    return stats
 
 
 def lists(stats: TokenStats, name: str):
