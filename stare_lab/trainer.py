@@ -25,12 +25,12 @@ from trl import GRPOTrainer
 
 from stare_lab import objective
 from stare_lab.methods import Rule, RuleState, TrainerValues
+from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
 from stare_lab.stats import TokenStats
 from stare_lab.utils import atomic_write_json
 
 NORMALIZE_CODES = ("valid", "selected", "loss_type")
-RULE_STATE_FILE = "rule_state.json"
 
 
 class TokenRuleGRPOTrainer(GRPOTrainer):
