@@ -133,10 +133,13 @@ def run_dirs(tmp_path: Path, name: str) -> list[Path]:
 
 # -- the stand-in runner ----------------------------------------------------------------------
 
-def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0) -> None:
-    """Steps of `step_s` seconds; the runner's checkpoint/resume/metrics contract."""
+def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0, only: str | None = None) -> None:
+    """Steps of `step_s` seconds; the runner's checkpoint/resume/metrics contract. `fail_at`: crash
+    at that step (in runs of method `only`, when given)."""
     run_dir = Path(run_dir)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    if only is not None and cfg["method"]["name"] != only:
+        fail_at = 0
     t = cfg["trainer"]
     if cfg["task"]["name"] not in ("arithmetic", "math"):
         raise ValueError(f"task.name: unknown task {cfg['task']['name']!r}")
@@ -176,6 +179,14 @@ class FailAt:
                 return control
 
         return _FailAt()
+
+
+def crash_method_random(run_dir: Path) -> None:
+    """The real runner; a run of method `random` crashes at step 1."""
+    from stare_lab.runner import execute
+
+    method = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())["method"]["name"]
+    execute(run_dir, callbacks=[FailAt(1)] if method == "random" else [])
 
 
 def crash_array_task_1(run_dir: Path) -> None:

@@ -21,7 +21,7 @@ from stare_lab.sweep.lock import SweepLock
 from stare_lab.record import read_status
 from stare_lab.sweep.schema import SweepError
 from stare_lab.sweep.worker import run_one
-from sweep_fixtures import metric_steps, read_json, run_dirs, standin_execute, sweep_cli, sweep_env, wait_until, write_sweep
+from sweep_fixtures import crash_method_random, metric_steps, read_json, run_dirs, standin_execute, sweep_cli, sweep_env, wait_until, write_sweep
 
 STANDIN = os.environ.get("STARE_LAB_SWEEP_TESTS_STANDIN") == "1"
 
@@ -93,14 +93,15 @@ def read_json_lines(path: Path) -> list[dict]:
 
 
 def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_process_env, capsys):
-    path = write_sweep(tmp_path, "failing", grid={"task.name": ["arithmetic", "no_such_task"]},
-                       launcher={"name": "local", "workers": 2})
-    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 1
+    # the `random` run's real runner crashes at its first step (a run failing on its own)
+    execute = functools.partial(standin_execute, step_s=0.3, fail_at=1, only="random") if STANDIN else crash_method_random
+    path = write_sweep(tmp_path, "failing", grid={"method": ["full", "random"]}, launcher={"name": "local", "workers": 2})
+    assert main(["sweep", "run", str(path)], execute=execute) == 1
     runs = by_label(tmp_path, "failing")
-    good, bad = runs["name=arithmetic seed=0"], runs["name=no_such_task seed=0"]
+    good, bad = runs["full seed=0"], runs["random seed=0"]
     assert read_status(good)["state"] == "finished"
     failed = read_status(bad)
-    assert failed["state"] == "failed" and "no_such_task" in failed["error"] and "\n" not in failed["error"]
+    assert failed["state"] == "failed" and failed["error"] == "RuntimeError: simulated crash at step 1"
     assert "Traceback" in failed["traceback"] and failed["attempts"] == 1
 
     capsys.readouterr()
@@ -108,10 +109,10 @@ def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_proce
     out = capsys.readouterr().out
     assert "1 failed" in out and "1 finished" in out and f"error: {failed['error']}" in out
 
-    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 1   # without --retry-failed: left alone
+    assert main(["sweep", "run", str(path)], execute=execute) == 1   # without --retry-failed: left alone
     assert "1 failed (skipped; --retry-failed" in capsys.readouterr().out
     assert read_status(bad)["attempts"] == 1 and read_status(good)["attempts"] == 1
-    assert main(["sweep", "run", str(path), "--retry-failed"], execute=EXECUTE) == 1
+    assert main(["sweep", "run", str(path), "--retry-failed"], execute=execute) == 1
     assert read_status(bad)["attempts"] == 2 and read_status(good)["attempts"] == 1
 
 

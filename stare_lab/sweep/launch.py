@@ -285,7 +285,8 @@ class SlurmWatch:
         # and a run whose worker did not record an end must stay out of the queue for a grace
         # period before the sweep stops waiting for it.
         job_id = str(t.job.job_id)
-        if (self.slurm is None and self.unanswered <= 30) or live.slurm_job_live(job_id):
+        queued = self.unanswered <= 30 if self.slurm is None else live.slurm_job_live(job_id)
+        if queued:
             self.gone_since.pop(job_id, None)
             return False
         if (read_status(t.run.run_dir) or {}).get("state") in ("finished", "failed"):
