@@ -42,7 +42,7 @@ def test_small_slurm_sweep_completes_with_correct_records(slurm_cluster, tmp_pat
         assert s["state"] == "finished" and s["attempts"] == 1 and s["error"] is None
         assert re.fullmatch(r"\d+_[01]", s["slurm_job_id"]), s["slurm_job_id"]
         assert metric_steps(d) == [1, 2] and (d / "config.yaml").is_file()
-        assert (d / "eval" / "arithmetic.json").is_file()
+        assert len(list((d / "eval" / "arithmetic").glob("step-2_n2_*.json"))) == 1
         jobs.add(s["slurm_job_id"].split("_")[0])
     assert len(jobs) == 1                                  # one job array
     job = jobs.pop()
@@ -98,3 +98,31 @@ def test_a_crashing_job_is_recorded_failed_while_the_others_finish(slurm_cluster
 def _node_idle() -> bool:
     out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
     return out.returncode == 0 and out.stdout.split() == ["idle"]
+
+
+def test_a_killed_driver_rerun_watches_its_pending_and_running_jobs(slurm_cluster, tmp_path):
+    """Three runs, two at a time: when the driver dies one job runs and one pends; the re-run
+    submits nothing, watches the array, and each run trains once."""
+    path = write_sweep(tmp_path, "slurm_kill", overrides={"trainer.max_steps": 3},
+                       grid={"method": ["full", "random", "top_entropy"]}, launcher=SLURM)
+    driver = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
+
+    def all_submitted():
+        statuses = [read_status(d) or {} for d in run_dirs(tmp_path, "slurm_kill")]
+        return len(statuses) == 3 and all(s.get("slurm_job_id") for s in statuses)
+
+    try:
+        wait_until(all_submitted, 120, "the array submitted", every=0.1)
+    finally:
+        driver.kill()
+        driver.wait()
+    rerun = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
+    out, _ = rerun.communicate(timeout=400)
+    assert rerun.returncode == 0, out
+    assert "0 to run (none)" in out and "still running from an earlier launch (watched)" in out
+    jobs = set()
+    for d in run_dirs(tmp_path, "slurm_kill"):
+        s = read_status(d)
+        assert s["state"] == "finished" and s["attempts"] == 1 and metric_steps(d) == [1, 2, 3], s
+        jobs.add(s["slurm_job_id"].split("_")[0])
+    assert len(jobs) == 1                                  # the first array, nothing resubmitted
