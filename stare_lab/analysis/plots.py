@@ -14,6 +14,8 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from stare_lab.analysis.collect import select_settings
+
 FIGSIZE = (6.4, 4.0)  # inches
 DPI = 100  # → 640 × 400 px
 DEFAULT_TRAINING_METRICS = ("reward", "entropy", "tokens/selected_frac")
@@ -108,9 +110,11 @@ def plot_passk(df: pd.DataFrame, out_dir: Path | str, benchmarks: list[str] | No
                baseline: str | None = "full", band: str = "minmax") -> list[Path]:
     """Per benchmark, pass@k vs k (log2 x axis) per arm with seed bands: `passk_<benchmark>.png`.
 
-    df: `collect_runs` output; final evaluations only; pass@k in percent.
+    df: `collect_runs` output; final evaluations only; pass@k in percent. A run evaluated under
+    several settings is drawn with the setting its benchmark's runs share (collect.select_settings).
     """
     final = df[df["final"].astype(bool)] if len(df) else df
+    final, _ = select_settings(final, mix=True)
     rows = final[final["metric"].astype(str).str.match(_PASS_METRIC)] if len(final) else final
     rows = rows.assign(k=rows["metric"].str.extract(_PASS_METRIC, expand=False).astype(int))
     if benchmarks is None:
