@@ -379,3 +379,34 @@ def _check_group_layout(group: Tensor) -> None:
     if torch.unique(g).numel() != int(starts.sum()):
         raise ValueError("global_token_stats: rows of one group are not contiguous over ranks; TokenStats.group "
                          "must hold global prompt indices ((process_index·B_local + row) // G)")
+
+
+def gather_rows(tensors: dict[str, Tensor], accelerator_or_group: Any = None,
+                left_padded: tuple[str, ...] = ()) -> dict[str, Tensor]:
+    """Every rank's rows of each [B_r] or [B_r, T_r, ...] tensor, in rank (= global row) order.
+
+    Dimension 1 is padded with zeros to the longest over ranks: on the right, or on the left for the
+    names in `left_padded` (TRL left-pads prompts). Bit-exact (raw bytes). With one process: `tensors`.
+    For rarely used records (the viewer's kept batches), not for every step.
+    """
+    comm = comm_of(accelerator_or_group)
+    if comm.world_size == 1:
+        return tensors
+    out = {}
+    for name, x in tensors.items():
+        shape = torch.tensor([x.size(0), x.size(1) if x.dim() > 1 else 0], dtype=torch.int64)
+        shapes = _all_gather_ints(shape, comm, x.device)                        # [world, 2]
+        tail = tuple(x.shape[2:])
+        inner = torch.Size(tail).numel()   # elements per (row, position); 1 for [B, T]
+        nbytes = [b * (t if x.dim() > 1 else 1) * inner * x.element_size() for b, t in shapes.tolist()]
+        parts = _all_gather_bytes(_raw(x), nbytes, comm)
+        T_max = int(shapes[:, 1].max())
+        rows = []
+        for part, (b, t) in zip(parts, shapes.tolist()):
+            y = part.clone().view(x.dtype).reshape(b, *((t,) if x.dim() > 1 else ()), *tail)
+            if x.dim() > 1 and t < T_max:
+                pad = torch.zeros((b, T_max - t, *tail), dtype=x.dtype, device=y.device)
+                y = torch.cat([pad, y] if name in left_padded else [y, pad], dim=1)
+            rows.append(y)
+        out[name] = torch.cat(rows)
+    return out

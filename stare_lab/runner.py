@@ -96,6 +96,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
         rule=rule, rule_state=RuleState(seed=int(cfg.seed), total_steps=t.max_steps),
         grad_geometry_every=t.grad_geometry_every, stats_chunk_tokens=t.stats_chunk_tokens,
         attn_chunk_queries=t.attn_chunk_queries, js_chunk_positions=t.js_chunk_positions,
+        keep_batches_every=t.keep_batches_every, run_dir=run_dir,
     )
 
 

@@ -23,7 +23,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from stare_lab import objective
+from stare_lab import distributed, objective
 from stare_lab.methods import Rule, RuleState, TrainerValues
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
@@ -36,7 +36,7 @@ NORMALIZE_CODES = ("valid", "selected", "loss_type")
 class TokenRuleGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, rule: Rule, rule_state: RuleState | None = None, grad_geometry_every: int = 0,
                  stats_chunk_tokens: int = 1024, attn_chunk_queries: int = 128, js_chunk_positions: int = 64,
-                 **kwargs):
+                 keep_batches_every: int = 0, run_dir: str | Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         _check_supported(self)
         self.rule = rule
@@ -51,24 +51,47 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self.stats_chunk_tokens = stats_chunk_tokens
         self.attn_chunk_queries = attn_chunk_queries
         self.js_chunk_positions = js_chunk_positions
+        if keep_batches_every > 0 and run_dir is None:
+            raise ValueError("keep_batches_every > 0 needs run_dir: kept batches go to <run_dir>/batches")
+        self.keep_batches_every = keep_batches_every  # viewer: keep every N-th generation batch (0 = never)
+        self.run_dir = run_dir
 
     # ---- generation time: statistics and weights -------------------------------------------
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
-        stats, rollout_entropy = self._token_stats(out)
+        local, rollout_entropy = self._token_stats(out)
+        # the rule sees the global generation batch, identical on every rank (docs/distributed.md §4);
+        # with one process `stats is local` and `local_rows` is the identity
+        stats, rows = distributed.global_token_stats(local, self.accelerator)
         self.rule_state.step = self.state.global_step
         self.rule_state.total_steps = max(self.state.max_steps, 1)
         self.rule_state.trainer = self.trainer_values
-        result = self.rule(stats, self.rule_state)
+        every = self.keep_batches_every
+        keep = mode == "train" and every > 0 and self.state.global_step % every == 0  # viewer.keep_due
+        state_before = self.rule_state.to_dict() if keep else None  # the rule updates its memory in place
+        with distributed.deterministic():
+            result = self.rule(stats, self.rule_state)
         weights = result.weights.to(out["completion_mask"].device)
-        out["token_weights"] = weights
-        out["token_weight_total"] = self.accelerator.gather(weights.sum()).sum()
+        out["token_weights"] = distributed.local_rows(weights, rows)
+        out["token_weight_total"] = weights.sum()  # global already: every rank's rows are in `weights`
         out["token_normalize"] = torch.tensor(NORMALIZE_CODES.index(result.normalize))
-        selected = result.selected if result.selected is not None else stats.valid
-        out["token_selected"] = (selected & stats.valid).float()
-        self._log_rule_metrics(mode, stats, weights, out["token_selected"], result.metrics, rollout_entropy)
+        selected = (result.selected if result.selected is not None else stats.valid) & stats.valid
+        out["token_selected"] = distributed.local_rows(selected, rows).float()
+        if keep:
+            from stare_lab.viewer.collect import collect_for_trainer
+
+            collect_for_trainer(self, out, stats, run_dir=self.run_dir, every=self.keep_batches_every,
+                                rule_state=state_before, trained_weights=weights)
+        entropy_mean = self._global_mean(rollout_entropy, local.mask) if rollout_entropy is not None else None
+        self._log_rule_metrics(mode, stats, weights, selected.float(), result.metrics, entropy_mean)
         return out
+
+    def _global_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
+        """Mean of x over the valid tokens of every rank."""
+        totals = torch.stack([(x * mask).sum(), mask.sum().float()])
+        totals = self.accelerator.reduce(totals, reduction="sum") if self.accelerator.num_processes > 1 else totals
+        return (totals[0] / totals[1].clamp(min=1)).item()
 
     @torch.no_grad()
     def _token_stats(self, out) -> tuple[TokenStats, torch.Tensor | None]:
@@ -77,14 +100,14 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         B, T = completion_ids.shape
         G = self.num_generations
         first_row = self.accelerator.process_index * B
-        group = (first_row + torch.arange(B, device=mask.device)) // G
+        group = (first_row + torch.arange(B, device=mask.device)) // G   # global prompt indices
         needs = self.rule.needs_for(self.trainer_values)
         computed = token_statistics(
             self.accelerator.unwrap_model(self.model), out, needs, num_generations=G, temperature=self.temperature,
             attn_layers=self.rule.attn_layers,
             rows_per_forward=max(G, (self.args.per_device_train_batch_size // G) * G),
             chunk_tokens=self.stats_chunk_tokens, chunk_queries=self.attn_chunk_queries,
-            chunk_positions=self.js_chunk_positions)
+            chunk_positions=self.js_chunk_positions, group=group, accelerator=self.accelerator)
         declared = {k: v for k, v in computed.items() if k in needs}
         # logp is a required field: NaN where the rule did not declare it, so reading it anyway shows
         logp = declared.pop("logp", torch.full((B, T), float("nan"), device=mask.device))
@@ -92,6 +115,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         return stats, computed.get("entropy")
 
     def _log_rule_metrics(self, mode, stats, weights, selected, rule_metrics, rollout_entropy) -> None:
+        """Global values (the rule's batch), the same on every rank; rollout_entropy: its global mean or None."""
         valid = stats.mask
         n = valid.sum().clamp(min=1)
         w = weights[valid > 0]
@@ -100,7 +124,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         m["tokens/weight_mean"].append(w.mean().item() if w.numel() else 0.0)
         m["tokens/weight_std"].append(w.std().item() if w.numel() > 1 else 0.0)
         if rollout_entropy is not None:
-            m["tokens/rollout_entropy"].append(((rollout_entropy * valid).sum() / n).item())
+            m["tokens/rollout_entropy"].append(rollout_entropy)
         for k, v in rule_metrics.items():
             m[k].append(float(v))
 

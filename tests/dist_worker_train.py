@@ -65,12 +65,14 @@ def train(rule: str | None, out_dir: Path, world_size: int, **rule_params) -> li
         from stare_lab.methods import get_method
         from stare_lab.trainer import TokenRuleGRPOTrainer
 
-        trainer = TokenRuleGRPOTrainer(rule=get_method(rule, **rule_params), **kwargs)
+        keep = dict(keep_batches_every=1, run_dir=out_dir / f"kept-{world_size}") if rule == "ict" else {}
+        trainer = TokenRuleGRPOTrainer(rule=get_method(rule, **rule_params), **keep, **kwargs)
     trainer.train()
     return [p.detach().clone() for p in trainer.model.parameters()]
 
 
-RUNS = [(None, {}), ("full", {}), ("top_entropy", {}), ("gmts", {}), ("stare", {"H_tgt": 10.0})]
+RUNS = [(None, {}), ("full", {}), ("top_entropy", {}), ("gmts", {}), ("stare", {"H_tgt": 10.0}),
+        ("ict", {"warmup_steps": 0, "rho": 0.3})]   # ict: JS of group 1, split over the ranks
 
 
 def train_worker(rank: int, world_size: int, out_dir: Path) -> None:

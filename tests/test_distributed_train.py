@@ -8,10 +8,8 @@ and DDP's all-reduce, a few ulps apart, and SGD moves parameters by lr × gradie
 differ by ~lr·1e-7. Adam is not used here: its first steps are close to lr·sign(gradient), which
 turns ulp-level noise on near-zero gradient entries into differences of order lr.
 
-Plain TRL and rule `full` pass today. Rules that read the batch (top_entropy, gmts, STARE with its
-gate open) pass once the trainer computes them on the global batch (docs/distributed.md §4);
-until then they are strict xfails, so wiring the trainer turns them into failures that say
-"remove the marker".
+Plain TRL, rule `full`, and the rules that read the batch (top_entropy, gmts, STARE with its gate
+open): the trainer computes statistics and weights on the global batch (docs/distributed.md §4).
 """
 from __future__ import annotations
 
@@ -28,8 +26,6 @@ from dist_worker_trl import spawn_env  # noqa: E402
 
 WORLD = 2
 ATOL = 1e-6
-NOT_WIRED = pytest.mark.xfail(strict=True, reason="TokenRuleGRPOTrainer does not call distributed.global_token_stats "
-                                                  "yet (docs/distributed.md §4)")
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +41,12 @@ def runs(tmp_path_factory):
     from stare_lab.models.builtin import BUILTIN_DIR
 
     init = [p.detach() for p in Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR).parameters()]
-    return one, two, init
+    return one, two, init, out
 
 
-@pytest.mark.parametrize("rule,params", [
-    pytest.param(rule, params, id=str(rule), marks=() if rule in (None, "full") else NOT_WIRED)
-    for rule, params in RUNS])
+@pytest.mark.parametrize("rule,params", [pytest.param(rule, params, id=str(rule)) for rule, params in RUNS])
 def test_two_processes_train_like_one(runs, rule, params):
-    one, two, init = runs
+    one, two, init, _ = runs
     key = (rule, repr(params))
     for a, b in zip(two[0][key], two[1][key]):
         assert torch.equal(a, b)                     # DDP keeps the ranks identical
@@ -60,3 +54,24 @@ def test_two_processes_train_like_one(runs, rule, params):
     assert moved > 1e-3, "two SGD steps must move the parameters"
     diff = max((p1 - p2).abs().max().item() for p1, p2 in zip(one[key], two[0][key]))
     assert diff <= ATOL, f"{rule}: parameters differ by {diff:.3g} between 1 and 2 processes"
+
+
+def test_kept_batches_hold_the_global_batch_and_reproduce_its_weights(runs):
+    """ict keeps every step: the 2-process record is the 1-process record (the global batch), and the
+    run's rule applied to it gives the weights it trained with."""
+    from stare_lab.viewer import kept_steps, load_batch
+    from stare_lab.viewer.selection import apply_rule
+
+    dirs = {1: Path(runs[3]) / "one" / "kept-1", 2: Path(runs[3]) / "kept-2"}
+    assert kept_steps(dirs[1]) == kept_steps(dirs[2]) == [0, 1]
+    for step in (0, 1):
+        one, two = (load_batch(dirs[n] / "batches" / f"step-{step}.safetensors") for n in (1, 2))
+        assert two.completion_ids.shape == one.completion_ids.shape == (12, one.completion_ids.size(1))
+        assert torch.equal(one.completion_ids, two.completion_ids) and torch.equal(one.mask, two.mask)
+        assert torch.equal(one.group, two.group)
+        assert set(one.stats) == set(two.stats)
+        for name in one.stats:  # behind a completion's end each layout leaves its own values: rules never read them
+            assert torch.allclose(one.stats[name] * one.mask, two.stats[name] * two.mask, atol=1e-5), name
+        assert torch.equal(one.trained_weights, two.trained_weights)
+        own = apply_rule(two, "ict", two.run_rule["params"], own=True)
+        assert torch.equal(own.weights, two.trained_weights.float())

@@ -186,3 +186,36 @@ def test_rule_state_is_in_the_checkpoint_before_it_counts_as_complete(setup, tmp
     with pytest.raises(FileNotFoundError) as e:
         fresh.load_rule_state(ckpt)
     assert str(ckpt) in str(e.value) and "rule_state.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_kept_batches_from_the_trainer_reproduce_the_trained_weights(setup, tmp_path):
+    """keep_batches_every=2: steps 0 and 2 are kept by the trainer itself; each record's run rule (random,
+    drawn from seed and step) gives the weights the step trained with."""
+    from stare_lab.viewer import kept_steps, load_batch
+    from stare_lab.viewer.selection import apply_rule
+
+    tok, model, task = setup
+    trainer = TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward],
+                                   args=_args(tmp_path, max_steps=3, gradient_accumulation_steps=1),
+                                   train_dataset=task.train_dataset(), processing_class=tok,
+                                   rule=get_method("random", rho=0.3), keep_batches_every=2, run_dir=tmp_path / "run")
+    generate, trained = trainer._generate_and_score_completions, {}
+
+    def spy(inputs):
+        out = generate(inputs)
+        trained[trainer.state.global_step] = out["token_weights"].clone()
+        return out
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    assert sorted(trained) == [0, 1, 2] and kept_steps(tmp_path / "run") == [0, 2]
+    for step in (0, 2):
+        batch = load_batch(tmp_path / "run" / "batches" / f"step-{step}.safetensors")
+        assert torch.equal(batch.trained_weights, trained[step].float())
+        own = apply_rule(batch, "random", batch.run_rule["params"], own=True)
+        assert torch.equal(own.weights, trained[step].float())
+    assert not torch.equal(trained[0], trained[2])
+    with pytest.raises(ValueError, match="needs run_dir"):
+        TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=_args(tmp_path),
+                             train_dataset=task.train_dataset(), processing_class=tok, rule=get_method("full"),
+                             keep_batches_every=1)

@@ -154,7 +154,9 @@ def _ae_implementation(base):
 @torch.no_grad()
 def _run(model, input_ids, attention_mask, layers, chunk_queries, first_position, stop_early, model_kwargs):
     base = unwrap_model(model)
-    decoder = base.get_decoder()
+    # images reach the language model through the multimodal model (vision tower, merged embeddings,
+    # M-RoPE positions), which returns the language model's last hidden states; text: the decoder itself
+    decoder = base.model if model_kwargs and hasattr(base, "model") else base.get_decoder()
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True)
     kwargs.update(model_kwargs)
     if layers is None:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from stare_lab.stats import STATISTICS
 
-from .attention import attention_entropy, forward_with_stats, resolve_layers
+from .attention import attention_entropy, forward_with_stats, resolve_layers, unwrap_model
 from .js import chunked_js_to_group_mean
 from .vocab import WANTS, chunked_vocab_stats, lm_head_of
 
@@ -54,18 +54,24 @@ def token_statistics(
     chunk_tokens: int = 1024,
     chunk_queries: int = 128,
     chunk_positions: int = 64,
+    group: Tensor | None = None,     # [B] global prompt index of each row (None: arange(B) // G, one process)
+    accelerator=None,                # an accelerate Accelerator or ProcessGroup: JS of groups split over ranks
 ) -> dict[str, Tensor]:
     """{name: [B, T] float32} for every declared statistic, plus `FREE_WITH_LOGITS` when logits were built.
 
     Position alignment: completion token t is described by input position P + t - 1, the step that
-    generated it (docs/pitfalls_signals.md).
+    generated it (docs/pitfalls_signals.md). The multimodal inputs TRL passes to its forward
+    (`MULTIMODAL_KEYS`) reach this forward too, sliced per forward like the rows; statistics are
+    read at completion positions only. With several processes, `group` holds global prompt indices:
+    forwards start at group boundaries, and JS of a group whose rows sit on several ranks comes from
+    `distributed.js_for_split_groups` (every rank calls it once, a collective).
     """
     needs = check_needs(needs)
     sources = {STATISTICS[n].source for n in needs}
     out: dict[str, Tensor] = {}
     if sources & {"vocab", "group", "attention"} or ("old_logp" in needs and _missing(batch, "old_logp")):
         out = _forward_statistics(model, batch, needs, num_generations, temperature, attn_layers,
-                                  rows_per_forward, chunk_tokens, chunk_queries, chunk_positions)
+                                  rows_per_forward, chunk_tokens, chunk_queries, chunk_positions, group, accelerator)
     for name in needs:
         stat = STATISTICS[name]
         if stat.source != "batch":
@@ -84,29 +90,105 @@ def _missing(batch: Mapping[str, Tensor], name: str) -> bool:
     return batch.get(STATISTICS[name].key) is None
 
 
+def row_chunks(group: Tensor, num_generations: int, rows: int) -> list[tuple[int, int, bool]]:
+    """[(start, end, split)] row ranges of one forward each: whole groups, at most `rows` rows (at least one
+    group); a group with fewer than G rows here (split over ranks) is a chunk of its own, split=True.
+
+    One process (group = arange(B) // G, rows a multiple of G): [0, rows), [rows, 2·rows), ...
+    """
+    from stare_lab.distributed import split_rows
+    from stare_lab.signals.js import group_slices
+
+    split = split_rows(group, num_generations).tolist()
+    out: list[tuple[int, int, bool]] = []
+    for s, e in group_slices(group):
+        if split[s]:
+            out.append((s, e, True))
+        elif out and not out[-1][2] and e - out[-1][0] <= rows:
+            out[-1] = (out[-1][0], e, False)
+        else:
+            out.append((s, e, False))
+    return out
+
+
+# The inputs besides ids and mask that TRL 1.16 passes to the policy's forward
+# (GRPOTrainer._get_per_token_logps_and_entropies): per row, or per image where noted.
+MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "image_sizes",
+                   "token_type_ids", "mm_token_type_ids", "spatial_shapes", "num_tiles", "image_position_ids")
+
+
+def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
+    """The multimodal inputs of rows [start, end), cut exactly as TRL 1.16 cuts them for a forward of those
+    rows (`GRPOTrainer._get_per_token_logps_and_entropies`: per image, per tile or per row by model family)."""
+    b = {k: batch.get(k) for k in MULTIMODAL_KEYS}
+    pixel_values, grid, num_images, num_tiles = b["pixel_values"], b["image_grid_thw"], b["num_images"], b["num_tiles"]
+    out: dict = {}
+    if num_images is not None:
+        cum_imgs = torch.tensor([0] + list(num_images)).cumsum(0)
+        img_start, img_end = cum_imgs[start], cum_imgs[end]
+    if grid is not None and pixel_values is not None:
+        rows_per_sample = torch.stack([s.sum() for s in torch.split(grid.prod(dim=-1), list(num_images))])
+        cum_rows = torch.cat([torch.tensor([0], device=rows_per_sample.device), rows_per_sample.cumsum(0)])
+        out["pixel_values"] = pixel_values[cum_rows[start].item():cum_rows[end].item()]
+        out["image_grid_thw"] = grid[img_start:img_end]
+    elif b["image_position_ids"] is not None and pixel_values is not None:
+        out["pixel_values"] = pixel_values[img_start:img_end]
+        out["image_position_ids"] = b["image_position_ids"][img_start:img_end]
+    elif b["spatial_shapes"] is not None and pixel_values is not None:  # LFM2-VL: tile-indexed
+        cum_tiles = torch.tensor([0] + list(num_tiles)).cumsum(0)
+        tile_start, tile_end = cum_tiles[start], cum_tiles[end]
+        out["pixel_values"] = pixel_values[tile_start:tile_end]
+        out["pixel_attention_mask"] = b["pixel_attention_mask"][tile_start:tile_end]
+        out["spatial_shapes"] = b["spatial_shapes"][tile_start:tile_end]
+    elif num_tiles is not None and pixel_values is not None:          # InternVL: tile-indexed
+        cum_tiles = torch.tensor([0] + list(num_tiles)).cumsum(0)
+        out["pixel_values"] = pixel_values[cum_tiles[start]:cum_tiles[end]]
+    elif pixel_values is not None and num_images is not None and pixel_values.size(0) == sum(num_images):
+        out["pixel_values"] = pixel_values[img_start:img_end]
+    elif pixel_values is not None:
+        out["pixel_values"] = pixel_values[start:end]
+    if b["pixel_attention_mask"] is not None and b["spatial_shapes"] is None:
+        out["pixel_attention_mask"] = b["pixel_attention_mask"][start:end]
+    if b["image_sizes"] is not None:
+        out["image_sizes"] = b["image_sizes"][img_start:img_end]
+    for key in ("token_type_ids", "mm_token_type_ids"):  # [B, P + T]: the completion part is zeros
+        if b[key] is not None:
+            out[key] = b[key][start:end]
+    return out
+
+
 def _forward_statistics(model, batch, needs, G, temperature, attn_layers, rows, chunk_tokens, chunk_queries,
-                        chunk_positions) -> dict[str, Tensor]:
+                        chunk_positions, group=None, accelerator=None) -> dict[str, Tensor]:
+    from stare_lab.distributed import comm_of, js_for_split_groups
+
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
     completion_ids, mask = batch["completion_ids"], batch["completion_mask"]
     P, T, B = prompt_ids.size(1), completion_ids.size(1), completion_ids.size(0)
     rows = rows or B
     if rows % G:
         raise ValueError(f"rows_per_forward={rows} must be a multiple of num_generations={G} (whole groups)")
+    if group is None:
+        group = torch.arange(B, device=mask.device) // G
+    several = comm_of(accelerator).world_size > 1
     layers = resolve_layers(model, attn_layers) if "attn_entropy" in needs else None
     build_logits = any(STATISTICS[n].source in ("vocab", "group") for n in needs) or "old_logp" in needs
     want = tuple(w for w in WANTS if w in needs or w in FREE_WITH_LOGITS)
     head, cap = lm_head_of(model) if build_logits else (None, None)
     chunks: dict[str, list[Tensor]] = {}
-    for start in range(0, B, rows):
-        sl = slice(start, start + rows)
+    split_hidden: list[Tensor] = []     # final hidden states of rows of groups split over ranks (JS)
+    split_at: list[tuple[int, int]] = []
+    for start, end, split in row_chunks(group, G, rows):
+        sl = slice(start, end)
         input_ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1)
         attention_mask = torch.cat([prompt_mask[sl], mask[sl]], dim=1)
+        extra = multimodal_slice(batch, start, end)
         if not build_logits:  # attention entropy only: stop after the last chosen layer
-            ae = attention_entropy(model, input_ids, attention_mask, layers, chunk_queries, first_position=P - 1)
+            ae = attention_entropy(model, input_ids, attention_mask, layers, chunk_queries, first_position=P - 1,
+                                   **extra)
             chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
             continue
         hidden, ae = forward_with_stats(model, input_ids, attention_mask, ae_layers=layers,
-                                        chunk_queries=chunk_queries, first_position=P - 1)
+                                        chunk_queries=chunk_queries, first_position=P - 1, **extra)
         h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
         vs = chunked_vocab_stats(h, head, completion_ids[sl], temperature=temperature, want=want,
                                  chunk_tokens=chunk_tokens, final_logit_softcapping=cap)
@@ -115,8 +197,23 @@ def _forward_statistics(model, batch, needs, G, temperature, attn_layers, rows, 
         if ae is not None:
             chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
         if "js" in needs:
-            group = torch.arange(h.size(0), device=h.device) // G
-            chunks.setdefault("js", []).append(chunked_js_to_group_mean(
-                h, head, group, mask[sl], temperature=temperature, chunk_positions=chunk_positions,
-                final_logit_softcapping=cap))
-    return {k: torch.cat(v, dim=0).float() for k, v in chunks.items()}
+            if split and several:
+                split_hidden.append(h)
+                split_at.append((start, end))
+                chunks.setdefault("js", []).append(torch.zeros(end - start, T, device=h.device))
+            else:
+                chunks.setdefault("js", []).append(chunked_js_to_group_mean(
+                    h, head, group[sl], mask[sl], temperature=temperature, chunk_positions=chunk_positions,
+                    final_logit_softcapping=cap))
+    out = {k: torch.cat(v, dim=0).float() for k, v in chunks.items()}
+    if "js" in needs and several:  # every rank calls it, with or without split rows
+        rows_idx = [r for s, e in split_at for r in range(s, e)]
+        H = unwrap_model(model).config.get_text_config().hidden_size
+        hidden = torch.cat(split_hidden) if split_hidden else torch.zeros(0, T, H, device=mask.device,
+                                                                          dtype=next(model.parameters()).dtype)
+        idx = torch.tensor(rows_idx, dtype=torch.long, device=mask.device)
+        js = js_for_split_groups(hidden, mask[idx], group[idx], head, accelerator, temperature=temperature,
+                                 chunk_positions=chunk_positions, final_logit_softcapping=cap)
+        if rows_idx:
+            out["js"][idx] = js.float()
+    return out

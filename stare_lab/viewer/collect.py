@@ -45,7 +45,8 @@ def stats_for_all_rules(model, out: dict[str, Tensor], stats: TokenStats | None 
     rules declare them), "attn_entropy" for the middle layer and "attn_entropy@<layers>" for any
     other layer set a rule reads. Statistics already in `stats` (the trainer's) are kept unchanged;
     the rest come from `signals.token_statistics`, one call per attention layer set. `trainer` is the
-    run's `TrainerValues`; `chunks` are token_statistics' chunk_tokens / chunk_queries / chunk_positions.
+    run's `TrainerValues`; `chunks` are token_statistics' chunk_tokens / chunk_queries / chunk_positions
+    (and group / accelerator with several processes).
     """
     from stare_lab.signals import resolve_layers, token_statistics
     from stare_lab.signals.attention import unwrap_model
@@ -90,16 +91,17 @@ def token_pieces(tokenizer, ids: Tensor) -> dict[int, str]:
     return dict(zip(unique, texts))
 
 
-def rewards_from_trainer(trainer, rows: int) -> Tensor:
-    """[rows] total reward of this process's rows of the last generation batch, from TRL's log buffer
-    (`_logs["rewards"]`, gathered over processes, weighted by `reward_weights`); NaN when unavailable."""
+def rewards_from_trainer(trainer, rows: int, *, global_rows: bool = False) -> Tensor:
+    """[rows] total reward of this process's rows of the last generation batch (or, with global_rows, of
+    the last `rows` rows over all processes) from TRL's log buffer (`_logs["rewards"]`, gathered over
+    processes, weighted by `reward_weights`); NaN when unavailable."""
     logs = getattr(trainer, "_logs", {}).get("rewards", {})
     names = list(getattr(trainer, "reward_func_names", []))
     weights = getattr(trainer, "reward_weights", None)
-    world = trainer.accelerator.num_processes
+    world = 1 if global_rows else trainer.accelerator.num_processes
     if not names or any(len(logs.get(n, ())) < rows * world for n in names):
         return torch.full((rows,), float("nan"))
-    first = trainer.accelerator.process_index * rows
+    first = 0 if global_rows else trainer.accelerator.process_index * rows
     per_func = torch.tensor([list(logs[n])[-rows * world:][first: first + rows] for n in names]).T  # [rows, F]
     w = weights.float().cpu() if weights is not None else torch.ones(len(names))
     return (per_func.float() * w).nansum(1)
@@ -115,36 +117,46 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | Non
     """The trainer hook: on a kept step (`trainer.state.global_step % every == 0`) write
     `<run_dir>/batches/step-<N>.safetensors` with every statistic any rule reads; else None.
 
-    `out` is the dict `_generate_and_score_completions` returns; `stats` the (local) TokenStats the
-    trainer built, or None to recompute everything through the same `signals.token_statistics`;
-    `rule_state` the rule state as the rule received it, taken *before* the call (the rule updates
-    its memory in place): `RuleState.to_dict()` after step and total_steps are set; `trained_weights`
-    the weights it returned. Every process must call it on a kept step (the extra
-    forward is collective under FSDP / ZeRO-3); only the main process writes its own rows.
+    `out` is this process's dict from `_generate_and_score_completions`; `stats` the TokenStats the rule
+    read, the *global* generation batch (distributed.global_token_stats; with one process the local one),
+    or None to recompute everything through the same `signals.token_statistics`; `rule_state` the rule
+    state as the rule received it, taken *before* the call (the rule updates its memory in place):
+    `RuleState.to_dict()` after step and total_steps are set; `trained_weights` the (global) weights it
+    returned. The record holds the global batch, so the run's rule on it reproduces `trained_weights`.
+    Every process must call it on a kept step (the extra forward is collective under FSDP / ZeRO-3, the
+    rows are gathered); only the main process writes.
     """
     step = int(trainer.state.global_step)
     if not keep_due(step, every):
         return None
+    from stare_lab import distributed
     from stare_lab.signals import resolve_layers
     from stare_lab.signals.attention import unwrap_model
 
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    acc = trainer.accelerator
+    model = acc.unwrap_model(trainer.model)
     values = getattr(trainer, "trainer_values", None)
     G, temperature = int(trainer.num_generations), float(getattr(trainer, "temperature", 1.0))
+    B, T = out["completion_ids"].shape
+    group = (acc.process_index * B + torch.arange(B, device=out["completion_mask"].device)) // G
+    local = _local_stats(stats, acc.process_index * B, B, T) if stats is not None else None
     # the model stays in the mode the trainer's own statistics pass ran in, so the values agree
     all_stats = stats_for_all_rules(
-        model, out, stats, num_generations=G, temperature=temperature, run_rule=trainer.rule, trainer=values,
+        model, out, local, num_generations=G, temperature=temperature, run_rule=trainer.rule, trainer=values,
         rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
         chunk_tokens=getattr(trainer, "stats_chunk_tokens", 1024),
         chunk_queries=getattr(trainer, "attn_chunk_queries", 128),
-        chunk_positions=getattr(trainer, "js_chunk_positions", 64))
-    if not trainer.accelerator.is_main_process:
+        chunk_positions=getattr(trainer, "js_chunk_positions", 64), group=group, accelerator=acc)
+    rows = distributed.gather_rows(
+        {"completion_ids": out["completion_ids"], "mask": out["completion_mask"], "advantages": out["advantages"],
+         "group": group, "prompt_ids": out["prompt_ids"], "prompt_mask": out["prompt_mask"],
+         **{f"stat:{k}": v for k, v in all_stats.items()}}, acc, left_padded=("prompt_ids", "prompt_mask"))
+    if not acc.is_main_process:
         return None
+    all_stats = {k[5:]: v for k, v in rows.items() if k.startswith("stat:")}
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
-    B = out["completion_ids"].size(0)
-    group = stats.group if stats is not None else (trainer.accelerator.process_index * B + torch.arange(B)) // G
-    prompt_ids, prompt_mask = out["prompt_ids"], out["prompt_mask"]
+    prompt_ids, prompt_mask = rows["prompt_ids"], rows["prompt_mask"]
     prompts = tok.batch_decode([row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask)],
                                skip_special_tokens=True)
     base = unwrap_model(model)
@@ -152,14 +164,27 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | Non
             "attn_layers": list(resolve_layers(base, None)), "num_generations": G,
             "temperature": temperature, "model": type(base).__name__,
             "trainer": dataclasses.asdict(values) if values is not None else None,
-            "process_index": int(trainer.accelerator.process_index),
-            "num_processes": int(trainer.accelerator.num_processes), **(meta or {})}
+            "num_processes": int(acc.num_processes), **(meta or {})}
+    n = rows["completion_ids"].size(0)
     return save_batch(
-        batch_path(run_dir, step), step, completion_ids=out["completion_ids"], mask=out["completion_mask"],
-        rewards=rewards_from_trainer(trainer, B), advantages=out["advantages"], group=group,
-        stats=all_stats, token_pieces=token_pieces(tok, out["completion_ids"]), prompts=prompts,
-        run_rule={"name": trainer.rule.name, "params": _params_dict(trainer.rule.params)}, rule_state=rule_state,
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, trained_weights=trained_weights, meta=info)
+        batch_path(run_dir, step), step, completion_ids=rows["completion_ids"], mask=rows["mask"],
+        rewards=rewards_from_trainer(trainer, n, global_rows=True), advantages=rows["advantages"],
+        group=rows["group"], stats=all_stats, token_pieces=token_pieces(tok, rows["completion_ids"]),
+        prompts=prompts, run_rule={"name": trainer.rule.name, "params": _params_dict(trainer.rule.params)},
+        rule_state=rule_state, prompt_ids=prompt_ids, prompt_mask=prompt_mask, trained_weights=trained_weights,
+        meta=info)
+
+
+def _local_stats(stats: TokenStats, first: int, B: int, T: int) -> TokenStats:
+    """This process's rows [first, first + B) and own T columns of a global TokenStats (identity for one process)."""
+    if stats.mask.size(0) == B and stats.mask.size(1) == T:
+        return stats
+    rows = (slice(first, first + B), slice(0, T))
+    fields = {f.name: getattr(stats, f.name) for f in dataclasses.fields(TokenStats)}
+    for name, value in fields.items():
+        if isinstance(value, Tensor) and value.dim() >= 1 and value.size(0) == stats.mask.size(0):
+            fields[name] = value[rows[0]] if value.dim() == 1 else value[rows].contiguous()
+    return TokenStats(**fields)
 
 
 def _params_dict(params) -> dict[str, Any]:
