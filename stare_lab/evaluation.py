@@ -1,9 +1,9 @@
-r"""Evaluation: n samples per problem, per-sample records, avg@n, pass@k, maj@n (METHODS.md §3).
+r"""Evaluation: n samples per problem, per-sample records, avg@n, pass@k, maj@n.
 
 `evaluate_benchmark` samples with `generate_samples`, checks each sample with the benchmark's
 verifier ("math_verify": last `\boxed{}` against the gold with math-verify; "exact": the task's own
-`verify`, e.g. arithmetic), and writes `eval/<name>.parquet` (one row per sample) and
-`eval/<name>.json` in the formats of docs/run_record.md, atomically (temp file + rename).
+`verify`, e.g. arithmetic), and writes `eval/<name>/<settings key>.parquet` (one row per sample)
+and `.json` in the formats of docs/run_record.md, atomically, through stare_lab.record.
 """
 from __future__ import annotations
 

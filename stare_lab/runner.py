@@ -96,7 +96,6 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
         rule=rule, rule_state=RuleState(seed=int(cfg.seed), total_steps=t.max_steps),
         grad_geometry_every=t.grad_geometry_every, stats_chunk_tokens=t.stats_chunk_tokens,
         attn_chunk_queries=t.attn_chunk_queries, js_chunk_positions=t.js_chunk_positions,
-        keep_batches_every=t.keep_batches_every, run_dir=run_dir,
     )
 
 
@@ -133,7 +132,6 @@ def resume_point(run_dir: Path) -> Path | None:
 
 
 def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
-    from stare_lab.record import append_metrics
     from stare_lab.tracking import is_train_log, metrics_row
 
     have = {r["step"] for r in read_metrics(run_dir)}

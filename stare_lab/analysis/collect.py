@@ -172,7 +172,7 @@ def collect_runs(root: Path | list[Path]) -> pd.DataFrame:
     """Evaluation results of every run under `root`, long format.
 
     Columns: sweep, run, label, rule (method.name), arm (rule label, the grouping key), seed,
-    step, final (True for eval/<benchmark>.json, False for eval/step-<N>/), benchmark, metric
+    step, final (False for intermediate checkpoints' evaluations), benchmark, metric
     (avg@32, avg@32_ci_lo, avg@32_ci_hi, pass@k, maj@32, ...), value (a fraction), the evaluation
     settings n, temperature, top_p, max_tokens, verifier, num_problems, and one `cfg.<key>`
     column per flattened config key. Runs without results contribute no rows.

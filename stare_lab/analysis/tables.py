@@ -1,9 +1,10 @@
 """Result tables: rule × benchmark (or rule × k) with mean ± std over seeds, Δ vs a baseline.
 
-Input is `collect_runs`' long frame; only final evaluations (eval/<benchmark>.json) count. Each
-run is one sample of its arm (see collect.py: runs differing only in seed share an arm). The
-evaluation settings are read from the same records and stated under every table (METHODS.md §3:
-settings differ between papers, so every table says T, top-p, n, max tokens and the verifier).
+Input is `collect_runs`' long frame; only final evaluations count, one evaluation setting per
+benchmark column (collect.select_settings). Each run is one sample of its arm (see collect.py:
+runs differing only in seed share an arm). The evaluation settings are read from the same records
+and stated under every table (settings differ between papers, so every table says T, top-p, n,
+max tokens and the verifier).
 """
 from __future__ import annotations
 

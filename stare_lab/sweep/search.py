@@ -6,7 +6,7 @@ driver talks to the study storage: sqlite in the sweep folder for the local laun
 JournalStorage file (safe on a shared filesystem) for Slurm. A driver that dies leaves its trials
 RUNNING in the storage; the next `sweep run` relaunches exactly those runs (they resume from their
 checkpoints) before asking for new trials. With a pruner, the driver reads each running trial's
-intermediate values (eval/step-<N>/ for an eval metric, metrics.jsonl rows for a train metric),
+intermediate values (intermediate evaluations for an eval metric, metrics.jsonl rows for a train metric),
 reports them, and stops a trial Optuna prunes (its run is recorded interrupted, "pruned ...").
 """
 from __future__ import annotations
