@@ -245,6 +245,8 @@ def cmd_demo(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("analysis") / "demo", help="default: ./analysis/demo")
     a = _parse(p, argv)
     rc = cmd_sweep(["run", str(a.sweep), "--retry-failed"])  # the demo is one button: a failed run is retried
+    if rc == 130:  # Ctrl-C: the launcher has said what it stopped
+        return rc
     if rc != 0:
         print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
     cmd_table([str(a.sweep), "--out", str(a.out)])
