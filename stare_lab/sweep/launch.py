@@ -1,12 +1,14 @@
 """Launching a sweep's runs through submitit, safely re-runnable.
 
-`plan_runs` decides per run: a finished run is skipped, an interrupted one (or one whose worker
-died) resumes, a failed one is retried only with `retry_failed`, and one whose worker or Slurm
-job is still alive is watched, never started twice. `launch_runs` writes each run's config.yaml
-and status.json, submits `RunWorker` through the local executor (at most `workers` at once) or
-Slurm (one job array, `array_parallelism` at once), waits with a progress display, and records as
-failed any run whose job ended without the worker recording it (killed, out of memory, node
-lost). The caller holds the sweep lock.
+`plan_runs` decides per run: a finished run is skipped (noting runs finished by other code), an
+interrupted one (or one without a live worker: stare_lab.sweep.records.Liveness) resumes, a failed
+or corrupt one is retried only with `retry_failed`, and one whose worker or job is alive is
+watched. `launch_runs` writes each run's config.yaml and status.json, submits `RunWorker` through
+the local executor (at most `workers` at once; the job's process is recorded as the run's holder
+until its worker takes the run's claim) or Slurm (one job array, `array_parallelism` at once),
+waits with a progress display, and records as failed any run whose job ended without the worker
+recording it (killed, out of memory, node lost). A worker that finds the run claimed by another
+leaves it; the launcher then watches that run. The caller holds the sweep lock.
 """
 from __future__ import annotations
 
