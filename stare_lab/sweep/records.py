@@ -30,8 +30,8 @@ from stare_lab.utils import atomic_write_json
 MANIFEST_FILE = "manifest.json"
 LIVE = ("pending", "running")
 # Slurm states of a job that will not run again (anything else is queued, running or requeued)
-SLURM_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-               "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}
+SLURM_ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+                         "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"})
 
 
 def process_start(pid: int) -> str | None:
