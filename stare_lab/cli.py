@@ -7,6 +7,7 @@
     stare-lab eval runs/X/<run-id> [--n 32]
     stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full]
     stare-lab plot sweeps/X.yaml
+    stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
 
 User mistakes print one line on stderr and exit 2; no traceback.
 """
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     commands = {"train": cmd_train, "demo": cmd_demo, "sweep": cmd_sweep, "eval": cmd_eval,
-                "table": cmd_table, "plot": cmd_plot}
+                "table": cmd_table, "plot": cmd_plot, "view": cmd_view}
     if cmd not in commands:
         return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
     from stare_lab.config import ConfigError
@@ -180,6 +181,8 @@ def cmd_table(argv: list[str]) -> int:
                    help="only results evaluated with this setting (n, temperature, top_p, max_tokens, verifier)")
     p.add_argument("--mix-settings", action="store_true",
                    help="allow one column to hold results under different evaluation settings (noted)")
+    p.add_argument("--wandb", action="store_true",
+                   help="also put the table and the pass@k curves into one summary W&B run of the sweep's group")
     a = _parse(p, argv)
     from stare_lab.analysis import collect_runs, passk_table, results_table, run_states
     from stare_lab.analysis.collect import SettingsMismatch
@@ -211,7 +214,21 @@ def cmd_table(argv: list[str]) -> int:
             atomic_write_text(a.out / f"results.{ext}", rendered[fmt])
         for bench, t in passk.items():
             atomic_write_text(a.out / f"passk_{bench}.md", t.to_markdown())
+    if a.wandb:
+        _table_to_wandb(a.sweep, root, df, table, where, a.mix_settings, a.baseline)
     return 0
+
+
+def _table_to_wandb(sweep: Path, root: Path, df, table, where: dict, mix_settings: bool, baseline: str) -> None:
+    """The finished table and pass@k curves in one summary run of the sweep's W&B group (offline unless a key is set)."""
+    from stare_lab.analysis import passk_table, plot_passk
+    from stare_lab.viewer.wandb_export import log_sweep_summary
+
+    passk = {b: passk_table(df, b, baseline=baseline, where=where, mix_settings=mix_settings)
+             for b in sorted(df["benchmark"].unique())}
+    figures = plot_passk(df, root / "figures", baseline=baseline)
+    log_sweep_summary(root.name, table, passk, figures, out_dir=root)
+    print(f"stare-lab: W&B summary run of sweep {root.name!r} written under {root / 'wandb'}", file=sys.stderr)
 
 
 def cmd_plot(argv: list[str]) -> int:
@@ -231,6 +248,9 @@ def cmd_plot(argv: list[str]) -> int:
     evals = collect_runs(root)
     if not evals.empty:
         paths += plot_passk(evals, out, baseline=a.baseline)
+    from stare_lab.viewer import plot_selection
+
+    paths += plot_selection(root, out)  # runs that kept generation batches (trainer.keep_batches_every)
     if not paths:
         raise UserError(f"nothing to plot under {root}")
     for path in paths:
@@ -251,7 +271,30 @@ def cmd_demo(argv: list[str]) -> int:
         print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
     cmd_table([str(a.sweep), "--out", str(a.out)])
     cmd_plot([str(a.sweep), "--out", str(a.out / "figures")])
+    _demo_token_page(a.sweep, a.out)
     return rc
+
+
+def cmd_view(argv: list[str]) -> int:
+    """The token page of a run's (or a sweep's) kept generation batch: one self-contained HTML file."""
+    from stare_lab.viewer import main_view
+
+    return main_view(argv)
+
+
+def _demo_token_page(sweep: Path, out: Path) -> None:
+    """The demo's token page (every arm at the last kept step) and, where Chromium is installed, its screenshot."""
+    from stare_lab.viewer.browser import chromium_path, screenshot
+    from stare_lab.viewer.page import ViewError, render_sweep
+
+    try:
+        page = render_sweep(sweep, out=out / "tokens.html")
+    except ViewError as e:
+        print(f"stare-lab demo: no token page ({e})", file=sys.stderr)
+        return
+    print(page)
+    if chromium_path() is not None:
+        print(screenshot(page, out / "tokens.png"))
 
 
 def _packaged_sweep(name: str) -> Path:
