@@ -139,10 +139,21 @@ def finalize(cfg: Any) -> Any:
     return cfg
 
 
+# Trainer keys that never change what a run computes with one process (hashed only with several).
+MULTIPROCESS_KEYS = ("distributed", "ddp_timeout_s")
+
+
 def run_id(cfg: Any) -> str:
-    """Hash of the resolved config without the `run` block (where and how it is named)."""
+    """Hash of the resolved config without the `run` block (where and how it is named). A run of
+    several processes also hashes its world size and engine (the global batch is per-device batch
+    × processes); a one-process run hashes neither, so its id is what it was before they existed."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     body = {k: v for k, v in data.items() if k != "run"}
+    processes = int((data.get("run") or {}).get("processes") or 1)
+    trainer = {k: v for k, v in body["trainer"].items() if k not in MULTIPROCESS_KEYS}
+    if processes > 1:
+        body["processes"], trainer["distributed"] = processes, body["trainer"].get("distributed", "ddp")
+    body["trainer"] = trainer
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -152,16 +163,35 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
     _check_section(Config, cfg, "")
     _check_task(cfg["task"])
     t = cfg["trainer"]
+    processes = int(cfg["run"].get("processes") or 1)
     per_generation = t["steps_per_generation"] or t["gradient_accumulation_steps"]
-    batch = t["per_device_train_batch_size"] * per_generation
+    batch = t["per_device_train_batch_size"] * per_generation * processes
     if batch % t["num_generations"]:
+        over = " × processes" if processes > 1 else ""
+        by = f" × {processes}" if processes > 1 else ""
         raise ConfigError(
-            f"trainer.num_generations: the generation batch (per_device_train_batch_size × steps_per_generation "
-            f"= {t['per_device_train_batch_size']} × {per_generation} = {batch}) is not divisible by "
+            f"trainer.num_generations: the generation batch (per_device_train_batch_size × steps_per_generation{over} "
+            f"= {t['per_device_train_batch_size']} × {per_generation}{by} = {batch}) is not divisible by "
             f"num_generations = {t['num_generations']}: TRL needs whole groups of completions per prompt")
+    check_engine(t.get("distributed", "ddp"))
     check_benchmarks(cfg["eval"]["benchmarks"], cfg["task"].get("name"))
     if rule:
         rule_params(cfg["method"]["name"], cfg["method"]["params"], t)
+
+
+def check_engine(engine: str) -> None:
+    """The engine of `trainer.distributed` can be used here, or one line saying what to install."""
+    import importlib.util
+
+    if engine.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(f"trainer.distributed: {engine} needs DeepSpeed, which is not installed here: "
+                          "pip install 'stare-lab[deepspeed]' (or choose ddp or fsdp)")
+    if engine == "fsdp" and importlib.util.find_spec("torch") is not None:
+        import torch.distributed
+
+        if not torch.distributed.is_available() or importlib.util.find_spec("torch.distributed.fsdp") is None:
+            raise ConfigError("trainer.distributed: fsdp needs a torch build with torch.distributed (FSDP), "
+                              "which this one lacks; choose ddp or install such a torch")
 
 
 def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:

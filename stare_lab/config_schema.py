@@ -85,6 +85,8 @@ class TrainerConfig:
     gradient_checkpointing: bool = MISSING
     use_vllm: bool = MISSING
     generation_kwargs: dict[str, Any] = MISSING
+    distributed: str = bounded(choices=("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"))
+    ddp_timeout_s: int = bounded(ge=10)               # a hung collective fails the run after this
 
 
 @dataclass
@@ -115,6 +117,7 @@ class RunConfig:
     id: Optional[str] = MISSING
     label: Optional[str] = MISSING
     variant: Optional[str] = MISSING
+    processes: int = bounded(ge=1)                   # world size, from the launcher (docs/distributed.md)
 
 
 @dataclass
@@ -164,6 +167,7 @@ TASK_SCHEMAS: dict[str, type] = {"arithmetic": ArithmeticTaskConfig, "math": Mat
 class LocalLauncherConfig:
     name: str = MISSING
     workers: int = bounded(ge=1)
+    processes: int = bounded(ge=1)                   # processes of one run (gloo on CPU)
     timeout_min: float = bounded(ge=1)
 
 
@@ -172,7 +176,9 @@ class SlurmLauncherConfig:
     name: str = MISSING
     partition: Optional[str] = MISSING
     account: Optional[str] = MISSING
+    nodes: int = bounded(ge=1)
     gpus_per_node: int = bounded(ge=0)
+    tasks_per_node: Optional[int] = bounded(ge=1)    # null: one per GPU (1 without GPUs)
     cpus_per_task: int = bounded(ge=1)
     mem_gb: float = bounded(ge=1)
     timeout_min: float = bounded(ge=1)

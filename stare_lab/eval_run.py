@@ -3,7 +3,8 @@ intermediate checkpoints during training, for curves).
 
 Each benchmark is evaluated under its own settings (stare_lab/conf/benchmark/<name>.yaml: n,
 temperature, top_p, max_tokens, verifier) unless the run's `eval.*` (the sweep) or the command
-(`stare-lab eval --n 64`) sets them; a value left null falls through to the next source. Results
+(`stare-lab eval --n 64`) sets them; a value left null falls through to the next source. A multi-process
+run shards the sampling over its ranks and rank 0 writes (stare_lab.evaluation). Results
 land in <run_dir>/eval/<benchmark>/<settings key>.{json,parquet} (stare_lab.record), so results
 under different settings or steps live side by side; a result already there under the same
 settings is not redone unless forced, and forcing replaces only that one.
@@ -105,9 +106,21 @@ def evaluate_run(run_dir: Path, cfg: DictConfig, *, force: bool = False,
         raise FileNotFoundError(f"{final} does not exist: the run has not finished training")
     model, tokenizer = load_model_and_tokenizer(str(final), dtype=cfg.model.dtype)
     model.eval()
+    _to_rank_device(model, cfg)
     ckpt = last_checkpoint(run_dir)
     step = checkpoint_step(ckpt) if ckpt else int(cfg.trainer.max_steps)
     return evaluate_model(model, tokenizer, cfg, Path(run_dir), step=step, force=force, overrides=overrides)
+
+
+def _to_rank_device(model, cfg: DictConfig) -> None:
+    """A multi-process run evaluates on each rank's own GPU (cuda:LOCAL_RANK) unless it trains on
+    the CPU; one process keeps the model where it is loaded."""
+    import torch
+
+    from stare_lab.record import process_count
+
+    if process_count() > 1 and torch.cuda.is_available() and not cfg.trainer.use_cpu:
+        model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
 
 
 class IntermediateEval(TrainerCallback):

@@ -134,16 +134,35 @@ def summarize(records_df: Any, n: int) -> dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------- sampling
+def sample_units(num_prompts: int, n: int, batch_size: int) -> list[list[list[tuple[int, int]]]]:
+    """The (prompt, sample) jobs in seeded units, each a list of generate batches. A unit is
+    ⌊batch_size / n⌋ whole prompts in one batch, or, when n > batch_size, one prompt in batches of
+    batch_size. Samples depend only on (seed, unit), never on which process draws the unit."""
+    if n <= batch_size:
+        per = batch_size // n
+        return [[[(i, j) for i in range(a, min(a + per, num_prompts)) for j in range(n)]]
+                for a in range(0, num_prompts, per)]
+    return [[[(i, j) for j in range(b, min(b + batch_size, n))] for b in range(0, n, batch_size)]
+            for i in range(num_prompts)]
+
+
+def unit_seed(seed: int, unit: int) -> int:
+    """The torch seed of one unit of samples (a fixed mix of the run's seed and the unit index)."""
+    return (int(seed) * 1_000_003 + unit) % (2**63 - 1)
+
+
 def generate_samples(model: Any, tokenizer: Any, prompts: Sequence[Any], n: int, temperature: float = 1.0,
                      top_p: float = 0.7, max_tokens: int = 1024, batch_size: int = 32,
-                     seed: int = 0) -> list[list[tuple[str, int]]]:
+                     seed: int = 0, shard: tuple[int, int] = (0, 1)) -> list[list[tuple[str, int]] | None]:
     """n completions per prompt as `(text, length)`: length counts generated tokens up to and
     including the first EOS. A prompt is text, or a message list rendered by the chat template.
 
-    transformers path: `generate` over left-padded batches of `batch_size` sequences (each prompt
-    repeated n times), sampling with exactly T and top-p (top-k and repetition penalty from a
-    model's generation_config are switched off so every table's T/top-p is the whole story).
-    A `vllm.LLM` model uses vLLM's sampler instead.
+    transformers path: `generate` over left-padded batches (`sample_units`: whole prompts with
+    all their n samples, each unit seeded by `unit_seed(seed, unit)`), sampling with exactly T and
+    top-p (top-k and repetition penalty from a model's generation_config are switched off so every
+    table's T/top-p is the whole story). `shard = (rank, processes)`: this process draws units
+    rank, rank + processes, ...; prompts of other units are None. Any sharding gives the samples
+    of one process. A `vllm.LLM` model uses vLLM's sampler instead (not sharded).
     """
     if _is_vllm_model(model):
         return _generate_vllm(model, prompts, n, temperature, top_p, max_tokens, seed)
@@ -159,23 +178,25 @@ def generate_samples(model: Any, tokenizer: Any, prompts: Sequence[Any], n: int,
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
-    jobs = [(i, j) for i in range(len(texts)) for j in range(n)]
-    out: list[list[Any]] = [[None] * n for _ in texts]
+    rank, processes = shard
+    units = list(enumerate(sample_units(len(texts), n, batch_size)))[rank::processes]
+    out: list[list[Any] | None] = [None] * len(texts)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    torch.manual_seed(seed)
     try:
-        for start in tqdm(range(0, len(jobs), batch_size), desc="sampling", unit="batch", leave=False):
-            batch = jobs[start : start + batch_size]
-            enc = tokenizer([texts[i] for i, _ in batch], return_tensors="pt", padding=True,
-                            add_special_tokens=not chat).to(device)
-            with torch.no_grad():
-                ids = model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id,
-                                     eos_token_id=sorted(eos), repetition_penalty=1.0, **sampling)
-            for row, (i, j) in zip(ids[:, enc["input_ids"].shape[1] :].tolist(), batch):
-                length = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
-                out[i][j] = (tokenizer.decode(row[:length], skip_special_tokens=True), length)
+        for u, batches in tqdm(units, desc="sampling", unit="unit", leave=False):
+            torch.manual_seed(unit_seed(seed, u))
+            for batch in batches:
+                enc = tokenizer([texts[i] for i, _ in batch], return_tensors="pt", padding=True,
+                                add_special_tokens=not chat).to(device)
+                with torch.no_grad():
+                    ids = model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id,
+                                         eos_token_id=sorted(eos), repetition_penalty=1.0, **sampling)
+                for row, (i, j) in zip(ids[:, enc["input_ids"].shape[1] :].tolist(), batch):
+                    length = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
+                    out[i] = out[i] or [None] * n
+                    out[i][j] = (tokenizer.decode(row[:length], skip_special_tokens=True), length)
     finally:
         tokenizer.padding_side, tokenizer.pad_token = saved
         model.train(was_training)
@@ -253,25 +274,60 @@ def evaluate_benchmark(model: Any, tokenizer: Any, task_or_verifier: Any, record
     """
     from stare_lab.tasks.math import MATH_TEMPLATE
 
+    from stare_lab.record import eval_result_path, write_eval_result
+
     verifier, extract, check = _resolve_verifier(task_or_verifier)
     prompts = [_record_prompt(r, template or MATH_TEMPLATE, chat) for r in records]
-    samples = generate_samples(model, tokenizer, prompts, n, temperature, top_p, max_tokens, batch_size, seed)
+    rank, processes = eval_shard()
+    if _is_vllm_model(model):
+        rank, processes = 0, 1
+    samples = generate_samples(model, tokenizer, prompts, n, temperature, top_p, max_tokens, batch_size, seed,
+                               shard=(rank, processes))
     rows = []
-    for record, outputs in zip(records, samples):
+    for index, (record, outputs) in enumerate(zip(records, samples)):
         gold = str(record["answer"])
-        for j, (text, length) in enumerate(outputs):
+        for j, (text, length) in enumerate(outputs or []):   # None: another rank's problem
             extracted = extract(text)
             rows.append({"problem_id": str(record["problem_id"]), "sample_index": j, "answer": text,
                          "extracted": None if extracted is None else str(extracted), "gold": gold,
-                         "correct": bool(check(text, extracted, gold)), "length": int(length)})
+                         "correct": bool(check(text, extracted, gold)), "length": int(length), "_order": index})
+    if processes > 1:
+        rows = gather_rows(rows)
+    rows = [{k: v for k, v in r.items() if k != "_order"} for r in sorted(rows, key=lambda r: (r["_order"], r["sample_index"]))]
     df = pd.DataFrame(rows, columns=list(PARQUET_COLUMNS))
     result = {"benchmark": name, "step": step, "final": not intermediate, "n": n, "temperature": temperature,
               "top_p": top_p, "max_tokens": max_tokens, "verifier": verifier, "num_problems": len(records),
               "metrics": summarize(df, n)}
-    from stare_lab.record import write_eval_result
+    if rank == 0:
+        path = write_eval_result(out_dir, result, rows)
+    else:
+        path = eval_result_path(out_dir, name, result, step)
+    if processes > 1:
+        import torch.distributed as dist
 
-    path = write_eval_result(out_dir, result, rows)
+        dist.barrier()  # the result is on disk before any rank looks for it
     return {**result, "settings_key": path.stem}
+
+
+def eval_shard() -> tuple[int, int]:
+    """(rank, processes) of a multi-process run's evaluation: torch.distributed's when it is
+    running with several processes, else (0, 1)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0, 1
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's per-sample rows, on every rank (one all_gather_object)."""
+    import torch.distributed as dist
+
+    shares: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, rows)
+    return [r for share in shares for r in share]
 
 
 def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:

@@ -280,6 +280,22 @@ def _check_safetensors(path: Path) -> None:
         raise ValueError(f"truncated ({size} bytes, {8 + n + end} expected)")
 
 
+def checkpoint_world_size(ckpt: Path) -> int:
+    """Processes that wrote a trainer checkpoint: transformers saves `rng_state_<rank>.pth` per
+    process with several, one `rng_state.pth` with one."""
+    return len(list(Path(ckpt).glob("rng_state_*.pth"))) or 1
+
+
+def process_rank() -> int:
+    """This process's global rank (RANK, exported before torch.distributed starts); 0 alone."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def process_count() -> int:
+    """The run's world size (WORLD_SIZE); 1 alone."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
 def last_checkpoint(run_dir: Path | str, problems: list[str] | None = None) -> Path | None:
     """The newest readable checkpoint; newer unreadable ones are described in `problems`."""
     for ckpt in checkpoints(run_dir):

@@ -25,8 +25,11 @@ from stare_lab.record import (
     CONFIG_FILE,
     FINAL_DIR,
     checkpoint_step,
+    checkpoint_world_size,
     checkpoints,
     last_checkpoint,
+    process_count,
+    process_rank,
     read_metrics,
     truncate_metrics,
 )
@@ -41,15 +44,35 @@ class NonFiniteError(RuntimeError):
 
 def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> None:
     """Train (unless final/ exists) and evaluate the run in `run_dir`. `callbacks` are extra
-    TrainerCallbacks, e.g. a test's crash at a given step."""
+    TrainerCallbacks, e.g. a test's crash at a given step. With several processes every rank
+    calls it (RANK/WORLD_SIZE exported by the worker); rank 0 alone writes the record."""
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / CONFIG_FILE)
+    processes = int(cfg.run.get("processes") or 1)    # a config written before the key existed: 1
+    if processes != process_count():
+        raise ValueError(f"run.processes = {processes}, but this run has {process_count()} process(es): "
+                         "start it through `sweep run` with the launcher that expanded it")
     if not (run_dir / FINAL_DIR / "config.json").is_file():
         train(cfg, run_dir, callbacks)
     if cfg.eval.enabled:
         from stare_lab.eval_run import evaluate_run
 
+        if processes > 1:
+            join_processes(cfg)
         evaluate_run(run_dir, cfg)
+
+
+def join_processes(cfg: DictConfig) -> None:
+    """torch.distributed for a multi-process evaluation whose training was done by an earlier
+    attempt (training starts it through accelerate; so does this, with the same timeout)."""
+    import datetime
+
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    if not dist.is_initialized():
+        PartialState(cpu=bool(cfg.trainer.use_cpu),
+                     timeout=datetime.timedelta(seconds=int(cfg.trainer.get("ddp_timeout_s") or 1800)))
 
 
 def build_grpo_config(cfg: DictConfig, output_dir: Path):
@@ -70,7 +93,28 @@ def build_grpo_config(cfg: DictConfig, output_dir: Path):
         gradient_checkpointing=t.gradient_checkpointing, use_vllm=t.use_vllm,
         generation_kwargs=OmegaConf.to_container(t.generation_kwargs, resolve=True) or None,
         report_to="none", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
+        ddp_timeout=int(t.get("ddp_timeout_s") or 1800), **engine_args(t.get("distributed") or "ddp"),
     )
+
+
+def engine_args(engine: str) -> dict:
+    """TrainingArguments of `trainer.distributed` for a multi-process run (accelerate builds its
+    FSDP or DeepSpeed plugin from them); nothing for ddp or one process."""
+    if process_count() <= 1 or engine == "ddp":
+        return {}
+    if engine == "fsdp":
+        # transformers wraps each decoder layer (the model's `_no_split_modules`) as one FSDP unit
+        return {"fsdp": "full_shard auto_wrap",
+                "fsdp_config": {"use_orig_params": True, "sync_module_states": True,
+                                "activation_checkpointing": False, "cpu_ram_efficient_loading": False}}
+    stage = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}[engine]
+    zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    if stage == 3:  # final/ holds the whole model, gathered from the shards
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {"deepspeed": {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+                          "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+                          "zero_allow_untested_optimizer": True}}
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
@@ -96,6 +140,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
         rule=rule, rule_state=RuleState(seed=int(cfg.seed), total_steps=t.max_steps),
         grad_geometry_every=t.grad_geometry_every, stats_chunk_tokens=t.stats_chunk_tokens,
         attn_chunk_queries=t.attn_chunk_queries, js_chunk_positions=t.js_chunk_positions,
+        keep_batches_every=t.keep_batches_every, run_dir=run_dir,
     )
 
 
@@ -116,6 +161,12 @@ def resume_point(run_dir: Path) -> Path | None:
     """
     problems: list[str] = []
     ckpt = last_checkpoint(run_dir, problems)
+    if ckpt is not None and checkpoint_world_size(ckpt) != process_count():
+        raise ValueError(f"{ckpt.name} was written by {checkpoint_world_size(ckpt)} process(es) and this run has "
+                         f"{process_count()}: resume with the same processes (sharded optimizer state and per-rank "
+                         "RNG states do not reshard), or move checkpoints/ away to start over")
+    if process_rank() != 0:  # rank 0 alone repairs the record; every rank resumes from the same checkpoint
+        return ckpt
     for bad, problem in zip(checkpoints(run_dir), problems):
         bad.rename(bad.with_name(f"corrupt-{bad.name}"))
         print(f"{run_dir.name}: {problem}; resuming from {ckpt.name if ckpt else 'the start'}", flush=True)
@@ -155,24 +206,27 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     from stare_lab.tracking import MetricsLogger, StepPrinter, init_wandb
 
     ckpt = resume_point(run_dir)
-    wandb_run = init_wandb(cfg, run_dir)
-    all_callbacks = [FiniteGuard(), MetricsLogger(run_dir, wandb_run)]
+    main = process_rank() == 0               # one record per run: rank 0 writes metrics and W&B
+    wandb_run = init_wandb(cfg, run_dir) if main else None
+    all_callbacks = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
     if cfg.eval.enabled and cfg.eval.every_steps > 0:
         all_callbacks.append(IntermediateEval(cfg, run_dir))
-    all_callbacks += [*callbacks, StepPrinter(f"{cfg.method.name} s{cfg.seed}")]
+    all_callbacks += [*callbacks] + ([StepPrinter(f"{cfg.method.name} s{cfg.seed}")] if main else [])
     try:
         trainer = build_trainer(cfg, run_dir, all_callbacks)
         trainer.remove_callback(PrinterCallback)
         if ckpt is not None:
-            trainer.load_rule_state(ckpt)
+            trainer.load_rule_state(ckpt)    # every rank: the rule state is the same on all of them
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         final = run_dir / FINAL_DIR
         tmp = run_dir / (FINAL_DIR + ".tmp")
-        trainer.save_model(str(tmp))
-        trainer.processing_class.save_pretrained(str(tmp))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        trainer.save_model(str(tmp))         # every rank: FSDP and ZeRO-3 gather the shards to save
+        if main:
+            trainer.processing_class.save_pretrained(str(tmp))
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+        trainer.accelerator.wait_for_everyone()  # evaluation on every rank reads final/
     finally:
         if wandb_run is not None:
             wandb_run.finish()

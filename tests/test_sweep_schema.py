@@ -86,7 +86,8 @@ def test_expansion_is_the_grid_product_times_variants_times_seeds(tmp_path):
     r = next(r for r in runs if r.variant == "e")
     assert r.config["method"]["params"]["rho"] == 0.1 and r.config["trainer"]["max_steps"] == 2
     assert r.label.startswith("e normalize=") and r.run_dir == spec.folder / r.id
-    assert r.config["run"] == {"root": str(spec.output), "sweep": spec.name, "id": r.id, "label": r.label, "variant": "e"}
+    assert r.config["run"] == {"root": str(spec.output), "sweep": spec.name, "id": r.id, "label": r.label, "variant": "e",
+                               "processes": 1}
     assert isinstance(r.config["trainer"]["learning_rate"], float)   # 1 → 1.0, as the schema stores it
     for run in runs[::5]:
         verify_run(run)                                   # fast path == stare_lab.config.compose

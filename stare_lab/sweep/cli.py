@@ -155,6 +155,7 @@ def _print_plan(spec, runs) -> None:
     la = spec.launcher
     settings = ", ".join(f"{k}={v}" for k, v in la.items() if k != "name" and v not in (None, [], {}))
     print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la['name']}: {settings}")
+    print(_resources(la, len(runs)))
     table = Table()
     for col in ("#", "run id", "label", "method", "seed", "state"):
         table.add_column(col)
@@ -162,6 +163,22 @@ def _print_plan(spec, runs) -> None:
         state = (read_status(r.run_dir) or {}).get("state", "new")
         table.add_row(str(i), r.id, Text(r.label), r.config["method"]["name"], str(r.seed), state)
     Console(width=max(120, Console().width)).print(table)
+
+
+def _resources(la: dict[str, Any], runs: int) -> str:
+    """What the sweep asks for: processes per run, and GPUs in all and at once (Slurm)."""
+    from stare_lab.sweep.schema import gpus_per_run, processes_per_run, tasks_per_node
+
+    procs = processes_per_run(la)
+    shape = f"{la.get('nodes', 1)} node(s) × {tasks_per_node(la)}" if la["name"] == "slurm" else f"{procs} on this machine"
+    line = f"processes per run: {procs} ({shape})"
+    if la["name"] == "slurm":
+        gpus = gpus_per_run(la)
+        at_once = min(runs, int(la["array_parallelism"]))
+        line += f"; GPUs: {gpus} per run, {gpus * runs} for the sweep ({gpus * at_once} at once, {at_once} runs in parallel)"
+    else:
+        line += f"; {min(runs, int(la['workers'])) * procs} processes at once ({la['workers']} workers)"
+    return line
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from stare_lab.config import CONF_DIR, Config, ConfigError, check_values, compose, finalize, hydra_raw, rule_params
-from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
+from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups, processes_per_run
 
 
 @dataclass
@@ -127,7 +127,8 @@ class Composer:
         for k, v, origin in self.base + assigned:
             (groups.__setitem__(k, v) if "." not in k else dotted.append((k, v, origin)))
             origins[k] = origin
-        run_block = {"root": str(spec.output), "sweep": spec.name, "label": label, "variant": variant}
+        run_block = {"root": str(spec.output), "sweep": spec.name, "label": label, "variant": variant,
+                     "processes": processes_per_run(spec.launcher)}
         overrides = [self._override(g, c) for g, c in groups.items()]
         overrides += [self._override(k, v) for k, v, _ in dotted]
         signature = tuple(overrides)                 # the run's config but for its seed and run block

@@ -26,7 +26,7 @@ from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, code_version, fi
 from stare_lab.record import read_status, set_aside, update_status, write_status
 from stare_lab.sweep.expand import RunSpec
 from stare_lab.sweep.records import Liveness, process_start
-from stare_lab.sweep.schema import SweepError, SweepSpec
+from stare_lab.sweep.schema import SweepError, SweepSpec, processes_per_run, tasks_per_node
 from stare_lab.sweep.worker import Execute, RunWorker
 from stare_lab.utils import atomic_write_text
 
@@ -129,7 +129,8 @@ def worker_threads(spec: SweepSpec) -> int | None:
     one thread per core each would oversubscribe them). Slurm jobs get their own cores."""
     if spec.launcher["name"] != "local":
         return None
-    return max(1, (os.cpu_count() or 1) // max(1, int(spec.launcher.get("workers", 1))))
+    processes = max(1, int(spec.launcher.get("workers", 1))) * tasks_per_node(spec.launcher)
+    return max(1, (os.cpu_count() or 1) // processes)
 
 
 def make_executor(spec: SweepSpec):
@@ -138,17 +139,20 @@ def make_executor(spec: SweepSpec):
     la, logs = spec.launcher, spec.folder / "submitit" / "%j"
     if la["name"] == "local":
         ex = submitit.LocalExecutor(folder=logs)
-        ex.update_parameters(timeout_min=la["timeout_min"])
+        ex.update_parameters(timeout_min=la["timeout_min"], tasks_per_node=tasks_per_node(la))
         return ex
     ex = submitit.SlurmExecutor(folder=logs, max_num_timeout=la["max_requeue"])
     params: dict[str, Any] = dict(
         job_name=f"stare_lab:{spec.name}", partition=la["partition"], account=la["account"], qos=la["qos"],
         constraint=la["constraint"], cpus_per_task=la["cpus_per_task"], mem=f"{la['mem_gb']}GB",
-        time=int(la["timeout_min"]), array_parallelism=la["array_parallelism"], nodes=1, ntasks_per_node=1,
+        time=int(la["timeout_min"]), array_parallelism=la["array_parallelism"], nodes=la["nodes"],
+        ntasks_per_node=tasks_per_node(la),
         signal_delay_s=la["signal_delay_s"], setup=list(la["setup"]),
         additional_parameters={"requeue": True, **la["additional"]})
     if la["gpus_per_node"]:
         params["gpus_per_node"] = la["gpus_per_node"]
+    if processes_per_run(la) > 1:  # a rank that exits with an error ends the others at once (not after ddp_timeout)
+        params["srun_args"] = ["--kill-on-bad-exit=1"]
     ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return ex
 
@@ -322,6 +326,9 @@ def reconcile(t: Tracked) -> str:
     if state in ("pending", "running"):
         if t.job is None:
             return "resume"
+        from stare_lab.sweep.ranks import latest_peer_failure
+
+        error = latest_peer_failure(t.run.run_dir) or error  # a multi-process run: the first rank that failed
         update_status(t.run.run_dir, state="failed", error=error or "the job ended without a result",
                       traceback=_job_log_tail(t.job), pid=None)
         state = "failed"

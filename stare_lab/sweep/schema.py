@@ -354,7 +354,29 @@ def _launcher(block: Any, cli: dict[str, Any], fail) -> dict[str, Any]:
         if problem:
             fail(f"launcher.{k}", problem)
         out[k] = v
+    if name == "slurm" and out["tasks_per_node"] and out["gpus_per_node"] and out["tasks_per_node"] != out["gpus_per_node"]:
+        fail("launcher.tasks_per_node", f"{out['tasks_per_node']} tasks on {out['gpus_per_node']} GPUs per node: "
+             "a run has one process per GPU (leave tasks_per_node null, or gpus_per_node 0 for CPU runs)")
     return out
+
+
+def tasks_per_node(launcher: dict[str, Any]) -> int:
+    """Processes of one run on each of its nodes: local `processes`; Slurm one per GPU (or `tasks_per_node`)."""
+    if launcher["name"] == "local":
+        return int(launcher.get("processes") or 1)
+    return int(launcher.get("tasks_per_node") or launcher.get("gpus_per_node") or 1)
+
+
+def processes_per_run(launcher: dict[str, Any]) -> int:
+    """A run's world size: nodes × tasks per node (the local launcher has one node)."""
+    return int(launcher.get("nodes") or 1) * tasks_per_node(launcher)
+
+
+def gpus_per_run(launcher: dict[str, Any]) -> int:
+    """GPUs one run asks for (0 on the local launcher: it uses what the machine has)."""
+    if launcher["name"] == "local":
+        return 0
+    return int(launcher.get("nodes") or 1) * int(launcher.get("gpus_per_node") or 0)
 
 
 def check_schema_value(key: str, value: Any, path: str, fail) -> None:

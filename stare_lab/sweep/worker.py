@@ -9,7 +9,8 @@ host, pid, Slurm job id, timings, and the error's first line plus traceback.
 `RunWorker` is the same as a submitit `Checkpointable`: on pre-emption or time-out submitit calls
 `checkpoint`, which records the run as interrupted and resubmits the worker itself; the requeued
 job calls `run_one` again, and the runner resumes from the last trainer checkpoint (and the same
-W&B run, whose id is the run id). Thread count and warning filters are set by `start_worker`
+W&B run, whose id is the run id). A job of several tasks is one multi-process run (`run_rank`):
+rank 0 is the worker above, the other ranks train with it and keep no record. Thread count and warning filters are set by `start_worker`
 when a worker process starts, never on import.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ from stare_lab.record import (
     update_status,
     write_status,
 )
+from stare_lab.sweep.ranks import RankGate, attempt_key, is_echo
 from stare_lab.sweep.records import self_identity
 
 Execute = Callable[[Path], None]
@@ -57,28 +59,60 @@ def start_worker(threads: int | None = None) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
 
 
-def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool = False) -> dict[str, Any]:
+def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool = False,
+            gate: RankGate | None = None) -> dict[str, Any]:
     """Run (or resume) the run in `run_dir`; returns its final status. Raises what the run raised.
 
     A finished run is not run again unless `force`. `execute` defaults to the real runner; tests
     pass a stand-in or the runner with a crash callback. When another worker holds the run's
-    claim, nothing is done and the status is returned with `claimed_elsewhere: True`.
+    claim, nothing is done and the status is returned with `claimed_elsewhere: True`. `gate`:
+    this is rank 0 of a multi-process run; it tells the other ranks whether to start
+    (stare_lab.sweep.ranks).
     """
     run_dir = Path(run_dir)
     claim = RunClaim(run_dir)
     if not claim.acquire():
+        if gate is not None:
+            gate.open(False, "another worker holds the run")
         return {**(read_status(run_dir) or {}), "claimed_elsewhere": True}
     try:
-        return _run_claimed(run_dir, execute, force)
+        return _run_claimed(run_dir, execute, force, gate)
     finally:
         claim.release()
 
 
-def _run_claimed(run_dir: Path, execute: Execute | None, force: bool) -> dict[str, Any]:
+def run_rank(run_dir: Path, rank: int, world: int, key: str, execute: Execute | None = None) -> dict[str, Any]:
+    """One rank of a multi-process run: rank 0 is the run's worker (`run_one`: claim, status.json);
+    the others wait for its go, run the same `execute` (training and evaluation are collective)
+    and write nothing but their rank file (stare_lab.sweep.ranks)."""
+    gate = RankGate(run_dir, key, rank, world)
+    gate.started()
+    if rank == 0:
+        return run_one(run_dir, execute=execute, gate=gate)
+    go, reason = gate.wait_open()
+    if not go:
+        return {"rank": rank, "skipped": reason}
+    if execute is None:
+        from stare_lab.runner import execute
+    try:
+        execute(run_dir)
+    except Terminated:  # a requeue or cancel: rank 0 records it, this rank did not fail
+        raise
+    except BaseException as e:
+        gate.failed(f"{type(e).__name__}: {e}")
+        raise
+    return {"rank": rank, "state": "finished"}
+
+
+def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: RankGate | None = None) -> dict[str, Any]:
     status = read_status(run_dir) or new_status()
     if status.get("state") == CORRUPT:
+        if gate is not None:
+            gate.open(False, "unreadable status.json")
         raise RecordError(f"{status['error']}; fix or remove it (`sweep run --retry-failed` sets it aside)")
     if status.get("state") == "finished" and not force:
+        if gate is not None:
+            gate.open(False, "finished")
         return status
     if execute is None:
         from stare_lab.runner import execute
@@ -87,19 +121,27 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool) -> dict[st
         ident["slurm_job_id"] = status.get("slurm_job_id") if ident["host"] == status.get("host") else None
     t0 = time.time()
     attempt = int(status.get("attempts") or 0) + 1
-    status.update(ident, state="running", attempts=attempt, error=None,
+    status.update(ident, state="running", attempts=attempt, error=None, world_size=gate.world if gate else 1,
                   traceback=None, finished=None, started=status.get("started") or now_iso(),
                   attempt_started=now_iso())
     # which code ran each attempt: `sweep run` and the tables compare it with the current code
     status["provenance"] = [*(status.get("provenance") or []),
                             {"attempt": attempt, "started": status["attempt_started"], **provenance(_device())}]
     write_status(run_dir, status)
+    if gate is not None:
+        gate.open(True)
     try:
         execute(run_dir)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
         interrupted = isinstance(e, (KeyboardInterrupt, SystemExit, Terminated))
+        error = first_line(f"{type(e).__name__}: {e}")
+        if gate is not None:
+            gate.failed(error)
+            peer = gate.peer_failure() if (interrupted or is_echo(error)) else None
+            if peer:  # this rank only saw another one die: that one's line is the run's error
+                interrupted, error = False, peer
         status.update(state="interrupted" if interrupted else "failed",
-                      error=first_line(f"{type(e).__name__}: {e}"), traceback=traceback.format_exc(),
+                      error=error, traceback=traceback.format_exc(),
                       duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3),
                       finished=None if interrupted else now_iso())
         _record_end(run_dir, status)
@@ -108,6 +150,21 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool) -> dict[st
                   duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3))
     write_status(run_dir, status)
     return status
+
+
+def _export_world() -> tuple[int, int] | None:
+    """(rank, world size) of a job of several tasks, after exporting MASTER_ADDR/PORT, RANK,
+    WORLD_SIZE and LOCAL_RANK from submitit's job environment for torch.distributed (accelerate
+    reads them when TRL's config starts it); None for a job of one task (docs/distributed.md §5).
+    CUDA_VISIBLE_DEVICES is left alone: accelerate selects cuda:LOCAL_RANK itself."""
+    try:
+        env = submitit.JobEnvironment()
+    except RuntimeError:  # called outside a submitit job (a test, `stare-lab train`): one process
+        return None
+    if env.num_tasks <= 1:
+        return None
+    dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return dist.rank, dist.world_size
 
 
 def _device() -> str:
@@ -150,7 +207,10 @@ class RunWorker(submitit.helpers.Checkpointable):
         # requeued job still counts as running and a cancelled one ends interrupted (resumable).
         previous = signal.signal(signal.SIGTERM, _terminate)
         try:
-            return run_one(Path(run_dir), execute=self.execute)
+            world = _export_world()
+            if world is None:
+                return run_one(Path(run_dir), execute=self.execute)
+            return run_rank(Path(run_dir), *world, attempt_key(), execute=self.execute)
         except Terminated:
             sys.stdout.flush()
             sys.stderr.flush()

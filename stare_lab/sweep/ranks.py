@@ -1,0 +1,133 @@
+"""The ranks of one multi-process run: who keeps the record, and how a rank's death is told.
+
+A run of N processes is one submitit job of N tasks (local `processes`, Slurm `nodes` ×
+`tasks_per_node`). Every task calls `RunWorker`; rank 0 alone takes the run's claim and keeps
+status.json, metrics.jsonl and the W&B run. Ranks meet in `<run_dir>/.ranks/<attempt>/`, where
+<attempt> is the job id and Slurm's restart count (a requeued job is a new attempt):
+
+- `go.json`, written by rank 0 once it holds the claim (or knows the run must not start: claimed
+  by another worker, already finished). The other ranks wait for it at most GO_WAIT_S before
+  starting torch.distributed, so a run that rank 0 does not start never leaves them waiting in a
+  rendezvous, and no rank is taken for a second worker.
+- `rank-<r>.json`: each rank's host and pid at start, and its first error line when it fails.
+  When rank 0's own error is only the echo of a peer's death (a closed gloo/NCCL connection, a
+  timed-out collective, or SIGTERM from Slurm's --kill-on-bad-exit), the run's error is the first
+  failed rank's line instead; a rank that died without a line (SIGKILL, OOM killer) is named with
+  its pid.
+
+Rendezvous itself is submitit's job environment (`TorchDistributedEnvironment().export`): see
+docs/distributed.md §5.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from stare_lab.record import first_line, read_json
+from stare_lab.utils import atomic_write_text
+
+RANKS_DIR = ".ranks"
+# Non-zero ranks wait this long for rank 0 to take the claim (it does so within seconds of start).
+GO_WAIT_S = 300.0
+# Rank 0, failing, waits this long for a peer's error line to land (the peer fails at the same moment).
+PEER_WAIT_S = 5.0
+# Rank 0 errors that only echo a peer's death: the run's error is then the peer's line.
+ECHOES = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+          "received sigterm", "nccl", "gloo", "socket", "terminated", "watchdog")
+
+
+def attempt_key() -> str:
+    """This job attempt: submitit's job id, plus Slurm's restart count (requeues keep the id)."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    return f"{env.job_id}-{os.environ.get('SLURM_RESTART_COUNT', '0') or '0'}"
+
+
+class RankGate:
+    """The rank files of one attempt of one run (see the module docstring)."""
+
+    def __init__(self, run_dir: Path | str, key: str, rank: int, world: int):
+        self.dir = Path(run_dir) / RANKS_DIR / key
+        self.rank, self.world = rank, world
+
+    def started(self) -> None:
+        self._write_rank({"host": socket.gethostname(), "pid": os.getpid(), "error": None})
+
+    def failed(self, error: str) -> None:
+        self._write_rank({**(self._read_rank(self.rank) or {}), "error": first_line(error), "time": time.time()})
+
+    def open(self, go: bool, reason: str = "") -> None:
+        """Rank 0: let the other ranks start (go) or leave (not go, with the reason)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.dir / "go.json", json.dumps({"go": go, "reason": reason}))
+
+    def wait_open(self, timeout_s: float = GO_WAIT_S) -> tuple[bool, str]:
+        """A non-zero rank: (go, reason) from rank 0, or RuntimeError after `timeout_s`."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            data = read_json(self.dir / "go.json")
+            if data is not None:
+                return bool(data.get("go")), str(data.get("reason") or "")
+            time.sleep(0.2)
+        raise RuntimeError(f"rank {self.rank}: rank 0 did not start the run within {timeout_s:.0f} s")
+
+    def peer_failure(self, wait_s: float = PEER_WAIT_S) -> str | None:
+        """'rank r: <first error line>' of the first failed other rank, or one that died without a
+        line on this host; None when every other rank is alive and quiet."""
+        deadline = time.time() + wait_s
+        while True:
+            dead = None
+            errors = []
+            for r in range(self.world):
+                if r == self.rank:
+                    continue
+                info = self._read_rank(r) or {}
+                if info.get("error"):
+                    errors.append((info.get("time") or 0, r, info["error"]))
+                elif dead is None and _dead_here(info):
+                    dead = f"rank {r} (pid {info['pid']}) died without an error line (killed by a signal or out of memory)"
+            if errors:
+                _, r, line = min(errors)
+                return f"rank {r}: {line}"
+            if time.time() >= deadline:
+                return dead
+            time.sleep(0.2)
+
+    def _write_rank(self, data: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.dir / f"rank-{self.rank}.json", json.dumps(data))
+
+    def _read_rank(self, r: int) -> dict[str, Any] | None:
+        return read_json(self.dir / f"rank-{r}.json")
+
+
+def is_echo(error: str) -> bool:
+    """Whether rank 0's error line only reports a peer's death (see ECHOES)."""
+    low = error.lower()
+    return any(e in low for e in ECHOES)
+
+
+def _dead_here(info: dict[str, Any]) -> bool:
+    from stare_lab.sweep.records import process_start
+
+    return bool(info.get("pid")) and info.get("host") == socket.gethostname() and process_start(int(info["pid"])) is None
+
+
+def latest_peer_failure(run_dir: Path | str) -> str | None:
+    """The first error line any rank wrote in the newest attempt of a run (for a job that ended
+    without its rank 0 recording anything)."""
+    root = Path(run_dir) / RANKS_DIR
+    attempts = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime) if root.is_dir() else []
+    if not attempts:
+        return None
+    errors = []
+    for f in attempts[-1].glob("rank-*.json"):
+        info = read_json(f) or {}
+        if info.get("error"):
+            errors.append((info.get("time") or 0, f.stem.replace("-", " "), info["error"]))
+    return f"{min(errors)[1]}: {min(errors)[2]}" if errors else None
