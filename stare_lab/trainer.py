@@ -27,6 +27,9 @@ from stare_lab import distributed, objective
 from stare_lab.methods import Rule, RuleState, TrainerValues
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
+from stare_lab.signals.generation import record_generation
+from stare_lab.methods.microbatch import check_microbatch_scope, defer_to_loss, microbatch_weights
+from stare_lab.signals.paths import generation_needs, ride_old_logp_forward, stats_path
 from stare_lab.stats import TokenStats
 from stare_lab.utils import atomic_write_json
 
@@ -36,7 +39,8 @@ NORMALIZE_CODES = ("valid", "selected", "loss_type")
 class TokenRuleGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, rule: Rule, rule_state: RuleState | None = None, grad_geometry_every: int = 0,
                  stats_chunk_tokens: int = 1024, attn_chunk_queries: int = 128, js_chunk_positions: int = 64,
-                 keep_batches_every: int = 0, run_dir: str | Path | None = None, **kwargs):
+                 keep_batches_every: int = 0, run_dir: str | Path | None = None, stats_at_generation: bool = True,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         _check_supported(self)
         self.rule = rule
@@ -55,12 +59,28 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             raise ValueError("keep_batches_every > 0 needs run_dir: kept batches go to <run_dir>/batches")
         self.keep_batches_every = keep_batches_every  # viewer: keep every N-th generation batch (0 = never)
         self.run_dir = run_dir
+        self.stats_at_generation = stats_at_generation  # record statistics while transformers generates
+        self.microbatch = check_microbatch_scope(rule, self.trainer_values)
+        self._taken: dict[str, torch.Tensor] | None = None  # statistics from generation or the old-log-prob forward
+        self._ride_armed = False
+        self._record = None
+        self._loss_inputs = None
 
     # ---- generation time: statistics and weights -------------------------------------------
     def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
+        self._taken, path = None, self.stats_path()
+        self._ride_armed = path == "old_logp_forward"
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self._ride_armed, record, self._record = False, self._record, None
+        if record is not None:  # None when the recording does not line up: the pass computes everything
+            self._taken = record.result(out["completion_ids"], out["completion_mask"])
         mode = "train" if self.model.training else "eval"
-        local, rollout_entropy = self._token_stats(out)
+        if self.microbatch:
+            return defer_to_loss(self, out)
+        local, rollout_entropy = self._token_stats(out, given=self._taken)
+        self._taken = None
         # the rule sees the global generation batch, identical on every rank (docs/distributed.md §4);
         # with one process `stats is local` and `local_rows` is the identity
         stats, rows = distributed.global_token_stats(local, self.accelerator)
@@ -94,25 +114,78 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         return (totals[0] / totals[1].clamp(min=1)).item()
 
     @torch.no_grad()
-    def _token_stats(self, out) -> tuple[TokenStats, torch.Tensor | None]:
-        """TokenStats with what the rule declares (signals.token_statistics), and the rollout entropy if computed."""
+    def _token_stats(self, out, given=None) -> tuple[TokenStats, torch.Tensor | None]:
+        """TokenStats with what the rule declares, and the rollout entropy if computed. `given`: statistics
+        recorded during generation or taken from TRL's old-log-prob forward; the pass computes the rest."""
         completion_ids, mask = out["completion_ids"], out["completion_mask"]
         B, T = completion_ids.shape
-        G = self.num_generations
-        first_row = self.accelerator.process_index * B
-        group = (first_row + torch.arange(B, device=mask.device)) // G   # global prompt indices
         needs = self.rule.needs_for(self.trainer_values)
-        computed = token_statistics(
-            self.accelerator.unwrap_model(self.model), out, needs, num_generations=G, temperature=self.temperature,
-            attn_layers=self.rule.attn_layers,
-            rows_per_forward=max(G, (self.args.per_device_train_batch_size // G) * G),
-            chunk_tokens=self.stats_chunk_tokens, chunk_queries=self.attn_chunk_queries,
-            chunk_positions=self.js_chunk_positions, group=group, accelerator=self.accelerator)
+        group = self._global_group(B, mask.device)
+        computed = self._statistics(out, needs, group, given)
         declared = {k: v for k, v in computed.items() if k in needs}
         # logp is a required field: NaN where the rule did not declare it, so reading it anyway shows
         logp = declared.pop("logp", torch.full((B, T), float("nan"), device=mask.device))
         stats = TokenStats(logp=logp, mask=mask, advantages=out["advantages"], group=group, **declared)
         return stats, computed.get("entropy")
+
+    def _global_group(self, B: int, device) -> torch.Tensor:
+        """[B] global prompt index of this rank's rows ((process_index·B + row) // G)."""
+        return (self.accelerator.process_index * B + torch.arange(B, device=device)) // self.num_generations
+
+    def _statistics(self, batch, needs, group, given=None) -> dict[str, torch.Tensor]:
+        G = self.num_generations
+        return token_statistics(
+            self.accelerator.unwrap_model(self.model), batch, needs, num_generations=G, temperature=self.temperature,
+            attn_layers=self.rule.attn_layers, rows_per_forward=max(G, (self.args.per_device_train_batch_size // G) * G),
+            chunk_tokens=self.stats_chunk_tokens, chunk_queries=self.attn_chunk_queries,
+            chunk_positions=self.js_chunk_positions, group=group, accelerator=self.accelerator, given=given)
+
+    # ---- where the statistics come from (docs/pitfalls_signals.md, "Statistics paths") ------------
+    def stats_path(self) -> str:
+        """How this generation batch's statistics are obtained: "none" (the rule reads only TRL's batch),
+        "microbatch" (inside the loss), "old_logp_forward" (TRL's own no-grad forward of the rollout
+        policy, when it makes one), "generation" (recorded while transformers generates; JS still takes
+        the pass), or "pass" (one no-grad forward after generation)."""
+        return stats_path(self)
+
+    def _generate_single_turn(self, *args, **kwargs):
+        if self.stats_path() != "generation":
+            return super()._generate_single_turn(*args, **kwargs)
+        with record_generation(self.model, generation_needs(self), temperature=self.temperature,
+                               attn_layers=self.rule.attn_layers, chunk_queries=self.attn_chunk_queries) as rec:
+            result = super()._generate_single_turn(*args, **kwargs)
+        self._record = rec
+        return result
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        if self._ride_armed and model is self.model and not torch.is_grad_enabled():
+            # TRL's old-log-prob forward of the rollout policy: the rule's statistics come out of it
+            self._ride_armed = False
+            return ride_old_logp_forward(self, input_ids, attention_mask, logits_to_keep, kwargs)
+        logp, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        if self._loss_inputs is not None and entropies is not None:   # scope "microbatch": select from this forward
+            inputs, self._loss_inputs = self._loss_inputs, None
+            self._microbatch_weights(inputs, entropies, logp)
+        return logp, entropies, aux
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        # scope "microbatch": the first forward inside _compute_loss sets this micro-batch's weights
+        self._loss_inputs = inputs if self.microbatch else None
+        try:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            if self._loss_inputs is not None:
+                raise RuntimeError("scope 'microbatch': _compute_loss made no forward with entropies, so no weights "
+                                   "were selected for this micro-batch")
+            return loss
+        finally:
+            self._loss_inputs = None
+
+    def _microbatch_weights(self, inputs, entropies, logp) -> None:
+        """Scope "microbatch": the rule on this micro-batch (of every rank) from the training forward's own
+        detached statistics of the current policy; writes token_weights/selected/normalize/weight_total
+        into `inputs`. Called by the first `_get_per_token_logps_and_entropies` inside `_compute_loss`."""
+        microbatch_weights(self, inputs, entropies, logp)
 
     def _log_rule_metrics(self, mode, stats, weights, selected, rule_metrics, rollout_entropy) -> None:
         """Global values (the rule's batch), the same on every rank; rollout_entropy: its global mean or None."""

@@ -23,7 +23,7 @@ from torch import Tensor
 from stare_lab.stats import STATISTICS, TokenStats
 
 NORMALIZE = ("valid", "selected", "loss_type")
-SCOPES = ("batch", "group", "sequence")
+SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: methods/microbatch.py
 TIES = ("topk", "quantile")
 
 

@@ -35,6 +35,7 @@ class _Recorder:
     chunk_queries: int
     first_position: int
     stop_after_last: bool            # raise _StopForward once every chosen layer was seen
+    last_query_only: bool = False    # generation: only each call's newest query row (signals/generation.py)
     total: Tensor | None = None      # [B, T] float32: sum of AE over the layers seen
     seen: set[int] = field(default_factory=set)
 
@@ -97,8 +98,9 @@ def _ae_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     layer = getattr(module, "layer_idx", None)
     if rec is not None and layer in rec.layers and layer not in rec.seen:
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+        first = query.shape[2] - 1 if rec.last_query_only else rec.first_position
         ae = chunked_attention_entropy(query.detach(), key.detach(), attention_mask, scale,
-                                       chunk_queries=rec.chunk_queries, first_position=rec.first_position,
+                                       chunk_queries=rec.chunk_queries, first_position=first,
                                        softcap=kwargs.get("softcap"))
         rec.total = ae if rec.total is None else rec.total + ae
         rec.seen.add(layer)

@@ -56,25 +56,32 @@ def token_statistics(
     chunk_positions: int = 64,
     group: Tensor | None = None,     # [B] global prompt index of each row (None: arange(B) // G, one process)
     accelerator=None,                # an accelerate Accelerator or ProcessGroup: JS of groups split over ranks
+    given: Mapping[str, Tensor] | None = None,  # statistics another source already computed (generation)
 ) -> dict[str, Tensor]:
     """{name: [B, T] float32} for every declared statistic, plus `FREE_WITH_LOGITS` when logits were built.
 
     Position alignment: completion token t is described by input position P + t - 1, the step that
     generated it (docs/pitfalls_signals.md). The multimodal inputs TRL passes to its forward
     (`MULTIMODAL_KEYS`) reach this forward too, sliced per forward like the rows; statistics are
-    read at completion positions only. With several processes, `group` holds global prompt indices:
+    read at completion positions only. Statistics in `given` (recorded during generation, or taken from
+    TRL's old-log-prob forward) are used as they are; the forward runs only for what is still missing.
+    With several processes, `group` holds global prompt indices:
     forwards start at group boundaries, and JS of a group whose rows sit on several ranks comes from
     `distributed.js_for_split_groups` (every rank calls it once, a collective).
     """
     needs = check_needs(needs)
-    sources = {STATISTICS[n].source for n in needs}
+    given = dict(given or {})
+    missing = needs - set(given)
+    sources = {STATISTICS[n].source for n in missing}
     out: dict[str, Tensor] = {}
-    if sources & {"vocab", "group", "attention"} or ("old_logp" in needs and _missing(batch, "old_logp")):
-        out = _forward_statistics(model, batch, needs, num_generations, temperature, attn_layers,
+    if sources & {"vocab", "group", "attention"} or (
+            "old_logp" in missing and _missing(batch, "old_logp") and "logp" not in given):
+        out = _forward_statistics(model, batch, missing, num_generations, temperature, attn_layers,
                                   rows_per_forward, chunk_tokens, chunk_queries, chunk_positions, group, accelerator)
+    out.update(given)
     for name in needs:
         stat = STATISTICS[name]
-        if stat.source != "batch":
+        if stat.source != "batch" or name in given:
             continue
         value = batch.get(stat.key)
         if value is None and name == "old_logp":

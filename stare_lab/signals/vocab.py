@@ -27,6 +27,45 @@ def _check_want(want: Iterable[str]) -> tuple[str, ...]:
 
 
 @torch.no_grad()
+def reduce_logits(z: Tensor, targets: Tensor | None, *, temperature: float = 1.0, want: tuple[str, ...] = ("entropy",),
+                  final_logit_softcapping: float | None = None, inplace: bool = False,
+                  return_log_p: bool = False) -> dict[str, Tensor]:
+    """{name: [n] float32} of `p = softmax(cap(z)/τ)` for logits z [n, V] (any dtype): "logp" of `targets`
+    (0 outside [0, V)) when given, and the `want` statistics. The one reduction the statistics pass and
+    generation-time recording (signals/generation.py) share, so both give the same numbers.
+    inplace: z may be overwritten (a fresh projection), saving one [n, V] buffer. return_log_p: also
+    "log_p", the [n, V] float32 log p itself."""
+    fresh = inplace or z.dtype != torch.float32
+    z = z.float()
+    if final_logit_softcapping is not None:
+        z, fresh = torch.tanh(z / final_logit_softcapping).mul_(final_logit_softcapping), True
+    if temperature != 1.0:
+        z, fresh = z / temperature, True
+    if not fresh:
+        z = z.clone()                                        # the caller's logits stay as they are
+    V = z.shape[-1]
+    z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))         # z is now log p, in place
+    out: dict[str, Tensor] = {}
+    if targets is not None:
+        ok = (targets >= 0) & (targets < V)                  # e.g. -100 labels: logp 0
+        lp = z.gather(-1, targets.clamp(0, V - 1).unsqueeze(-1)).squeeze(-1)
+        out["logp"] = torch.where(ok, lp, torch.zeros_like(lp))
+    if want:
+        p = z.exp()                                          # [n, V]
+        if "entropy" in want:
+            out["entropy"] = -torch.linalg.vecdot(p, z)
+        if "p2" in want or "p2logp" in want:
+            p.mul_(p)                                        # p is now p², in place
+            if "p2" in want:
+                out["p2"] = p.sum(-1)
+            if "p2logp" in want:
+                out["p2logp"] = torch.linalg.vecdot(p, z)
+    if return_log_p:
+        out["log_p"] = z
+    return out
+
+
+@torch.no_grad()
 def chunked_vocab_stats(
     hidden: Tensor,                                  # [B, T, H]
     project: Callable[[Tensor], Tensor],             # [N, H] -> [N, V] logits (any dtype)
@@ -50,30 +89,11 @@ def chunked_vocab_stats(
     flat_targets = targets.reshape(B * T) if targets is not None else None
     for s in range(0, B * T, chunk_tokens):
         e = min(s + chunk_tokens, B * T)
-        z = project(flat[s:e]).float()                       # [n, V]
-        if final_logit_softcapping is not None:
-            z = torch.tanh(z / final_logit_softcapping).mul_(final_logit_softcapping)
-        if temperature != 1.0:
-            z = z / temperature
-        V = z.shape[-1]
-        z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))     # z is now log p, in place
-        if flat_targets is not None:
-            tgt = flat_targets[s:e]
-            ok = (tgt >= 0) & (tgt < V)                      # e.g. -100 labels: logp 0
-            lp = z.gather(-1, tgt.clamp(0, V - 1).unsqueeze(-1)).squeeze(-1)
-            out["logp"][s:e] = torch.where(ok, lp, torch.zeros_like(lp))
-        if want:
-            p = z.exp()                                      # [n, V]
-            if "entropy" in want:
-                out["entropy"][s:e] = -torch.linalg.vecdot(p, z)
-            if "p2" in want or "p2logp" in want:
-                p.mul_(p)                                    # p is now p², in place
-                if "p2" in want:
-                    out["p2"][s:e] = p.sum(-1)
-                if "p2logp" in want:
-                    out["p2logp"][s:e] = torch.linalg.vecdot(p, z)
-            del p
-        del z
+        reduced = reduce_logits(project(flat[s:e]), flat_targets[s:e] if flat_targets is not None else None,
+                                temperature=temperature, want=want, final_logit_softcapping=final_logit_softcapping,
+                                inplace=True)
+        for k, v in reduced.items():
+            out[k][s:e] = v
     return {k: v.view(B, T) for k, v in out.items()}
 
 
