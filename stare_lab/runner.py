@@ -207,6 +207,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
 
     ckpt = resume_point(run_dir)
     main = process_rank() == 0               # one record per run: rank 0 writes metrics and W&B
+    if ckpt is not None and process_count() > 1:
+        print(f"{run_dir.name}: rank {process_rank()} resumes from {ckpt.name}", flush=True)
     wandb_run = init_wandb(cfg, run_dir) if main else None
     all_callbacks = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
     if cfg.eval.enabled and cfg.eval.every_steps > 0:

@@ -50,3 +50,13 @@ def slow_steps(run_dir: Path) -> None:
     from stare_lab.runner import execute
 
     execute(run_dir, callbacks=[_callback(lambda step: time.sleep(2.0))])
+
+
+if __name__ == "__main__":  # the sweep driver with `slow_steps` as the runner (tests/test_multiproc_slurm.py)
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import multiproc_fixtures  # pickled by module name: workers can not import this __main__
+    from stare_lab.sweep.cli import main
+
+    sys.exit(main(sys.argv[1:], execute=multiproc_fixtures.slow_steps))

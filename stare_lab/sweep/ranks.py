@@ -76,9 +76,10 @@ class RankGate:
             time.sleep(0.2)
         raise RuntimeError(f"rank {self.rank}: rank 0 did not start the run within {timeout_s:.0f} s")
 
-    def peer_failure(self, wait_s: float = PEER_WAIT_S) -> str | None:
-        """'rank r: <first error line>' of the first failed other rank, or one that died without a
-        line on this host; None when every other rank is alive and quiet."""
+    def peer_failure(self, wait_s: float = PEER_WAIT_S, count_dead: bool = True) -> str | None:
+        """'rank r: <first error line>' of the first failed other rank, or (`count_dead`) one that
+        died without a line on this host; None when every other rank is alive and quiet. Under
+        SIGTERM (a requeue or cancel reaches every rank) a rank gone without a line is not a failure."""
         deadline = time.time() + wait_s
         while True:
             dead = None
@@ -89,7 +90,7 @@ class RankGate:
                 info = self._read_rank(r) or {}
                 if info.get("error"):
                     errors.append((info.get("time") or 0, r, info["error"]))
-                elif dead is None and _dead_here(info):
+                elif count_dead and dead is None and _dead_here(info):
                     dead = f"rank {r} (pid {info['pid']}) died without an error line (killed by a signal or out of memory)"
             if errors:
                 _, r, line = min(errors)

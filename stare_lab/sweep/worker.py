@@ -137,7 +137,9 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: Rank
         error = first_line(f"{type(e).__name__}: {e}")
         if gate is not None:
             gate.failed(error)
-            peer = gate.peer_failure() if (interrupted or is_echo(error)) else None
+            # under SIGTERM Slurm's KillWait is short: look once, briefly, for a peer's error line
+            peer = (gate.peer_failure(wait_s=1.0, count_dead=False) if interrupted
+                    else gate.peer_failure() if is_echo(error) else None)
             if peer:  # this rank only saw another one die: that one's line is the run's error
                 interrupted, error = False, peer
         status.update(state="interrupted" if interrupted else "failed",
