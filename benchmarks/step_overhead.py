@@ -1,6 +1,7 @@
 """Step-time overhead of each token rule over plain TRL GRPOTrainer, and attention-entropy memory.
 
 Run: .venv/bin/python benchmarks/step_overhead.py [--steps 10] [--rounds 3] [--seq 2048] [--threads 1]
+     [--num-iterations 2] [--scope microbatch]
 
 1. Every rule and plain `trl.GRPOTrainer` train the built-in model with the same config (one
    torch thread: the least noisy setting on a laptop); the median wall time of an optimizer step
@@ -57,16 +58,18 @@ class TimedRule:
         return self._call(stats, state)
 
 
-def step_times(rule: str | None, steps: int, tokens: int = 0) -> tuple[list[float], float]:
-    """Wall time of each optimizer step after the first, and stare_lab's own generation-time work
-    (stats pass + rule) per step, timed directly."""
+def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple[list[float], float, float]:
+    """Wall time of each optimizer step after the first, stare_lab's own generation-time work
+    (stats pass + rule) per step, and transformers generation per step (with any statistics recorded
+    in it), timed directly."""
     from trl import GRPOTrainer
 
     from stare_lab.config import compose
     from stare_lab.runner import build_grpo_config, build_trainer, task_reward
 
     longer = [f"trainer.max_completion_length={tokens}", f"+trainer.generation_kwargs.min_new_tokens={tokens}"] if tokens else []
-    cfg = compose([f"method={rule or 'full'}", f"trainer.max_steps={steps}", *BENCH, *longer])
+    cfg = compose([f"method={rule or 'full'}", f"trainer.max_steps={steps}", *BENCH, *longer,
+                   *(e for e in extra if rule is not None or not e.startswith("method."))])
     with tempfile.TemporaryDirectory() as d:
         trainer = build_trainer(cfg, Path(d))
         if rule is None:  # plain TRL on the same model, data, reward and config
@@ -79,12 +82,15 @@ def step_times(rule: str | None, steps: int, tokens: int = 0) -> tuple[list[floa
         trainer.add_callback(clock)
         trainer.remove_callback(PrinterCallback)
         own: list[float] = []
+        gen: list[float] = []
+        trainer._generate_single_turn = _timed(trainer._generate_single_turn, gen)
         if rule is not None:
             trainer._token_stats = _timed(trainer._token_stats, own)
             trainer.rule = TimedRule(trainer.rule, own)
         gc.collect()  # the previous trainer's garbage is not collected inside this one's timing
         trainer.train()
-    return clock.times[1:], sum(own) / max(steps, 1)  # the first step pays one-off costs
+    # the first step pays one-off costs
+    return clock.times[1:], sum(own) / max(steps, 1), statistics.median(gen[1:] or gen)
 
 
 class StepClock(TrainerCallback):
@@ -143,6 +149,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: least noisy on a laptop)")
     p.add_argument("--completion-tokens", type=int, default=0,
                    help="force completions of exactly this many tokens (min_new_tokens); 0: the task's own ≤ 24")
+    p.add_argument("--num-iterations", type=int, default=1,
+                   help="TRL's num_iterations for every arm (2: TRL makes an old-log-prob forward)")
+    p.add_argument("--scope", default=None, help="e.g. microbatch: that scope for the rules that take it")
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--memory-only", action="store_true")
     a = p.parse_args()
@@ -155,29 +164,48 @@ def main() -> None:
     torch.set_num_threads(a.threads)
 
     rules = a.rules or list_methods()
+    extra = [f"trainer.num_iterations={a.num_iterations}"]
+    if a.scope:
+        from stare_lab.methods import get_method
+        from stare_lab.methods.microbatch import MICROBATCH_STATISTICS
+
+        rules = [r for r in rules if hasattr(get_method(r).params, "scope")
+                 and (a.scope != "microbatch" or get_method(r).needs_for(None) <= MICROBATCH_STATISTICS)]
+        extra.append(f"method.params.scope={a.scope}")
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     if a.memory_only:
         return memory(a.seq, a.batch)
     samples: dict[str, list[float]] = {"plain TRL": []}
     own: dict[str, list[float]] = {}
+    gen: dict[str, list[float]] = {"plain TRL": []}
     for warm in (None, "anchor", "ict"):  # first-use costs (allocator, attention registration) out of the way
-        step_times(warm, 2, a.completion_tokens)
+        step_times(warm, 2, a.completion_tokens, [e for e in extra if not e.startswith("method.")])
     for _ in range(a.rounds):
-        samples["plain TRL"] += step_times(None, a.steps, a.completion_tokens)[0]
+        times, _, g = step_times(None, a.steps, a.completion_tokens, extra)
+        samples["plain TRL"] += times
+        gen["plain TRL"].append(g)
         for r in rules:
-            times, extra = step_times(r, a.steps, a.completion_tokens)
+            times, spent, g = step_times(r, a.steps, a.completion_tokens, extra)
             samples.setdefault(r, []).extend(times)
-            own.setdefault(r, []).append(extra)
+            own.setdefault(r, []).append(spent)
+            gen.setdefault(r, []).append(g)
     base = statistics.median(samples["plain TRL"])
     length = f"exactly {a.completion_tokens}" if a.completion_tokens else "≤ 24"
     print(f"\n{a.rounds} interleaved rounds × {a.steps - 1} timed steps per rule; built-in model, "
-          f"{BENCH[0].split('=')[1]} rollouts of {length} tokens per micro-batch, 2 micro-batches per step")
-    print("| rule | step time (s, median) | ratio over plain TRL | stats pass + rule (s/step) | (plain + that) / plain |")
-    print("|---|---|---|---|---|")
+          f"{BENCH[0].split('=')[1]} rollouts of {length} tokens per micro-batch, 2 micro-batches per step, "
+          f"num_iterations={a.num_iterations}" + (f", scope={a.scope}" if a.scope else ""))
+    print("own = stats pass + rule after generation; gen = transformers generation (recording included), "
+          "per generation call; estimate = (plain + own + gen − gen of plain TRL) / plain")
+    print("| rule | step time (s, median) | ratio over plain TRL | own (s/step) | gen (s/call) | estimate |")
+    print("|---|---|---|---|---|---|")
+    gen_plain = statistics.median(gen["plain TRL"])
     for name, ts in samples.items():
         med = statistics.median(ts)
-        extra = statistics.median(own[name]) if name in own else 0.0
-        print(f"| {name} | {med:.3f} | {med / base:.3f} | {extra:.4f} | {(base + extra) / base:.3f} |")
+        spent = statistics.median(own[name]) if name in own else 0.0
+        g = statistics.median(gen[name])
+        calls = 1 / a.num_iterations  # generation calls per optimizer step (a generation batch = one step)
+        est = (base + spent + calls * (g - gen_plain)) / base
+        print(f"| {name} | {med:.3f} | {med / base:.3f} | {spent:.4f} | {g:.4f} | {est:.3f} |")
     if not a.skip_memory:
         memory(a.seq, a.batch)
 

@@ -101,7 +101,7 @@ def test_one_micro_batch_holding_the_batch_equals_scope_batch(setup, tmp_path, n
         torch.manual_seed(1)
         outs.append(t._generate_and_score_completions(rows))
     ref, out = outs
-    assert torch.equal(out["token_weights"], out["completion_mask"].float()), "placeholders until the loss"
+    assert bool(out["token_weights"].isnan().all()), "placeholders until the loss"
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
     with torch.no_grad():   # the loss forward's own statistics (TRL's fused head), here without grad

@@ -39,12 +39,13 @@ def check_microbatch_scope(rule, trainer_values) -> bool:
 
 
 def defer_to_loss(trainer, out: dict) -> dict:
-    """Placeholders of the loss inputs; `microbatch_weights` replaces them for each micro-batch."""
+    """Placeholders of the loss inputs; `microbatch_weights` replaces them for each micro-batch. The weights
+    are NaN until then, so a loss that read them before its forward would fail loudly, not train on all tokens."""
     from stare_lab.trainer import NORMALIZE_CODES
 
     mask = out["completion_mask"]
-    out["token_weights"] = mask.float()
-    out["token_weight_total"] = mask.sum().float()
+    out["token_weights"] = torch.full(mask.shape, float("nan"), device=mask.device)
+    out["token_weight_total"] = torch.tensor(float("nan"), device=mask.device)
     out["token_normalize"] = torch.tensor(NORMALIZE_CODES.index("valid"))
     out["token_selected"] = mask.float()
     return out
