@@ -152,3 +152,12 @@ def test_a_checkpoint_of_another_world_size_is_refused_in_one_line(tmp_path, mon
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     assert runner.resume_point(tmp_path) == ckpt                         # rank 1: same checkpoint, no repairs
+
+
+def test_command_line_processes_and_nodes_override_the_file(tmp_path, capsys):
+    path = write_sweep(tmp_path, overrides=TWO, launcher={"name": "local"})
+    assert main(["sweep", "run", str(path), "--dry-run", "--processes", "2"]) == 0
+    assert "processes per run: 2 (2 on this machine)" in capsys.readouterr().out
+    assert main(["sweep", "run", str(path), "--dry-run", "--launcher", "slurm", "--nodes", "2", "--gpus", "4"]) == 0
+    assert "processes per run: 8 (2 node(s) × 4)" in capsys.readouterr().out
+    assert "launcher.processes: must be ≥ 1" in _refused(capsys, path, "--processes", "0")

@@ -1,7 +1,7 @@
 """`stare-lab sweep run|status FILE`: the command line of sweeps.
 
     stare-lab sweep run sweeps/demo.yaml [--launcher local|slurm] [--dry-run] [--retry-failed] [--rerun-other-code]
-        [--workers N] [--partition P] [--account A] [--gpus N] [--cpus N] [--mem-gb G]
+        [--workers N] [--processes N] [--nodes N] [--partition P] [--account A] [--gpus N] [--cpus N] [--mem-gb G]
         [--time-min M] [--root DIR]
     stare-lab sweep status sweeps/demo.yaml [--all] [--root DIR]
 
@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=int, help="parallel runs: local workers, or the Slurm array's parallelism")
     run.add_argument("--partition")
     run.add_argument("--account")
-    run.add_argument("--gpus", type=int, help="GPUs per node (slurm)")
+    run.add_argument("--processes", type=int, help="processes of one run (local)")
+    run.add_argument("--nodes", type=int, help="nodes of one run (slurm)")
+    run.add_argument("--gpus", type=int, help="GPUs per node of one run, one process each (slurm)")
     run.add_argument("--cpus", type=int, help="CPUs per task (slurm)")
     run.add_argument("--mem-gb", type=float, help="memory per job in GB (slurm)")
     run.add_argument("--time-min", type=int, help="time limit per job in minutes (slurm)")
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None, execute: Execute | None = None) -> int:
 
 def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
     opts = {"name": args.launcher, "partition": args.partition, "account": args.account,
-            "gpus_per_node": args.gpus, "cpus_per_task": args.cpus, "mem_gb": args.mem_gb,
+            "processes": args.processes, "nodes": args.nodes, "gpus_per_node": args.gpus, "cpus_per_task": args.cpus, "mem_gb": args.mem_gb,
             "timeout_min": args.time_min}
     return {k: v for k, v in opts.items() if v is not None}
 
