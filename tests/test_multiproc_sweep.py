@@ -14,6 +14,7 @@ import json
 import time
 
 import pytest
+import yaml
 
 from multiproc_fixtures import KILLED_MARK, TWO_PROCESS, kill_rank_1_of_seed_0
 from stare_lab.sweep.cli import main
@@ -36,10 +37,6 @@ def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(tmp
     monkeypatch.setenv("WANDB_MODE", "offline")
     path = write_sweep(tmp_path, "mp", overrides=TWO_PROCESS, seeds=[0, 1],
                        launcher={"name": "local", "workers": 1, "processes": 2})
-    spec = json.loads(json.dumps(path.read_text()))
-    assert "processes: 2" in spec
-    import yaml
-
     data = yaml.safe_load(path.read_text())
     data["base"]["logger"] = "wandb_offline"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -73,3 +70,6 @@ def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(tmp
     assert rows[0]["time"] < kill["time"] < rows[1]["time"]                # resumed from checkpoint-1
     assert _wandb_ids(killed) == [killed.name]                             # the same W&B run continued
     assert read_json(other / "status.json")["attempts"] == 1               # the finished run was not redone
+    logs = "".join(p.read_text() for p in (tmp_path / "runs" / "mp" / "submitit").rglob("*_log.out"))
+    for rank in (0, 1):                                                    # both ranks resumed from the checkpoint
+        assert f"{killed.name}: rank {rank} resumes from checkpoint-1" in logs
