@@ -34,6 +34,14 @@ BENCH = ["trainer.per_device_train_batch_size=16", "trainer.num_generations=8", 
          "trainer.save_steps=1000", "logger=none", "eval.enabled=false"]
 
 
+def _timed_no_grad(fn, sink: list[float]):
+    """Time only the no-grad calls (TRL's old-log-prob forward, or the statistics riding on it)."""
+    import torch
+
+    timed = _timed(fn, sink)
+    return lambda *a, **k: fn(*a, **k) if torch.is_grad_enabled() else timed(*a, **k)
+
+
 def _timed(fn, sink: list[float]):
     def wrapper(*args, **kwargs):
         t0 = time.perf_counter()
@@ -84,13 +92,15 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
         own: list[float] = []
         gen: list[float] = []
         trainer._generate_single_turn = _timed(trainer._generate_single_turn, gen)
+        trainer._get_per_token_logps_and_entropies = _timed_no_grad(trainer._get_per_token_logps_and_entropies, gen)
         if rule is not None:
             trainer._token_stats = _timed(trainer._token_stats, own)
+            trainer._microbatch_weights = _timed(trainer._microbatch_weights, own)   # scope microbatch, in the loss
             trainer.rule = TimedRule(trainer.rule, own)
         gc.collect()  # the previous trainer's garbage is not collected inside this one's timing
         trainer.train()
     # the first step pays one-off costs
-    return clock.times[1:], sum(own) / max(steps, 1), statistics.median(gen[1:] or gen)
+    return clock.times[1:], sum(own) / max(steps, 1), sum(gen) / max(steps, 1)
 
 
 class StepClock(TrainerCallback):
@@ -152,6 +162,8 @@ def main() -> None:
     p.add_argument("--num-iterations", type=int, default=1,
                    help="TRL's num_iterations for every arm (2: TRL makes an old-log-prob forward)")
     p.add_argument("--scope", default=None, help="e.g. microbatch: that scope for the rules that take it")
+    p.add_argument("--path-costs", action="store_true",
+                   help="only the statistics paths' own costs, in one process, interleaved repetitions (min time)")
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--memory-only", action="store_true")
     a = p.parse_args()
@@ -175,6 +187,8 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     if a.memory_only:
         return memory(a.seq, a.batch)
+    if a.path_costs:
+        return path_costs()
     samples: dict[str, list[float]] = {"plain TRL": []}
     own: dict[str, list[float]] = {}
     gen: dict[str, list[float]] = {"plain TRL": []}
@@ -194,20 +208,85 @@ def main() -> None:
     print(f"\n{a.rounds} interleaved rounds × {a.steps - 1} timed steps per rule; built-in model, "
           f"{BENCH[0].split('=')[1]} rollouts of {length} tokens per micro-batch, 2 micro-batches per step, "
           f"num_iterations={a.num_iterations}" + (f", scope={a.scope}" if a.scope else ""))
-    print("own = stats pass + rule after generation; gen = transformers generation (recording included), "
-          "per generation call; estimate = (plain + own + gen − gen of plain TRL) / plain")
-    print("| rule | step time (s, median) | ratio over plain TRL | own (s/step) | gen (s/call) | estimate |")
+    print("own = stats pass + rule after generation; gen = transformers generation (recording included) and "
+          "TRL's no-grad old-log-prob forward (statistics riding on it included), per step; "
+          "estimate = (plain + own + gen − gen of plain TRL) / plain")
+    print("| rule | step time (s, median) | ratio over plain TRL | own (s/step) | gen (s/step) | estimate |")
     print("|---|---|---|---|---|---|")
     gen_plain = statistics.median(gen["plain TRL"])
     for name, ts in samples.items():
         med = statistics.median(ts)
         spent = statistics.median(own[name]) if name in own else 0.0
         g = statistics.median(gen[name])
-        calls = 1 / a.num_iterations  # generation calls per optimizer step (a generation batch = one step)
-        est = (base + spent + calls * (g - gen_plain)) / base
+        est = (base + spent + g - gen_plain) / base
         print(f"| {name} | {med:.3f} | {med / base:.3f} | {spent:.4f} | {g:.4f} | {est:.3f} |")
     if not a.skip_memory:
         memory(a.seq, a.batch)
+
+
+def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
+    """What each statistics path adds, measured directly on the built-in model: transformers generation
+    with and without recording, and TRL's fused old-log-prob forward against the statistics riding on it
+    (the same rows, one no-grad forward each). Minimum over interleaved repetitions (load on a shared
+    machine only ever adds time)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
+    from stare_lab.signals import token_statistics
+    from stare_lab.signals.generation import record_generation
+    from trl.trainer.utils import add_fused_lm_head
+
+    tok = build_tokenizer()
+    model = Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR).eval()
+    ids = torch.tensor([tok("123+456=", add_special_tokens=False)["input_ids"]] * rows)
+    gen_kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new_tokens,
+                  min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id, temperature=1.0)
+    arms = {"plain": None, "logp+entropy": {"logp", "entropy"}, "+p2, p2logp": {"logp", "entropy", "p2", "p2logp"},
+            "attention entropy": {"attn_entropy"}}
+    gen = {k: [] for k in arms}
+    with torch.no_grad():
+        seq = model.generate(**gen_kw)
+        for _ in range(reps):
+            for name, needs in arms.items():
+                t0 = time.perf_counter()
+                if needs is None:
+                    model.generate(**gen_kw)
+                else:
+                    with record_generation(model, needs):
+                        model.generate(**gen_kw)
+                gen[name].append(time.perf_counter() - t0)
+    base = min(gen["plain"])
+    print(f"\ntransformers generation, {rows} rows × {new_tokens} new tokens, min of {reps}:")
+    print("| recorded | time (s) | ratio |\n|---|---|---|")
+    for name, ts in gen.items():
+        print(f"| {name} | {min(ts):.4f} | {min(ts) / base:.3f} |")
+    P = ids.size(1)
+    batch = {"prompt_ids": seq[:, :P], "prompt_mask": torch.ones_like(seq[:, :P]),
+             "completion_ids": seq[:, P:], "completion_mask": torch.ones_like(seq[:, P:])}
+    copy_model = Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR).eval()
+    add_fused_lm_head(copy_model, temperature=1.0, outputs=("log_probs", "entropy"))
+    ids_all, mask_all = seq, torch.ones_like(seq)
+    labels = ids_all.masked_fill(mask_all == 0, -100)
+    labels[:, :P] = -100
+    fwd = {"TRL fused old-log-prob forward": lambda: copy_model(input_ids=ids_all, attention_mask=mask_all,
+                                                                 labels=labels, fused_lm_head=True),
+           "ride: logp+entropy": lambda: token_statistics(model, batch, {"logp", "entropy"}, num_generations=8),
+           "ride: + attention entropy": lambda: token_statistics(model, batch, {"logp", "entropy", "attn_entropy"},
+                                                                 num_generations=8),
+           "ride: JS (ict)": lambda: token_statistics(model, batch, {"js"}, num_generations=8)}
+    times = {k: [] for k in fwd}
+    with torch.no_grad():
+        for _ in range(reps):
+            for name, fn in fwd.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    base = min(times["TRL fused old-log-prob forward"])
+    print(f"\nno-grad forward of the {rows} rollouts, min of {reps}:")
+    print("| forward | time (s) | ratio |\n|---|---|---|")
+    for name, ts in times.items():
+        print(f"| {name} | {min(ts):.4f} | {min(ts) / base:.3f} |")
 
 
 def memory(T: int, B: int) -> None:
