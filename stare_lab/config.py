@@ -173,7 +173,13 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
             f"trainer.num_generations: the generation batch (per_device_train_batch_size × steps_per_generation{over} "
             f"= {t['per_device_train_batch_size']} × {per_generation}{by} = {batch}) is not divisible by "
             f"num_generations = {t['num_generations']}: TRL needs whole groups of completions per prompt")
-    check_engine(t.get("distributed", "ddp"))
+    engine = t.get("distributed", "ddp")
+    check_engine(engine)
+    if processes > 1 and engine != "ddp" and t["use_cpu"]:
+        # accelerate applies its FSDP and DeepSpeed plugins to GPU processes only: on CPU it would
+        # silently run DDP under the engine's name
+        raise ConfigError(f"trainer.distributed: {engine} shards over GPUs only (accelerate runs CPU processes "
+                          "with DDP); use ddp with trainer.use_cpu=true, or GPUs (trainer.use_cpu=false)")
     check_benchmarks(cfg["eval"]["benchmarks"], cfg["task"].get("name"))
     if rule:
         rule_params(cfg["method"]["name"], cfg["method"]["params"], t)

@@ -103,10 +103,12 @@ def engine_args(engine: str) -> dict:
     if process_count() <= 1 or engine == "ddp":
         return {}
     if engine == "fsdp":
-        # transformers wraps each decoder layer (the model's `_no_split_modules`) as one FSDP unit
-        return {"fsdp": "full_shard auto_wrap",
-                "fsdp_config": {"use_orig_params": True, "sync_module_states": True,
-                                "activation_checkpointing": False, "cpu_ram_efficient_loading": False}}
+        # FSDP2 (transformers 5's default), each decoder layer (the model's `_no_split_modules`) one
+        # unit, parameters resharded after each forward; checkpoints and final/ hold full weights
+        return {"fsdp": True,
+                "fsdp_config": {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT",
+                                "cpu_ram_efficient_loading": False}}
     stage = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}[engine]
     zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if stage == 3:  # final/ holds the whole model, gathered from the shards

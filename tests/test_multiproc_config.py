@@ -59,7 +59,7 @@ def test_deepspeed_not_installed_is_one_line(tmp_path, capsys, engine):
 
     if importlib.util.find_spec("deepspeed") is not None:
         pytest.skip("DeepSpeed is installed here")
-    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": engine},
+    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": engine, "trainer.use_cpu": False},
                        launcher={"name": "local", "processes": 2})
     err = _refused(capsys, path)
     assert f"trainer.distributed: {engine} needs DeepSpeed" in err and "stare-lab[deepspeed]" in err
@@ -69,9 +69,16 @@ def test_fsdp_without_torch_distributed_is_one_line(tmp_path, capsys, monkeypatc
     import torch.distributed
 
     monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
-    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": "fsdp"},
+    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": "fsdp", "trainer.use_cpu": False},
                        launcher={"name": "local", "processes": 2})
     assert "trainer.distributed: fsdp needs a torch build with torch.distributed" in _refused(capsys, path)
+
+
+def test_fsdp_on_cpu_processes_is_refused_not_silently_ddp(tmp_path, capsys):
+    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": "fsdp"}, launcher={"name": "local", "processes": 2})
+    assert "trainer.distributed: fsdp shards over GPUs only" in _refused(capsys, path)
+    one = write_sweep(tmp_path, "one", overrides={"trainer.distributed": "fsdp"})   # one process: the key is ignored
+    assert main(["sweep", "run", str(one), "--dry-run"]) == 0
 
 
 def test_unknown_engine_is_one_line(tmp_path, capsys):
@@ -84,7 +91,8 @@ def test_world_size_and_engine_enter_the_run_id_only_with_several_processes():
     assert run_id(compose(["trainer.distributed=fsdp"])) == base.run.id == run_id(compose(["trainer.ddp_timeout_s=99"]))
     two = compose(["run.processes=2", "trainer.per_device_train_batch_size=16"])
     assert two.run.id != run_id(compose(["trainer.per_device_train_batch_size=16"]))
-    assert run_id(compose(["run.processes=2", "trainer.per_device_train_batch_size=16", "trainer.distributed=fsdp"])) != two.run.id
+    gpu = ["trainer.use_cpu=false", "trainer.per_device_train_batch_size=16"]
+    assert run_id(compose(["run.processes=2", *gpu, "trainer.distributed=fsdp"])) != compose(["run.processes=2", *gpu]).run.id
     with pytest.raises(ConfigError, match="run.processes: must be ≥ 1"):
         compose(["run.processes=0"])
 
@@ -129,7 +137,8 @@ def test_engine_arguments(monkeypatch):
     assert engine_args("fsdp") == {} == engine_args("deepspeed_zero3")        # one process: as before
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert engine_args("ddp") == {}
-    assert engine_args("fsdp")["fsdp"] == "full_shard auto_wrap"
+    fsdp = engine_args("fsdp")
+    assert fsdp["fsdp"] is True and fsdp["fsdp_config"]["version"] == 2
     zero3 = engine_args("deepspeed_zero3")["deepspeed"]["zero_optimization"]
     assert zero3["stage"] == 3 and zero3["stage3_gather_16bit_weights_on_model_save"]
     assert engine_args("deepspeed_zero2")["deepspeed"]["zero_optimization"]["stage"] == 2
