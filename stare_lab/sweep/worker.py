@@ -10,8 +10,8 @@ host, pid, Slurm job id, timings, and the error's first line plus traceback.
 `checkpoint`, which records the run as interrupted and resubmits the worker itself; the requeued
 job calls `run_one` again, and the runner resumes from the last trainer checkpoint (and the same
 W&B run, whose id is the run id). A job of several tasks is one multi-process run (`run_rank`):
-rank 0 is the worker above, the other ranks train with it and keep no record. Thread count and warning filters are set by `start_worker`
-when a worker process starts, never on import.
+rank 0 is the worker above, the other ranks train with it and keep no record. Thread count and
+warning filters are set by `start_worker` when a worker process starts, never on import.
 """
 from __future__ import annotations
 
@@ -165,7 +165,8 @@ def _export_world() -> tuple[int, int] | None:
         return None
     if env.num_tasks <= 1:
         return None
-    dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    # overwrite: RANK/WORLD_SIZE inherited from the shell that ran `sweep run` are not this job's
+    dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     return dist.rank, dist.world_size
 
 
