@@ -203,83 +203,42 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
 
     # ---- loss -------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        mode = "train" if self.model.training else "eval"
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, mask], dim=1)
-        logp, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True)
-        old_logp = inputs.get("old_per_token_logps")
-        old_logp = logp.detach() if old_logp is None else old_logp
-        per_token_loss, ratio = objective.clipped_surrogate(
-            logp, old_logp, inputs["advantages"], self.epsilon_low, self.epsilon_high, self.args.delta)
-        kl = None
-        if self.beta != 0.0:
-            kl = objective.kl_penalty(logp, inputs["ref_per_token_logps"])
-            if self.args.use_bias_correction_kl:
-                kl = kl * ratio
-        agg = self._aggregation(mode)
-        normalize = NORMALIZE_CODES[int(inputs["token_normalize"])]
-        loss = objective.aggregate(per_token_loss, inputs["token_weights"], mask, agg, normalize=normalize,
-                                   num_items=inputs["num_items_in_batch"], weight_total=inputs["token_weight_total"],
-                                   kl=kl, beta=self.beta)
-        if mode == "train" and self._geometry_due():
-            self._log_gradient_geometry(model, per_token_loss, inputs, mask, agg, normalize, kl)
-        self._log_loss_metrics(mode, mask, entropies, ratio, inputs, kl)
-        return loss
+        """TRL's own loss with the rule's weights in its per-token mask slot (trl_loss.py, docs/trl_parity.md)."""
+        from stare_lab import trl_loss
 
-    def _aggregation(self, mode: str) -> objective.Aggregation:
-        train = mode == "train"
-        return objective.Aggregation(
-            loss_type=self.loss_type,
-            grad_accum=self.current_gradient_accumulation_steps if train else 1,
-            steps_per_generation=self.args.steps_per_generation if train else 1,
-            num_processes=self.accelerator.num_processes,
-            max_completion_length=self.max_completion_length,
-        )
+        mode = "train" if self.model.training else "eval"
+        seen = {}
+
+        def weights():  # read when TRL reaches the slot: a "microbatch" rule has just written them
+            return trl_loss.loss_weights(self, inputs, NORMALIZE_CODES[int(inputs["token_normalize"])])
+
+        loss = trl_loss.trl_loss(self, model, inputs, weights,
+                                 on_entropies=lambda entropies, mask: seen.update(entropies=entropies.detach(), mask=mask))
+        if mode == "train" and self._geometry_due():
+            self._log_gradient_geometry(model, inputs, loss)
+        self._log_loss_metrics(mode, seen["entropies"], seen["mask"], inputs)
+        return loss
 
     def _geometry_due(self) -> bool:
         n = self.grad_geometry_every
         first_micro_batch = self._step % self.current_gradient_accumulation_steps == 0
         return n > 0 and first_micro_batch and self.state.global_step % n == 0
 
-    def _log_gradient_geometry(self, model, per_token_loss, inputs, mask, agg, normalize, kl) -> None:
-        """Cosine and norm ratio of the weighted gradient against the full-token gradient on this micro-batch."""
-        params = [p for p in model.parameters() if p.requires_grad]
-        common = dict(num_items=inputs["num_items_in_batch"], kl=kl, beta=self.beta)
-        weighted = objective.aggregate(per_token_loss, inputs["token_weights"], mask, agg, normalize=normalize,
-                                       weight_total=inputs["token_weight_total"], **common)
-        full = objective.aggregate(per_token_loss, mask.float(), mask, agg, normalize="loss_type",
-                                   weight_total=inputs["num_items_in_batch"], **common)
-        g_w = torch.autograd.grad(weighted, params, retain_graph=True, allow_unused=True)
-        g_f = torch.autograd.grad(full, params, retain_graph=True, allow_unused=True)
-        # float64: a float32 cosine of two equal million-entry vectors is off by ~1e-4
-        flat_w = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_w, params)])
-        flat_f = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_f, params)])
-        norm_f = flat_f.norm()
-        cos = flat_w @ flat_f / (flat_w.norm() * norm_f) if norm_f > 0 else torch.tensor(float("nan"))
-        self._metrics["train"]["geometry/cosine"].append(cos.item())
-        self._metrics["train"]["geometry/norm_ratio"].append((flat_w.norm() / norm_f).item() if norm_f > 0 else float("nan"))
+    def _log_gradient_geometry(self, model, inputs, loss) -> None:
+        """Cosine and norm ratio of the weighted gradient against the full-token gradient on this micro-batch
+        (TRL's loss a second time with the completion mask in the slot; its side effects undone)."""
+        from stare_lab import trl_loss
 
-    def _log_loss_metrics(self, mode, mask, entropies, ratio, inputs, kl) -> None:
-        m = self._metrics[mode]
+        cosine, norm_ratio = trl_loss.gradient_geometry(self, model, inputs, loss)
+        self._metrics["train"]["geometry/cosine"].append(cosine)
+        self._metrics["train"]["geometry/norm_ratio"].append(norm_ratio)
 
-        def global_mean(x, weight):
-            totals = self.accelerator.reduce(torch.stack([(x * weight).sum(), weight.sum().float()]), reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-        adv = inputs["advantages"]
-        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
-        m["entropy"].append(global_mean(entropies, mask))
-        m["tokens/entropy_selected"].append(global_mean(entropies, inputs["token_selected"] * mask))
-        if kl is not None:
-            m["kl"].append(global_mean(kl, mask))
-        low = ((ratio < 1 - self.epsilon_low) & (adv < 0)).float()
-        high = ((ratio > 1 + self.epsilon_high) & (adv > 0)).float()
-        m["clip_ratio/low_mean"].append(global_mean(low, mask))
-        m["clip_ratio/high_mean"].append(global_mean(high, mask))
-        m["clip_ratio/region_mean"].append(global_mean(torch.maximum(low, high), mask))
+    def _log_loss_metrics(self, mode, entropies, mask, inputs) -> None:
+        """TRL logs entropy, clip ratios, KL, aux loss; ours: the entropy of the rule's selected tokens."""
+        selected = inputs["token_selected"] * mask
+        totals = self.accelerator.reduce(torch.stack([(entropies * selected).sum(), selected.sum().float()]),
+                                         reduction="sum")
+        self._metrics[mode]["tokens/entropy_selected"].append((totals[0] / totals[1].clamp(min=1.0)).item())
 
     # ---- rule state in checkpoints ----------------------------------------------------------
     def _save_checkpoint(self, model, trial):
@@ -305,24 +264,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
 
 
 def _check_supported(t: GRPOTrainer) -> None:
-    """Refuse TRL features whose loss path this trainer does not reproduce."""
-    a = t.args
-    problems = []
-    if t.loss_type not in objective.SUPPORTED_LOSS_TYPES:
-        problems.append(f"loss_type={t.loss_type!r} (supported: {', '.join(objective.SUPPORTED_LOSS_TYPES)})")
-    if t.importance_sampling_level != "token":
-        problems.append("importance_sampling_level='sequence'")
-    if t.top_entropy_quantile < 1.0:
-        problems.append("top_entropy_quantile < 1 (use method=top_entropy)")
-    if t.off_policy_mask_threshold is not None:
-        problems.append("off_policy_mask_threshold")
-    if t._entropy_bonus_enabled:
-        problems.append("an entropy bonus")
-    if t.use_vllm and t.vllm_importance_sampling_correction:
-        problems.append("vllm_importance_sampling_correction (set it to False)")
-    if t.aux_loss_enabled:
-        problems.append("MoE aux loss")
-    if getattr(t, "tools", None):
-        problems.append("tools")
+    """Refuse the TRL features that do not compose with token weights, each with its reason (docs/trl_parity.md)."""
+    from stare_lab import trl_loss
+
+    problems = trl_loss.refusals(t)
     if problems:
-        raise ValueError(f"TokenRuleGRPOTrainer does not support {'; '.join(problems)} (args {type(a).__name__})")
+        raise ValueError(f"TokenRuleGRPOTrainer does not support {'; '.join(problems)}")

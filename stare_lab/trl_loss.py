@@ -78,14 +78,19 @@ def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str) -> Tensor:
     return weights * scale
 
 
+Weights = Tensor | Callable[[], Tensor]
+
+
 @contextmanager
-def weight_slot(trainer: GRPOTrainer, weights: Tensor,
+def weight_slot(trainer: GRPOTrainer, weights: Weights,
                 on_entropies: Callable[[Tensor, Tensor], None] | None = None) -> Iterator[None]:
     """For the calls inside, TRL's per-token mask slot returns `weights` [B, T].
 
     The instance attribute shadows `get_high_entropy_mask` and `top_entropy_quantile` < 1 arms the
-    slot; both are restored on exit. `on_entropies(entropies, mask)` sees the training forward's
-    per-token entropies (for metrics) without a second forward.
+    slot; both are restored on exit. A callable `weights` is evaluated when TRL reaches the slot,
+    right after its forward (a rule of scope "microbatch" selects from that forward).
+    `on_entropies(entropies, mask)` sees the training forward's per-token entropies (for metrics)
+    without a second forward.
     """
     if "get_high_entropy_mask" in vars(trainer):
         raise RuntimeError("the token-weight slot is already armed (nested weight_slot)")
@@ -93,7 +98,7 @@ def weight_slot(trainer: GRPOTrainer, weights: Tensor,
     def slot(entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
         if on_entropies is not None:
             on_entropies(entropies, mask)
-        return weights
+        return weights() if callable(weights) else weights
 
     quantile = trainer.top_entropy_quantile
     trainer.get_high_entropy_mask = slot
@@ -105,7 +110,7 @@ def weight_slot(trainer: GRPOTrainer, weights: Tensor,
         trainer.top_entropy_quantile = quantile
 
 
-def trl_loss(trainer: GRPOTrainer, model, inputs: dict, weights: Tensor,
+def trl_loss(trainer: GRPOTrainer, model, inputs: dict, weights: Weights,
              on_entropies: Callable[[Tensor, Tensor], None] | None = None) -> Tensor:
     """TRL's `_compute_loss` on `inputs` with `weights` [B, T] multiplying its per-token loss."""
     with weight_slot(trainer, weights, on_entropies):

@@ -1,0 +1,241 @@
+"""Token weights composed with every TRL loss feature that composes (docs/trl_parity.md).
+
+For each feature: with rule `full` the loss, the gradients and TRL's metrics equal plain
+`GRPOTrainer`'s with the same feature on the same batch, to the bit; with a selecting rule
+(weights 0/1 and fractional, normalize "valid" and "selected") the loss equals the slow loop
+reference of the documented composition (test_loss_compose_reference.py).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from stare_lab.methods import get_method
+from stare_lab.models.builtin import build_model, build_tokenizer
+from stare_lab.tasks.arithmetic import ArithmeticTask
+from stare_lab.trainer import NORMALIZE_CODES, TokenRuleGRPOTrainer
+from test_loss_compose_reference import reference_loss
+
+G = 4
+
+# feature → GRPOConfig overrides; "vllm": the importance-sampling mode to simulate (TRL's loss reads
+# only the flags and the batch's ratio, so no vLLM is needed); "ref": β > 0 needs the model on disk.
+FEATURES = {
+    "cispo": dict(loss_type="cispo", epsilon_high=1.1),
+    "sapo": dict(loss_type="sapo"),
+    "luspo_sequence": dict(loss_type="luspo", importance_sampling_level="sequence"),
+    "vespo": dict(loss_type="vespo"),
+    "gspo": dict(loss_type="grpo", importance_sampling_level="sequence"),
+    "gspo_dapo": dict(loss_type="dapo", importance_sampling_level="sequence"),
+    "bnpo_two_sided": dict(loss_type="bnpo", delta=1.2),
+    "dr_grpo": dict(loss_type="dr_grpo"),
+    "off_policy_mask": dict(off_policy_mask_threshold=0.02),
+    "vllm_is_token": dict(vllm="token_truncate"),
+    "vllm_is_sequence_grpo": dict(loss_type="grpo", vllm="sequence_mask"),
+    "vllm_is_vespo": dict(loss_type="vespo", vllm="token_mask"),
+    "entropy_bonus": dict(entropy_coef=0.1),
+    "entropy_bonus_sapo": dict(loss_type="sapo", entropy_coef=0.1),
+    "adaptive_entropy": dict(use_adaptive_entropy=True, entropy_coef=0.1, entropy_target=100.0),
+    "kl_bias_corrected_gspo": dict(beta=0.04, use_bias_correction_kl=True, importance_sampling_level="sequence",
+                                   ref=True),
+    "everything_dapo": dict(beta=0.04, entropy_coef=0.05, off_policy_mask_threshold=0.02, vllm="token_truncate",
+                            ref=True),
+}
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c) % 3) for c in completions]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: a second torch thread only contends on the shared CPU cores (several times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.manual_seed(0)
+    tok = build_tokenizer()
+    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    saved = tmp_path_factory.mktemp("model")
+    model.save_pretrained(saved)
+    tok.save_pretrained(saved)
+    return tok, model, str(saved), ArithmeticTask(train_size=64, heldout_size=16)
+
+
+def make_pair(setup, tmp_path, feature, rule="full"):
+    """(plain TRL, ours) with one feature (a FEATURES key or its dict), and the generation batch ours made."""
+    tok, model, saved, task = setup
+    kw = dict(FEATURES[feature] if isinstance(feature, str) else feature)
+    vllm, ref = kw.pop("vllm", None), kw.pop("ref", False)
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=G,
+                      gradient_accumulation_steps=2, max_completion_length=12, max_steps=2, learning_rate=1e-3,
+                      use_cpu=True, bf16=False, report_to="none", seed=0, save_strategy="no", disable_tqdm=True,
+                      **{"epsilon_high": 0.28, **kw})
+    ds = task.train_dataset()
+
+    def model_arg():
+        return saved if ref else copy.deepcopy(model)
+
+    plain = GRPOTrainer(model=model_arg(), reward_funcs=[length_reward], args=args, train_dataset=ds,
+                        processing_class=tok)
+    ours = TokenRuleGRPOTrainer(model=model_arg(), reward_funcs=[length_reward], args=args, train_dataset=ds,
+                                processing_class=tok, rule=get_method(rule))
+    batch = generation_batch(ours, ds, vllm)
+    for t in (plain, ours):
+        t.model.train()
+        t.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+        if vllm:  # after generating: the flags switch TRL's loss only
+            t.use_vllm, t.vllm_importance_sampling_correction, t.vllm_importance_sampling_mode = True, True, vllm
+        if t.use_adaptive_entropy:
+            t._last_world_entropy = 0.0  # the bonus applies from the first window (TRL starts at +inf: off)
+    return plain, ours, batch
+
+
+def generation_batch(trainer, ds, vllm):
+    rows = [ds[i] for i in range(2)]
+    trainer.model.train()
+    torch.manual_seed(1)
+    batch = trainer._generate_and_score_completions([r for r in rows for _ in range(G)])
+    logp = current_logps(trainer, batch)[0]
+    mask = batch["completion_mask"]
+    gen = torch.Generator().manual_seed(2)
+    # An earlier policy and a sampler that differ from the current one, so ratios, clipping and masks bite.
+    batch["old_per_token_logps"] = logp + 0.3 * torch.randn(logp.shape, generator=gen) * mask
+    batch["sampling_per_token_logps"] = logp + 0.3 * torch.randn(logp.shape, generator=gen) * mask
+    if vllm:
+        sequence = vllm.startswith("sequence")
+        shape = (mask.size(0), 1) if sequence else mask.shape
+        ratio = torch.empty(shape).uniform_(0.5, 1.5, generator=gen)
+        batch["importance_sampling_ratio"] = ratio if sequence else torch.where(mask > 0, ratio, 1.0)
+    return batch
+
+
+@torch.no_grad()
+def current_logps(trainer, batch):
+    """Log-probs, entropies and MoE aux loss of the training forward, as TRL's loss computes them."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    am = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    extra = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "num_images", "token_type_ids",
+                                   "mm_token_type_ids", "image_sizes", "pixel_attention_mask") if k in batch}
+    return trainer._get_per_token_logps_and_entropies(
+        trainer.model, ids, am, batch["completion_ids"].size(1), compute_entropy=True,
+        compute_aux_loss=trainer.aux_loss_enabled, **extra)
+
+
+def loss_and_grads(trainer, batch):
+    """Loss, gradients and the metric rows the loss call appended (TRL's keys only)."""
+    before = {k: len(v) for k, v in trainer._metrics["train"].items()}
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, batch)
+    loss.backward()
+    grads = [p.grad.clone() if p.grad is not None else None for p in trainer.model.parameters()]
+    rows = {k: [x if x == x else "nan" for x in v[before.get(k, 0):]] for k, v in trainer._metrics["train"].items()
+            if not k.startswith(("tokens/", "geometry/")) and len(v) > before.get(k, 0)}
+    return loss.detach(), grads, rows
+
+
+def assert_full_equals_plain(plain, ours, batch):
+    l_plain, g_plain, m_plain = loss_and_grads(plain, batch)
+    l_ours, g_ours, m_ours = loss_and_grads(ours, batch)
+    assert torch.equal(l_plain, l_ours), (l_plain.item(), l_ours.item())
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(g_plain, g_ours))
+    assert any(g is not None and g.abs().sum() > 0 for g in g_ours), "the batch must give a gradient"
+    assert m_plain == m_ours and "entropy" in m_ours
+    return l_ours
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_full_equals_plain_trl_with_feature(setup, tmp_path, feature):
+    plain, ours, batch = make_pair(setup, tmp_path, feature)
+    assert torch.equal(batch["token_weights"], batch["completion_mask"])
+    assert_full_equals_plain(plain, ours, batch)
+    assert (plain.entropy_coef, plain._last_world_entropy) == (ours.entropy_coef, ours._last_world_entropy)
+
+
+def selecting_weights(mask, kind, seed):
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "binary":
+        w = (torch.rand(mask.shape, generator=gen) < 0.4).float()
+        w[0] = 0.0  # a row with nothing selected
+    else:
+        w = torch.rand(mask.shape, generator=gen) * 1.5
+    return w * mask
+
+
+@pytest.mark.parametrize("normalize", ["valid", "selected"])
+@pytest.mark.parametrize("kind", ["binary", "fractional"])
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_selecting_rule_equals_loop_reference(setup, tmp_path, feature, kind, normalize):
+    _, ours, batch = make_pair(setup, tmp_path, feature)
+    w = selecting_weights(batch["completion_mask"], kind, seed=len(feature))
+    batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float(),
+                 token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)))
+    logp, entropies, aux = current_logps(ours, batch)
+    expected = reference_loss(ours, batch, logp, entropies, w, normalize, aux)
+    loss = ours._compute_loss(ours.model, batch)
+    assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    valid_selected = (w > 0) & (batch["completion_mask"] > 0)
+    assert ours._metrics["train"]["tokens/entropy_selected"][-1] == pytest.approx(
+        entropies[valid_selected].mean().item(), rel=1e-5)
+
+
+def test_selected_equals_valid_over_selected_mass_for_dapo(setup, tmp_path):
+    """A hand-worked case: dapo's "selected" loss is the "valid" loss × num_items / weight_total."""
+    _, ours, batch = make_pair(setup, tmp_path, "gspo_dapo")
+    w = selecting_weights(batch["completion_mask"], "fractional", seed=3)
+    batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float())
+    losses = {}
+    for normalize in ("valid", "selected"):
+        batch["token_normalize"] = torch.tensor(NORMALIZE_CODES.index(normalize))
+        losses[normalize] = ours._compute_loss(ours.model, batch).item()
+    ratio = batch["num_items_in_batch"].item() / w.sum().item()
+    assert losses["selected"] == pytest.approx(losses["valid"] * ratio, rel=1e-5)
+    assert ratio > 1.2
+
+
+def test_adaptive_controller_measures_the_weighted_tokens(setup, tmp_path):
+    """TRL's adaptive controller accumulates Σ H·mask·w and Σ mask·w: the entropy of the weighted tokens."""
+    _, ours, batch = make_pair(setup, tmp_path, "adaptive_entropy")
+    ours.accelerator.gradient_state._set_sync_gradients(False)  # keep the window open to read it
+    w = selecting_weights(batch["completion_mask"], "fractional", seed=4)
+    batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float())
+    entropies = current_logps(ours, batch)[1]
+    ours._compute_loss(ours.model, batch)
+    h_sum, w_sum = ours._entropy_window_stats.tolist()
+    assert w_sum == pytest.approx(w.sum().item(), rel=1e-6)
+    assert h_sum == pytest.approx((entropies * w).sum().item(), rel=1e-5)
+
+
+def test_gradient_geometry_leaves_trl_state_alone(setup, tmp_path):
+    """Geometry calls TRL's loss a second time; its metrics and the entropy controller see one call."""
+    plain, ours, batch = make_pair(setup, tmp_path, "adaptive_entropy")
+    ours.grad_geometry_every, ours._step = 1, 0
+    assert_full_equals_plain(plain, ours, batch)
+    assert ours._metrics["train"]["geometry/cosine"] == [pytest.approx(1.0)]
+    assert ours._metrics["train"]["geometry/norm_ratio"] == [pytest.approx(1.0)]
+    assert (plain.entropy_coef, plain._last_world_entropy) == (ours.entropy_coef, ours._last_world_entropy)
+
+
+def test_top_entropy_quantile_is_refused_with_its_reason(setup, tmp_path):
+    tok, model, _, task = setup
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=G, use_cpu=True,
+                      bf16=False, report_to="none", top_entropy_quantile=0.2)
+    with pytest.raises(ValueError, match="top_entropy_quantile.*method=top_entropy"):
+        TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
+                             train_dataset=task.train_dataset(), processing_class=tok, rule=get_method("full"))
+
+
+def test_weight_slot_is_disarmed_after_an_error(setup, tmp_path):
+    _, ours, batch = make_pair(setup, tmp_path, "sapo")
+    broken = dict(batch, advantages=batch["advantages"][:1, None].expand(3, 5))  # shapes that cannot broadcast
+    with pytest.raises(RuntimeError):
+        ours._compute_loss(ours.model, broken)
+    assert "get_high_entropy_mask" not in vars(ours) and ours.top_entropy_quantile == 1.0
