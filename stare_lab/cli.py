@@ -146,6 +146,9 @@ def cmd_eval(argv: list[str]) -> int:
     start_worker()
     for result in evaluate_run(a.run_dir, cfg, force=a.force, overrides=overrides).values():
         _print_result(result)
+    from stare_lab.viewer.wandb_export import log_eval
+
+    log_eval(a.run_dir)  # into the run's W&B record (nothing when W&B is off)
     return 0
 
 

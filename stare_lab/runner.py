@@ -60,6 +60,10 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
         if processes > 1:
             join_processes(cfg)
         evaluate_run(run_dir, cfg)
+        if process_rank() == 0:
+            from stare_lab.viewer.wandb_export import publish_run
+
+            publish_run(run_dir)   # evaluation and token page into the run's W&B record (the run closed after training)
 
 
 def join_processes(cfg: DictConfig) -> None:

@@ -48,12 +48,13 @@ def eval_items(result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None, run=None) -> dict[str, Any] | None:
     """Put a run's evaluation into its W&B run: points for every evaluation, the final one in the summary.
 
     results: evaluation results as `stare_lab.record.read_eval_results(run_dir)` gives them (dicts of
     eval/<benchmark>.json plus `final` and `step`); None reads them. Returns the summary entries
-    written, or None when the run has W&B off or no evaluation.
+    written, or None when the run has W&B off or no evaluation. `run`: an open W&B run to log
+    into (left open); None opens the run's own and finishes it.
     """
     if results is None:
         from stare_lab.record import read_eval_results
@@ -61,7 +62,8 @@ def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None) -
         results = read_eval_results(run_dir)
     if not results:
         return None
-    run = _open_run(Path(run_dir))
+    owned = run is None
+    run = _open_run(Path(run_dir)) if owned else run
     if run is None:
         return None
     summary: dict[str, Any] = {}
@@ -77,7 +79,8 @@ def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None) -
                 summary[f"eval/{r['benchmark']}/settings"] = {k: r.get(k) for k in SETTINGS}
         run.summary.update(summary)
     finally:
-        run.finish()
+        if owned:
+            run.finish()
     return summary
 
 
@@ -96,12 +99,15 @@ def page_data(page: Path | str) -> dict[str, Any]:
     return json.loads(html.split('<script id="data" type="application/json">', 1)[1].split("</script>", 1)[0])
 
 
-def log_token_page(run_dir: Path | str, page: Path | str, figures: list[Path | str] = ()) -> dict[str, Any] | None:
+def log_token_page(run_dir: Path | str, page: Path | str, figures: list[Path | str] = (),
+                   run=None) -> dict[str, Any] | None:
     """Log the token page (wandb.Html), the selection figures (wandb.Image) and the page's selected
-    fractions and overlap matrix into the run's W&B record. Returns the summary entries, or None."""
+    fractions and overlap matrix into the run's W&B record. Returns the summary entries, or None.
+    `run`: an open W&B run to log into (left open); None opens the run's own and finishes it."""
     import wandb
 
-    run = _open_run(Path(run_dir))
+    owned = run is None
+    run = _open_run(Path(run_dir)) if owned else run
     if run is None:
         return None
     summary = page_summary(page)
@@ -117,6 +123,35 @@ def log_token_page(run_dir: Path | str, page: Path | str, figures: list[Path | s
             media[f"tokens/{Path(fig).stem}"] = wandb.Image(str(fig))
         run.log(media)
         run.summary.update(summary)
+    finally:
+        if owned:
+            run.finish()
+    return summary
+
+
+def publish_run(run_dir: Path | str) -> dict[str, Any] | None:
+    """After a run's evaluation, in one resume of its W&B run: the evaluation results and, when it
+    kept generation batches, its token page (last kept step) with the selection figures
+    (written to <run_dir>/figures/). None when W&B is off or there is nothing to log."""
+    from stare_lab.record import read_eval_results
+    from stare_lab.viewer.batch import kept_steps
+
+    run_dir = Path(run_dir)
+    results, kept = read_eval_results(run_dir), kept_steps(run_dir)
+    if not results and not kept:
+        return None
+    run = _open_run(run_dir)
+    if run is None:
+        return None
+    summary: dict[str, Any] = {}
+    try:
+        summary.update(log_eval(run_dir, results, run=run) or {})
+        if kept:
+            from stare_lab.viewer.figures import plot_selection
+            from stare_lab.viewer.page import render_run
+
+            page = render_run(run_dir)
+            summary.update(log_token_page(run_dir, page, plot_selection(run_dir, run_dir / "figures"), run=run) or {})
     finally:
         run.finish()
     return summary
