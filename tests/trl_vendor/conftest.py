@@ -29,25 +29,15 @@ MODEL_ID = re.compile(r"trl-internal-testing/tiny-[\w.\-]+")
 
 
 def _model_ids(item) -> set[str]:
-    ids = set()
+    """The hub models a TRL test loads: its model-id parameter if it has one, else the ids its source names."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    chosen = {v for v in params.values() if isinstance(v, str) and MODEL_ID.fullmatch(v)}
+    if chosen:
+        return chosen
     try:
-        ids |= set(MODEL_ID.findall(inspect.getsource(item.function)))
+        return set(MODEL_ID.findall(inspect.getsource(item.function)))
     except (OSError, TypeError):
-        pass
-    for value in getattr(getattr(item, "callspec", None), "params", {}).values():
-        if isinstance(value, str) and MODEL_ID.fullmatch(value):
-            ids = {i for i in ids if i == value or i not in _parametrized_ids(item)} | {value}
-    return ids
-
-
-def _parametrized_ids(item) -> set[str]:
-    marks = [m for m in item.iter_markers("parametrize")]
-    found = set()
-    for m in marks:
-        for v in m.args[1] if len(m.args) > 1 else []:
-            values = v.values if hasattr(v, "values") else (v,)
-            found |= {x for x in values if isinstance(x, str) and MODEL_ID.fullmatch(x)}
-    return found
+        return set()
 
 
 def pytest_collection_modifyitems(config, items):
