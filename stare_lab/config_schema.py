@@ -24,9 +24,9 @@ def bounded(*, ge: float | None = None, gt: float | None = None, le: float | Non
 
 
 def _loss_types() -> tuple[str, ...]:
-    from stare_lab.objective import SUPPORTED_LOSS_TYPES
+    from stare_lab.trl_loss import LOSS_TYPES
 
-    return tuple(SUPPORTED_LOSS_TYPES)
+    return LOSS_TYPES
 
 
 # transformers' SchedulerType values (a test keeps them equal) without the two that need an

@@ -1,8 +1,11 @@
-"""The clipped surrogate, the KL term and loss aggregation with token weights.
+"""The clipped surrogate, the KL term and loss aggregation with token weights, written out.
 
-Mirrors TRL 1.16 `GRPOTrainer._compute_loss` operation by operation for the loss types we
-support, so that weights equal to the mask (rule `full`, normalize="loss_type") reproduce plain
-TRL losses and gradients bit for bit (tests/test_trainer.py).
+The trainer does not call this module: its loss is TRL's own `_compute_loss` with the weights in
+TRL's per-token mask slot (`stare_lab/trl_loss.py`, docs/trl_parity.md). This is the explicit
+formulation of the same composition for the supported clipped-surrogate loss types (grpo, bnpo,
+dr_grpo, dapo), kept as the independent reference that the invariant, distributed and
+micro-batch tests compare against; with weights equal to the mask it equals plain TRL bit for
+bit (tests/test_objective.py).
 
 Normalisation (docs/pitfalls.md, Normalisation):
 - "loss_type" / "valid": the loss type's own denominator (token counts of valid tokens); an
@@ -12,7 +15,8 @@ Normalisation (docs/pitfalls.md, Normalisation):
   time, so the loss does not depend on how the batch is split into micro-batches. `dr_grpo`'s
   denominator is a constant (B·max_completion_length), so "selected" equals "valid" there.
 The weights multiply the clipped policy term only; the KL penalty (β > 0) stays on every valid
-token [ours].
+token [ours]. (Here the KL term shares the "selected" denominator; in the trainer, TRL's slot
+divides it by TRL's own valid-token denominator: the two agree whenever β = 0 or normalize ≠ "selected".)
 """
 from __future__ import annotations
 

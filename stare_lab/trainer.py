@@ -1,15 +1,17 @@
 """TokenRuleGRPOTrainer: TRL's GRPOTrainer with per-token weights from a token rule.
 
-Two overrides on the loss path:
-- `_generate_and_score_completions`: the parent generates, scores and computes advantages; then
-  the statistics pass (`signals.token_statistics`, one no-grad forward of the rollout policy over
-  the whole generation batch) builds `TokenStats` with what the rule declares, the rule is called
-  once with the trainer's values in its state, and
-  `token_weights` [B, T] (plus the generation batch's weight sum, a 0-dim tensor) are attached
-  to the batch. TRL shuffles and splits them with the rest, so weights never depend on the
-  micro-batch split.
-- `_compute_loss`: the clipped surrogate of `objective.py` times `token_weights`, aggregated with
-  the rule's normalisation. With rule `full` this is TRL's loss to the bit (a test).
+Glue on TRL's two extension points:
+- `_generate_and_score_completions`: the parent generates, scores and computes advantages; the
+  statistics the rule declares come from the cheapest exact source (`signals/paths.py`: recorded
+  during transformers generation, TRL's own old-log-prob forward, or one no-grad pass,
+  `signals.token_statistics`), are gathered over ranks (`distributed.global_token_stats`), the rule
+  is called once on the global batch with the trainer's values in its state, and this rank's rows of
+  `token_weights` [B, T] (plus the global weight sum, a 0-dim tensor) are attached to the batch.
+  TRL shuffles and splits them with the rest, so weights never depend on the micro-batch split.
+- `_compute_loss`: TRL's own `GRPOTrainer._compute_loss` with the weights in its per-token mask
+  slot (`trl_loss.py`; every TRL loss variant composes, docs/trl_parity.md). With rule `full`
+  this is TRL's loss to the bit (a test). `scope: microbatch` rules choose their weights inside
+  that call from the training forward's own statistics (`methods/microbatch.py`).
 Besides these, `_save_checkpoint` writes the rule state into each checkpoint before transformers
 marks it complete, so a resumed run continues the rule's memory.
 The trainer never names a rule: it asks the registry (`stare_lab.methods`).
@@ -23,7 +25,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from stare_lab import distributed, objective
+from stare_lab import distributed
 from stare_lab.methods import Rule, RuleState, TrainerValues
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics

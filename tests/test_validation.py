@@ -36,7 +36,7 @@ TRAIN_CASES = [
      "= 4 × 3 = 12) is not divisible by num_generations = 8"),
     (["trainer.temperature=0"], "trainer.temperature: must be > 0"),
     (["trainer.top_p=1.5"], "trainer.top_p: must be ≤ 1"),
-    (["trainer.loss_type=cispo"], "trainer.loss_type: 'cispo' is not one of grpo, bnpo, dr_grpo, dapo"),
+    (["trainer.loss_type=gspo"], "trainer.loss_type: 'gspo' is not one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo"),
     (["trainer.scale_rewards=yes"], "trainer.scale_rewards: 'yes' is not one of group, batch, none"),
     (["trainer.lr_scheduler_type=reduce_lr_on_plateau"], "trainer.lr_scheduler_type: 'reduce_lr_on_plateau' is not one of"),
     (["trainer.save_steps=0"], "trainer.save_steps: must be ≥ 1"),
