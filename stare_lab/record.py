@@ -158,8 +158,13 @@ class RunClaim:
 
 def claim_held(run_dir: Path | str) -> bool:
     """Whether a live process holds the run's claim (probed without waiting)."""
+    return flock_held(Path(run_dir) / CLAIM_FILE)
+
+
+def flock_held(path: Path) -> bool:
+    """Whether a live process holds an flock on `path` (probed with a shared lock, without waiting)."""
     try:
-        fd = os.open(Path(run_dir) / CLAIM_FILE, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:

@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-from stare_lab.record import now_iso
+from stare_lab.record import flock_held, now_iso
 from stare_lab.sweep.schema import SweepError
 
 LOCK_FILE = ".lock"
@@ -61,14 +61,4 @@ def _read_holder(fd: int) -> str:
 
 def lock_held(folder: Path) -> bool:
     """Whether a `sweep run` holds the sweep's lock right now (probed without waiting)."""
-    try:
-        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return flock_held(Path(folder) / LOCK_FILE)
