@@ -3,7 +3,7 @@
 The official STARE and 80/20 codes (and TRL's `top_entropy_quantile`) take their thresholds per
 micro-batch from the current policy's entropies of the training forward itself, with no extra
 forward. With `scope="microbatch"` a rule does the same: at generation time nothing is computed
-(`defer_to_loss` attaches placeholders), and the first forward inside `_compute_loss` calls
+(`defer_to_loss` attaches NaN weights that the loss overwrites), and the first forward inside `_compute_loss` calls
 `microbatch_weights`, which builds `TokenStats` of the micro-batch from that forward's detached
 log-probs and entropies (temperature-scaled, as TRL's fused head computes them), gathers them over
 ranks (the rule sees the micro-batch of every rank, like TRL's gathered quantile), runs the rule

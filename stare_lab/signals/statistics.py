@@ -37,7 +37,7 @@ def check_needs(needs: Iterable[str]) -> frozenset[str]:
         raise ValueError(f"unknown statistics {sorted(unknown)}; known: {', '.join(STATISTICS)}")
     vocab = {n for n in needs if STATISTICS[n].source == "vocab"} - {"logp"}
     if vocab - set(WANTS):  # a statistic in the table whose computation signals/vocab.py lacks
-        raise NotImplementedError(f"no computation for vocab statistics {sorted(vocab - set(WANTS))} in signals/vocab.py")
+        raise LookupError(f"no computation for vocab statistics {sorted(vocab - set(WANTS))} in signals/vocab.py")
     return needs
 
 
