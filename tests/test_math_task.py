@@ -9,23 +9,23 @@ from pathlib import Path
 
 import pytest
 
+from stare_lab.config import BENCHMARK_DATA_DIR
 from stare_lab.tasks import build_task, extract_boxed, load_records, math_reward
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, repair_latex_escapes
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _benchmark_dir() -> Path | None:
-    for candidate in (os.environ.get("STARE_LAB_BENCHMARKS"), REPO.parent / "shared" / "data" / "benchmarks"):
+    """The benchmark copies shipped in the package (the same files as ../shared/data/benchmarks,
+    checked by sha256 in tests/test_wheel.py); $STARE_LAB_BENCHMARKS points elsewhere."""
+    for candidate in (os.environ.get("STARE_LAB_BENCHMARKS"), BENCHMARK_DATA_DIR):
         if candidate and Path(candidate, "aime24.jsonl").is_file():
             return Path(candidate)
     return None
 
 
 BENCH = _benchmark_dir()
-needs_bench = pytest.mark.skipif(
-    BENCH is None, reason="benchmark files absent: ../shared/data/benchmarks (or $STARE_LAB_BENCHMARKS)"
-)
+needs_bench = pytest.mark.skipif(BENCH is None, reason=f"benchmark files absent: {BENCHMARK_DATA_DIR} (or $STARE_LAB_BENCHMARKS)")
 
 
 def _rows(name: str) -> list[dict]:
