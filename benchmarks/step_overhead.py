@@ -256,11 +256,8 @@ def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
                     with record_generation(model, needs):
                         model.generate(**gen_kw)
                 gen[name].append(time.perf_counter() - t0)
-    base = min(gen["plain"])
-    print(f"\ntransformers generation, {rows} rows × {new_tokens} new tokens, min of {reps}:")
-    print("| recorded | time (s) | ratio |\n|---|---|---|")
-    for name, ts in gen.items():
-        print(f"| {name} | {min(ts):.4f} | {min(ts) / base:.3f} |")
+    _print_min_table(f"transformers generation, {rows} rows × {new_tokens} new tokens, min of {reps}",
+                     "recorded", gen, baseline="plain")
     P = ids.size(1)
     batch = {"prompt_ids": seq[:, :P], "prompt_mask": torch.ones_like(seq[:, :P]),
              "completion_ids": seq[:, P:], "completion_mask": torch.ones_like(seq[:, P:])}
@@ -282,9 +279,15 @@ def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-    base = min(times["TRL fused old-log-prob forward"])
-    print(f"\nno-grad forward of the {rows} rollouts, min of {reps}:")
-    print("| forward | time (s) | ratio |\n|---|---|---|")
+    _print_min_table(f"no-grad forward of the {rows} rollouts, min of {reps}", "forward", times,
+                     baseline="TRL fused old-log-prob forward")
+
+
+def _print_min_table(title: str, what: str, times: dict[str, list[float]], baseline: str) -> None:
+    """A markdown table of each arm's minimum time and its ratio over the baseline arm's."""
+    base = min(times[baseline])
+    print(f"\n{title}:")
+    print(f"| {what} | time (s) | ratio |\n|---|---|---|")
     for name, ts in times.items():
         print(f"| {name} | {min(ts):.4f} | {min(ts) / base:.3f} |")
 

@@ -14,18 +14,18 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from stare_lab.methods import get_method
 from stare_lab.models.builtin import build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
+from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from stare_lab.trainer import NORMALIZE_CODES, TokenRuleGRPOTrainer
 from test_loss_compose import (assert_full_equals_plain, current_logps, length_reward, make_pair,  # noqa: F401
                                one_thread, selecting_weights)
 from test_loss_compose_reference import reference_loss
 
-IMAGE, VIDEO, VISION_START, VISION_END = 99, 100, 101, 102  # ids after the character vocabulary (0-98)
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +65,6 @@ def test_moe_selecting_rule_equals_loop_reference(moe_setup, tmp_path, normalize
     assert ours._compute_loss(ours.model, batch).item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
 
 
-def tiny_qwen2_vl(vocab_size: int) -> Qwen2VLForConditionalGeneration:
-    config = Qwen2VLConfig(
-        text_config=dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]}),
-        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=4,
-                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
-        image_token_id=IMAGE, video_token_id=VIDEO, vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END)
-    return Qwen2VLForConditionalGeneration(config)
-
-
 def vlm_batch(B=4, T=6, seed=0):
     """A batch as TRL's generation step returns it for Qwen2-VL: one 16×16 image per prompt (4×4 patches of 4
     pixels, merged 2×2 into 4 image tokens), mm_token_type_ids over prompt + completion, padded completions."""
@@ -105,7 +93,7 @@ def vlm_batch(B=4, T=6, seed=0):
 def vlm_pair(tmp_path_factory):
     torch.manual_seed(0)
     tok = build_tokenizer()
-    model = tiny_qwen2_vl(VISION_END + 1)
+    model = tiny_qwen2_vl()
     args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("vlm")), per_device_train_batch_size=4, num_generations=4,
                       gradient_accumulation_steps=2, max_completion_length=6, use_cpu=True, bf16=False,
                       report_to="none", entropy_coef=0.05, epsilon_high=0.28)
