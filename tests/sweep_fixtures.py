@@ -131,6 +131,16 @@ def run_dirs(tmp_path: Path, name: str) -> list[Path]:
     return sorted(p for p in folder.iterdir() if (p / "status.json").is_file()) if folder.is_dir() else []
 
 
+def running_past_checkpoint(tmp_path: Path, name: str, step: int = 2):
+    """(run dir, status) of the sweep's first run once it is running with checkpoint-<step> complete, else None."""
+    from stare_lab.record import read_status
+
+    dirs = run_dirs(tmp_path, name)
+    s = read_status(dirs[0]) if dirs else None
+    done = dirs and (dirs[0] / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    return (dirs[0], s) if s and s["state"] == "running" and done else None
+
+
 # -- the stand-in runner ----------------------------------------------------------------------
 
 def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0, only: str | None = None) -> None:

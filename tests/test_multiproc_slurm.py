@@ -14,7 +14,8 @@ import pytest
 
 from multiproc_fixtures import TWO_PROCESS
 from stare_lab.record import read_status
-from sweep_fixtures import metric_steps, read_json, run_dirs, slurm_cluster, sweep_env, wait_until, write_sweep  # noqa: F401
+from sweep_fixtures import (metric_steps, read_json, run_dirs, running_past_checkpoint, slurm_cluster,  # noqa: F401
+                            sweep_env, wait_until, write_sweep)
 from test_sweep_slurm import _node_idle, squeue_state
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -28,13 +29,7 @@ def test_two_task_run_completes_and_a_requeue_resumes_both_ranks(slurm_cluster, 
     driver = subprocess.Popen([sys.executable, str(Path(__file__).parent / "multiproc_fixtures.py"), "run", str(path)],
                               env=sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        def checkpointed():
-            dirs = run_dirs(tmp_path, "mp_slurm")
-            s = read_status(dirs[0]) if dirs else None
-            ok = s and s["state"] == "running" and (dirs[0] / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
-            return (dirs[0], s) if ok else None
-
-        run_dir, status = wait_until(checkpointed, 300, "the run past its second checkpoint", every=0.1)
+        run_dir, status = wait_until(lambda: running_past_checkpoint(tmp_path, "mp_slurm"), 300, "the run past its second checkpoint", every=0.1)
         assert status["world_size"] == 2
         requeued_at = time.time()
         job = status["slurm_job_id"]

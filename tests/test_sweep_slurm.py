@@ -12,7 +12,7 @@ import pytest
 
 from stare_lab.sweep.cli import main
 from stare_lab.record import read_status
-from sweep_fixtures import (crash_array_task_1, metric_steps, read_json, run_dirs, slurm_cluster,  # noqa: F401
+from sweep_fixtures import (crash_array_task_1, running_past_checkpoint, metric_steps, read_json, run_dirs, slurm_cluster,  # noqa: F401
                             sweep_cli, wait_until, write_sweep)
 from test_sweep_local import EXECUTE, STANDIN_STEP_S, in_process_env, read_json_lines, runner_env  # noqa: F401
 
@@ -57,13 +57,7 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
     path = write_sweep(tmp_path, "slurm_requeue", overrides={"trainer.max_steps": 8}, launcher=SLURM)
     proc = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
     try:
-        def checkpointed():
-            dirs = run_dirs(tmp_path, "slurm_requeue")
-            s = read_status(dirs[0]) if dirs else None
-            ok = s and s["state"] == "running" and (dirs[0] / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
-            return (dirs[0], s) if ok else None
-
-        run_dir, status = wait_until(checkpointed, 240, "the run past its second checkpoint", every=0.1)
+        run_dir, status = wait_until(lambda: running_past_checkpoint(tmp_path, "slurm_requeue"), 240, "the run past its second checkpoint", every=0.1)
         requeued_at = time.time()
         job = status["slurm_job_id"]
         subprocess.run(["scontrol", "requeue", job], check=True)
