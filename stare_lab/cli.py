@@ -202,7 +202,7 @@ def cmd_table(argv: list[str]) -> int:
         table = results_table(df, metric=a.metric, baseline=a.baseline, expected=expected, where=where,
                               mix_settings=a.mix_settings)
         passk = {b: passk_table(df, b, baseline=a.baseline, where=where, mix_settings=a.mix_settings)
-                 for b in sorted(df["benchmark"].unique())} if a.out else {}
+                 for b in sorted(df["benchmark"].unique())} if a.out or a.wandb else {}
     except SettingsMismatch as e:
         raise UserError(str(e)) from None
     for note in table.notes:
@@ -218,17 +218,15 @@ def cmd_table(argv: list[str]) -> int:
         for bench, t in passk.items():
             atomic_write_text(a.out / f"passk_{bench}.md", t.to_markdown())
     if a.wandb:
-        _table_to_wandb(a.sweep, root, df, table, where, a.mix_settings, a.baseline)
+        _table_to_wandb(root, df, table, passk, a.baseline)
     return 0
 
 
-def _table_to_wandb(sweep: Path, root: Path, df, table, where: dict, mix_settings: bool, baseline: str) -> None:
+def _table_to_wandb(root: Path, df, table, passk: dict, baseline: str) -> None:
     """The finished table and pass@k curves in one summary run of the sweep's W&B group (offline unless a key is set)."""
-    from stare_lab.analysis import passk_table, plot_passk
+    from stare_lab.analysis import plot_passk
     from stare_lab.viewer.wandb_export import log_sweep_summary
 
-    passk = {b: passk_table(df, b, baseline=baseline, where=where, mix_settings=mix_settings)
-             for b in sorted(df["benchmark"].unique())}
     figures = plot_passk(df, root / "figures", baseline=baseline)
     log_sweep_summary(root.name, table, passk, figures, out_dir=root)
     print(f"stare-lab: W&B summary run of sweep {root.name!r} written under {root / 'wandb'}", file=sys.stderr)

@@ -152,3 +152,21 @@ def test_sweep_summary_run_holds_the_finished_table_and_passk_curves(tmp_path):
     curve = json.loads((folder / curve["path"]).read_text())
     got_curve = {(row[1], int(row[0])): row[2] for row in curve["data"]}  # line_series rows: (x, key, y)
     assert got_curve == {(r, k): pytest.approx(pk.loc[r, k]) for r in ("full", "stare") for k in (1, 2, 4)}
+
+
+def test_stare_lab_table_wandb_writes_the_sweep_summary_run(tmp_path, capsys):
+    from stare_lab.cli import main
+
+    for (method, seed), avg in {("full", 0): 0.25, ("stare", 0): 0.75}.items():
+        d, _ = _run_dir(tmp_path, method, seed, sweep="wb_cli")
+        _eval_json(d, 6, avg)
+    root = tmp_path / "runs" / "wb_cli"
+    assert main(["table", str(root), "--wandb"]) == 0
+    got = final_summary(run_records(root / "wandb", summary_run_id("wb_cli")))
+    assert got["table/full/arithmetic"] == pytest.approx(0.25)
+    assert got["table/stare/arithmetic"] == pytest.approx(0.75)
+    from stare_lab.analysis.collect import collect_runs
+    from stare_lab.analysis.tables import passk_table
+
+    pk = passk_table(collect_runs(root), "arithmetic").pivot("mean")
+    assert got["passk/arithmetic/stare/pass@1"] == pytest.approx(pk.loc["stare", 1])
