@@ -53,3 +53,15 @@ def test_gpu_check_budget_skips_step_arms_but_keeps_the_required_measurements(tm
     assert json.loads(out.read_text()) == summary
     assert summary["steps"] == {"16": {}, "32": {}} and "attention_entropy" in summary and "generation_recording" in summary
     assert "16: stare" in summary["skipped"] and "generation@8: plain TRL" in summary["skipped"]
+
+
+def test_gpu_profile_tiny_times_each_piece_and_profiles_both_arms():
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_profile.py"), "--tiny", "--rule", "anchor"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    for piece in ("trl_fused_logp_entropy", "our_decoder_forward", "our_vocab_stats", "our_token_statistics"):
+        ms = [float(l.split(": ")[1].split()[0]) for l in lines if l.startswith(piece + ":")]
+        assert len(ms) == 1 and ms[0] > 0, piece
+    heads = [l for l in lines if l.startswith("== ")]
+    assert [h.split(",")[0] for h in heads] == ["== plain TRL", "== anchor"]
