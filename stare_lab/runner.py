@@ -52,18 +52,41 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
     if processes != process_count():
         raise ValueError(f"run.processes = {processes}, but this run has {process_count()} process(es): "
                          "start it through `sweep run` with the launcher that expanded it")
-    if not (run_dir / FINAL_DIR / "config.json").is_file():
-        train(cfg, run_dir, callbacks)
-    if cfg.eval.enabled:
-        from stare_lab.eval_run import evaluate_run
+    trained = (run_dir / FINAL_DIR / "config.json").is_file()
+    if trained and not cfg.eval.enabled:
+        return
+    # One W&B run object from the first step to the token page: no second init, finish and
+    # offline folder per run for the evaluation, as resuming it after training took.
+    wandb_run = _open_wandb(cfg, run_dir)
+    try:
+        if not trained:
+            train(cfg, run_dir, callbacks, wandb_run)
+        if cfg.eval.enabled:
+            evaluate(cfg, run_dir, wandb_run)
+    finally:
+        if wandb_run is not None:
+            wandb_run.finish()
 
-        if processes > 1:
-            join_processes(cfg)
-        evaluate_run(run_dir, cfg)
-        if process_rank() == 0:
-            from stare_lab.viewer.wandb_export import publish_run
 
-            publish_run(run_dir)   # evaluation and token page into the run's W&B record (the run closed after training)
+def _open_wandb(cfg: DictConfig, run_dir: Path):
+    """The run's W&B run on rank 0 (None on the other ranks and when W&B is off)."""
+    from stare_lab.tracking import init_wandb
+
+    return init_wandb(cfg, run_dir) if process_rank() == 0 else None
+
+
+def evaluate(cfg: DictConfig, run_dir: Path, wandb_run=None) -> None:
+    """Evaluate final/ (every rank) and publish the results and the token page into the run's
+    W&B record (rank 0, into `wandb_run`, left open)."""
+    from stare_lab.eval_run import evaluate_run
+
+    if process_count() > 1:
+        join_processes(cfg)
+    evaluate_run(run_dir, cfg)
+    if wandb_run is not None:
+        from stare_lab.viewer.wandb_export import publish_run
+
+        publish_run(run_dir, run=wandb_run)
 
 
 def join_processes(cfg: DictConfig) -> None:
@@ -205,39 +228,35 @@ def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
           f"from {ckpt.name}", flush=True)
 
 
-def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] = ()) -> None:
+def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] = (), wandb_run=None) -> None:
+    """Train from the last checkpoint to final/. `wandb_run`: rank 0's open W&B run (the caller finishes it)."""
     from transformers.trainer_callback import PrinterCallback
 
     from stare_lab.eval_run import IntermediateEval
-    from stare_lab.tracking import MetricsLogger, StepPrinter, init_wandb
+    from stare_lab.tracking import MetricsLogger, StepPrinter
 
     ckpt = resume_point(run_dir)
     main = process_rank() == 0               # one record per run: rank 0 writes metrics and W&B
     if ckpt is not None and process_count() > 1:
         print(f"{run_dir.name}: rank {process_rank()} resumes from {ckpt.name}", flush=True)
-    wandb_run = init_wandb(cfg, run_dir) if main else None
     all_callbacks = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
     if cfg.eval.enabled and cfg.eval.every_steps > 0:
         all_callbacks.append(IntermediateEval(cfg, run_dir))
     all_callbacks += [*callbacks] + ([StepPrinter(f"{cfg.method.name} s{cfg.seed}")] if main else [])
-    try:
-        trainer = build_trainer(cfg, run_dir, all_callbacks)
-        trainer.remove_callback(PrinterCallback)
-        if ckpt is not None:
-            trainer.load_rule_state(ckpt)    # every rank: the rule state is the same on all of them
-        trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-        final = run_dir / FINAL_DIR
-        tmp = run_dir / (FINAL_DIR + ".tmp")
-        trainer.save_model(str(tmp))         # every rank: FSDP and ZeRO-3 gather the shards to save
-        if main:
-            trainer.processing_class.save_pretrained(str(tmp))
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-        trainer.accelerator.wait_for_everyone()  # evaluation on every rank reads final/
-    finally:
-        if wandb_run is not None:
-            wandb_run.finish()
+    trainer = build_trainer(cfg, run_dir, all_callbacks)
+    trainer.remove_callback(PrinterCallback)
+    if ckpt is not None:
+        trainer.load_rule_state(ckpt)    # every rank: the rule state is the same on all of them
+    trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+    final = run_dir / FINAL_DIR
+    tmp = run_dir / (FINAL_DIR + ".tmp")
+    trainer.save_model(str(tmp))         # every rank: FSDP and ZeRO-3 gather the shards to save
+    if main:
+        trainer.processing_class.save_pretrained(str(tmp))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    trainer.accelerator.wait_for_everyone()  # evaluation on every rank reads final/
 
 
 class FiniteGuard(TrainerCallback):

@@ -71,8 +71,9 @@ class MetricsLogger(TrainerCallback):
         row = metrics_row(state.global_step, logs)
         append_metrics(self.run_dir, row)
         if self.wandb_run is not None:
+            # committed at once: evaluation points logged into the same run later get rows of their own
             self.wandb_run.log({k: v for k, v in row.items() if k not in ("step", "time") and v is not None},
-                               step=state.global_step)
+                               step=state.global_step, commit=True)
         return control
 
 

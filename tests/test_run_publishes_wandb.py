@@ -1,11 +1,12 @@
 """A real run (train, evaluate) ends with its evaluation and token page in its own W&B record,
-read back from the offline files: the summary equals the run's eval/ record."""
+read back from the offline files: the summary equals the run's eval/ record, and one W&B run
+object (one offline folder) holds training, evaluation and the token page in rows of their own."""
 from __future__ import annotations
 
 from stare_lab.config import compose, save_config
 from stare_lab.record import read_eval_results
 from stare_lab.runner import execute
-from test_viewer_wandb import final_summary, run_records
+from test_viewer_wandb import final_summary, history, media, run_records
 
 
 def test_run_summary_holds_eval_and_token_page_after_execute(tmp_path):
@@ -16,7 +17,8 @@ def test_run_summary_holds_eval_and_token_page_after_execute(tmp_path):
     execute(run_dir)
 
     (result,) = [r for r in read_eval_results(run_dir) if r.get("final")]
-    summary = final_summary(run_records(run_dir / "wandb", cfg.run.id))
+    records = run_records(run_dir / "wandb", cfg.run.id)
+    summary = final_summary(records)
     metrics = result["metrics"]
     assert summary["eval/arithmetic/avg@2"] == metrics["avg@2"]
     assert summary["eval/arithmetic/pass@2"] == metrics["pass@2"]
@@ -25,3 +27,12 @@ def test_run_summary_holds_eval_and_token_page_after_execute(tmp_path):
     assert 0.0 < summary["tokens/selected_frac/top_entropy"] < 1.0
     assert sorted(p.name for p in (run_dir / "figures").glob("*.png")) == [
         f"selection-quadrant-{run_dir.name}.png", f"selection-steps-{run_dir.name}.png"]
+
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1      # not resumed after training
+    rows = history(records)
+    assert [r["_step"] for r in rows if "reward" in r] == [1, 2]
+    (point,) = [r for r in rows if "eval/step" in r]
+    assert point["eval/step"] == 2 and point["eval/arithmetic/avg@2"] == metrics["avg@2"]
+    assert "reward" not in point and point["_step"] > 2                   # its own row, after training's
+    (page,) = [r for r in rows if media(r, "tokens/page")]
+    assert page["tokens/step"] == 1 and "reward" not in page and "eval/step" not in page

@@ -1,7 +1,9 @@
 """W&B as a view of the run record: evaluation results, the token page and figures, the sweep summary.
 
-Each function resumes (or starts) a W&B run through `stare_lab.tracking.init_wandb`'s settings (same
-project, group = sweep, id = the run id, offline unless an API key is set), writes, and finishes it.
+Each function writes into an open W&B run when given one (a run's own, kept open by the runner from
+training through evaluation), else resumes (or starts) one through `stare_lab.tracking.init_wandb`'s
+settings (same project, group = sweep, id = the run id, offline unless an API key is set), writes,
+and finishes it.
 Analysis never reads W&B back (STYLE.md); the tests do, from the offline files.
 
 Keys
@@ -129,10 +131,12 @@ def log_token_page(run_dir: Path | str, page: Path | str, figures: list[Path | s
     return summary
 
 
-def publish_run(run_dir: Path | str) -> dict[str, Any] | None:
-    """After a run's evaluation, in one resume of its W&B run: the evaluation results and, when it
-    kept generation batches, its token page (last kept step) with the selection figures
-    (written to <run_dir>/figures/). None when W&B is off or there is nothing to log."""
+def publish_run(run_dir: Path | str, run=None) -> dict[str, Any] | None:
+    """After a run's evaluation, into its W&B run: the evaluation results and, when it kept
+    generation batches, its token page (last kept step) with the selection figures (written to
+    <run_dir>/figures/). `run`: the run's open W&B run (the runner keeps the training run open
+    for this; left open); None resumes the run's own and finishes it. None when W&B is off or
+    there is nothing to log."""
     from stare_lab.record import read_eval_results
     from stare_lab.viewer.batch import kept_steps
 
@@ -140,7 +144,8 @@ def publish_run(run_dir: Path | str) -> dict[str, Any] | None:
     results, kept = read_eval_results(run_dir), kept_steps(run_dir)
     if not results and not kept:
         return None
-    run = _open_run(run_dir)
+    owned = run is None
+    run = _open_run(run_dir) if owned else run
     if run is None:
         return None
     summary: dict[str, Any] = {}
@@ -153,7 +158,8 @@ def publish_run(run_dir: Path | str) -> dict[str, Any] | None:
             page = render_run(run_dir)
             summary.update(log_token_page(run_dir, page, plot_selection(run_dir, run_dir / "figures"), run=run) or {})
     finally:
-        run.finish()
+        if owned:
+            run.finish()
     return summary
 
 
