@@ -238,25 +238,65 @@ def cmd_plot(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--baseline", default="full")
     a = _parse(p, argv)
+    root = _sweep_root(a.sweep)
+    _plot(root, a.out or root / "figures", a.baseline)
+    return 0
+
+
+def _plot(root: Path, out: Path, baseline: str, reuse_run_figures: bool = False) -> None:
+    """Training, pass@k and selection figures of the runs under `root` into `out`; prints their paths.
+    `reuse_run_figures`: see `_selection_figures`."""
     from stare_lab.analysis import collect_runs, collect_training, plot_passk, plot_training
 
-    root = _sweep_root(a.sweep)
-    out = a.out or root / "figures"
     paths = []
     train = collect_training(root)
     if not train.empty:
-        paths += plot_training(train, out, baseline=a.baseline)
+        paths += plot_training(train, out, baseline=baseline)
     evals = collect_runs(root)
     if not evals.empty:
-        paths += plot_passk(evals, out, baseline=a.baseline)
-    from stare_lab.viewer import plot_selection
-
-    paths += plot_selection(root, out)  # runs that kept generation batches (trainer.keep_batches_every)
+        paths += plot_passk(evals, out, baseline=baseline)
+    paths += _selection_figures(root, out, reuse_run_figures)
     if not paths:
         raise UserError(f"nothing to plot under {root}")
     for path in paths:
         print(path)
-    return 0
+
+
+def _selection_figures(root: Path, out: Path, reuse_run_figures: bool) -> list[Path]:
+    """The selection figures of the runs that kept generation batches (trainer.keep_batches_every).
+
+    `reuse_run_figures` (the demo): a run's own figures, which its evaluation step drew from the
+    same kept batches with the same code, are copied where they are newer than those batches, and
+    only the other runs are drawn; drawing the demo's 52 figures again took ~30 s of its tail.
+    """
+    import shutil
+
+    from stare_lab.viewer import plot_selection
+    from stare_lab.viewer.figures import find_runs
+
+    if not reuse_run_figures:
+        return plot_selection(root, out)
+    copied, draw = [], []
+    for run_dir in find_runs(root):
+        own = _current_run_figures(run_dir)
+        if own:
+            out.mkdir(parents=True, exist_ok=True)
+            copied += [Path(shutil.copyfile(fig, out / fig.name)) for fig in own]
+        else:
+            draw.append(run_dir)
+    return copied + (plot_selection(draw, out) if draw else [])
+
+
+def _current_run_figures(run_dir: Path) -> list[Path]:
+    """<run_dir>/figures/selection-{quadrant,steps}-<run>.png when both exist and are newer than every
+    kept batch of the run; else [] (missing, or drawn before a batch was kept again)."""
+    from stare_lab.viewer.batch import batch_path, kept_steps
+
+    figures = [run_dir / "figures" / f"selection-{kind}-{run_dir.name}.png" for kind in ("quadrant", "steps")]
+    if not all(f.is_file() for f in figures):
+        return []
+    newest_batch = max(batch_path(run_dir, step).stat().st_mtime for step in kept_steps(run_dir))
+    return figures if min(f.stat().st_mtime for f in figures) >= newest_batch else []
 
 
 def cmd_demo(argv: list[str]) -> int:
@@ -271,7 +311,7 @@ def cmd_demo(argv: list[str]) -> int:
     if rc != 0:
         print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
     cmd_table([str(a.sweep), "--out", str(a.out)])
-    cmd_plot([str(a.sweep), "--out", str(a.out / "figures")])
+    _plot(_sweep_root(a.sweep), a.out / "figures", "full", reuse_run_figures=True)
     _demo_token_page(a.sweep, a.out)
     return rc
 

@@ -1,0 +1,189 @@
+"""Where the demo's time goes: one demo run phase by phase, and a finished sweep's timeline.
+
+Run: .venv/bin/python benchmarks/demo_profile.py run [--method full] [--seed 0] [--dir /tmp/demo-profile]
+     .venv/bin/python benchmarks/demo_profile.py timeline runs/demo
+     .venv/bin/python benchmarks/demo_profile.py tail stare_lab/sweeps/demo.yaml   (in the folder holding runs/)
+
+1. `run`: one run of the demo sweep (its resolved config, so the same model, steps and evaluation)
+   through the real worker (`run_one`) in this fresh process, with timers wrapped around the
+   functions a run passes through (the module attributes they are called by; nothing in the
+   package knows about it). Printed: import time of the heavy libraries, then seconds per phase.
+   The first rows are what every local worker process pays before its first step.
+2. `timeline`: per run of a finished sweep, from its record alone (status.json times, the
+   metrics.jsonl rows' times, file times of final/ and eval/): start-up (process start to the
+   first logged step), training, evaluation and publishing, and the gap between one run's end
+   and the next run's start on the same worker slot (process exit, launcher poll, new process).
+3. `tail`: the demo's steps after the runs (table, plots, token page), each timed in this process.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+PHASES: dict[str, list[float]] = {}
+
+
+def timed(owner, name: str, label: str) -> None:
+    """Replace `owner.name` by a wrapper that adds its wall time to PHASES[label]."""
+    fn = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            PHASES.setdefault(label, []).append(time.perf_counter() - t0)
+
+    setattr(owner, name, wrapper)
+
+
+def process_started() -> float:
+    """Wall-clock time this process started (Linux: /proc/self/stat field 22, ticks after boot)."""
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+STARTED = time.time()
+
+
+def import_times() -> list[tuple[str, float]]:
+    """Seconds to import each heavy library, in the order a worker meets them (cumulative cost)."""
+    out = []
+    for module in ("torch", "transformers", "stare_lab.runner", "trl", "stare_lab.trainer", "wandb", "pandas"):
+        t0 = time.perf_counter()
+        __import__(module)
+        out.append((module, time.perf_counter() - t0))
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    imports = import_times()
+    import stare_lab.eval_run as eval_run
+    import stare_lab.evaluation as evaluation
+    import stare_lab.runner as runner
+    import stare_lab.tracking as tracking
+    import stare_lab.viewer.figures as figures
+    import stare_lab.viewer.page as page
+    import stare_lab.viewer.wandb_export as wandb_export
+    from stare_lab.sweep.expand import expand_sweep
+    from stare_lab.sweep.launch import prepare
+    from stare_lab.sweep.schema import load_sweep
+    from stare_lab.sweep.worker import run_one, start_worker
+    from stare_lab.trainer import TokenRuleGRPOTrainer
+
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chdir(folder)
+    spec = load_sweep(REPO / "stare_lab" / "sweeps" / "demo.yaml")
+    run = next(r for r in expand_sweep(spec) if r.cfg.method.name == args.method and int(r.cfg.seed) == args.seed)
+    prepare(run, fresh=True)
+    for owner, name, label in [
+        (tracking, "init_wandb", "W&B init"), (runner, "build_trainer", "build trainer (model, task, TRL)"),
+        (TokenRuleGRPOTrainer, "train", "trainer.train (20 steps)"), (TokenRuleGRPOTrainer, "save_model", "save final/"),
+        (eval_run, "evaluate_run", "evaluation (load, sample, verify, write)"),
+        (evaluation, "generate_samples", "  of which generate_samples"),
+        (wandb_export, "publish_run", "publish (W&B eval + token page)"),
+        (page, "render_run", "  of which render_run (token page)"),
+        (figures, "plot_selection", "  of which plot_selection (2 figures)"),
+        (runner, "execute", "execute (the whole run)"),
+    ]:
+        timed(owner, name, label)
+    _time_wandb_finish(tracking)
+    start_worker(args.threads)
+    t0 = time.perf_counter()
+    status = run_one(run.run_dir)
+    total = time.perf_counter() - t0
+    print(f"run {run.id} ({run.label}): {status['state']}, threads {args.threads}, pid {os.getpid()}")
+    print(f"{'process start to this script':<44s} {STARTED - process_started():7.2f} s")
+    for module, s in imports:
+        print(f"import {module:<37s} {s:7.2f} s")
+    for label, values in PHASES.items():
+        print(f"{label:<44s} {sum(values):7.2f} s" + (f"  ({len(values)} calls)" if len(values) > 1 else ""))
+    print(f"{'run_one (claim, status, execute)':<44s} {total:7.2f} s")
+
+
+def _time_wandb_finish(tracking) -> None:
+    """Time wandb.sdk's Run.finish (both the training run's and the publishing resume's)."""
+    import wandb
+
+    timed(wandb.sdk.wandb_run.Run, "finish", "W&B finish")
+
+
+def _ts(s: str) -> float:
+    return dt.datetime.fromisoformat(s).timestamp()
+
+
+def cmd_timeline(args: argparse.Namespace) -> None:
+    rows = []
+    for d in sorted(Path(args.root).iterdir()):
+        if not (d / "status.json").is_file():
+            continue
+        s = json.loads((d / "status.json").read_text())
+        if s.get("state") != "finished":
+            continue
+        steps = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        evals = sorted(glob.glob(str(d / "eval" / "*" / "*.json")), key=os.path.getmtime)
+        rows.append({"label": s["label"], "created": _ts(s["created"]), "start": _ts(s["attempt_started"]),
+                     "step1": steps[0]["time"], "last": steps[-1]["time"],
+                     "final": os.path.getmtime(d / "final" / "model.safetensors"),
+                     "eval": os.path.getmtime(evals[-1]), "end": _ts(s["finished"])})
+    t0 = min(r["created"] for r in rows)
+    rows.sort(key=lambda r: r["start"])
+    ends: list[float] = []  # worker slots: the next run starts on the slot that freed first
+    print(f"{'run':<22s} {'start':>6s} {'end':>6s} | {'gap':>5s} {'to step 1':>9s} {'train':>6s} {'eval':>6s} {'publish':>7s}")
+    for r in rows:
+        gap = r["start"] - min(ends) if len(ends) >= args.workers else r["start"] - t0
+        if len(ends) >= args.workers:
+            ends.remove(min(ends))
+        ends.append(r["end"])
+        r.update(gap=gap, up=r["step1"] - r["start"], train=r["last"] - r["step1"], ev=r["eval"] - r["final"],
+                 pub=r["end"] - r["eval"])
+        print(f"{r['label']:<22s} {r['start'] - t0:6.0f} {r['end'] - t0:6.0f} | {gap:5.1f} {r['up']:9.1f} "
+              f"{r['train']:6.1f} {r['ev']:6.1f} {r['pub']:7.1f}")
+    n = len(rows)
+    print(f"{'mean':<36s} | " + " ".join(f"{sum(r[k] for r in rows) / n:{w}.1f}"
+                                         for k, w in (("gap", 5), ("up", 9), ("train", 6), ("ev", 6), ("pub", 7))))
+    print(f"{n} runs from the first config written to the last run's end: {max(r['end'] for r in rows) - t0:.0f} s")
+
+
+def cmd_tail(args: argparse.Namespace) -> None:
+    from stare_lab import cli
+
+    out = Path(args.out)
+    for label, fn in [("table", lambda: cli.cmd_table([args.sweep, "--out", str(out)])),
+                      ("plot", lambda: cli.cmd_plot([args.sweep, "--out", str(out / "figures")])),
+                      ("token page", lambda: cli._demo_token_page(Path(args.sweep), out))]:
+        t0 = time.perf_counter()
+        fn()
+        print(f"{label}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--method", default="full")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--threads", type=int, default=1, help="torch threads (the demo's 2 workers on 2 cores: 1)")
+    r.add_argument("--dir", default="/tmp/demo-profile")
+    t = sub.add_parser("timeline")
+    t.add_argument("root")
+    t.add_argument("--workers", type=int, default=2)
+    a = sub.add_parser("tail")
+    a.add_argument("sweep")
+    a.add_argument("--out", default="/tmp/demo-profile-tail")
+    args = p.parse_args()
+    {"run": cmd_run, "timeline": cmd_timeline, "tail": cmd_tail}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
