@@ -16,7 +16,7 @@ config, the built-in character tokenizer stands in, rollouts come from a rollout
    on it: path "old_logp_forward"), where the timed steps alternate between a step that generates and
    one that reuses the batch, so their mean counts; and `scope: microbatch` for the rules that take it.
    Then on-policy with transformers generation (no rollout_func; 128 new tokens, min = max): the
-   statistics are recorded while sampling (path "generation"; ICT's JS still takes the pass).
+   statistics are recorded while sampling (path "generation", ICT's JS included in one process).
 2. Generation-time recording: `model.generate` of the same prompts with and without
    `signals.generation.record_generation` (entropy, logp, attention entropy of the middle layer).
 3. Attention entropy at T = 4096 (one sequence): time and peak memory of one no-grad forward with

@@ -153,8 +153,12 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, *args, **kwargs):
         if self.stats_path() != "generation":
             return super()._generate_single_turn(*args, **kwargs)
+        # JS at generation time only in one process: the pass's JS of groups split over ranks is a collective
+        one_process = self.accelerator.num_processes == 1
         with record_generation(self.model, generation_needs(self), temperature=self.temperature,
-                               attn_layers=self.rule.attn_layers, chunk_queries=self.attn_chunk_queries) as rec:
+                               attn_layers=self.rule.attn_layers, chunk_queries=self.attn_chunk_queries,
+                               js_group=self.num_generations if one_process else None,
+                               eos_ids=self.eos_token_ids) as rec:
             result = super()._generate_single_turn(*args, **kwargs)
         self._record = rec
         return result

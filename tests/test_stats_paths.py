@@ -9,7 +9,7 @@ On the same rollouts (same seed, same model) every rule's weights agree:
   used so that entropies have no near-ties that float noise could flip.
 Forward counts: with num_iterations = 2 every rollout row goes through exactly one no-grad forward
 of the rollout policy per generation batch (TRL's own; plain TRL does the same); on-policy with
-transformers generation, entropy and attention rules make none.
+transformers generation, entropy and attention rules and ICT (JS, one process) make none.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from stare_lab.methods import RuleState, get_method, list_methods
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
 from stare_lab.signals import token_statistics
 from stare_lab.signals.generation import record_generation
+from stare_lab.signals.paths import model_needs
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
 
@@ -84,7 +85,7 @@ def _generate(trainer, rule, path_setup):
     out = trainer._generate_and_score_completions(_rows(trainer))
     path = trainer.stats_path()
     if path in ("generation", "old_logp_forward"):  # the statistics really came from that source
-        assert "logp" in seen["given"] and (path == "old_logp_forward" or "js" not in seen["given"]), seen
+        assert "logp" in seen["given"] and model_needs(trainer) <= set(seen["given"]), seen
     return out, path
 
 
@@ -129,9 +130,10 @@ def test_generation_statistics_equal_the_pass(setup):
     P = max(map(len, ids))
     prompt_ids = torch.tensor([[tok.pad_token_id] * (P - len(x)) + x for x in ids])
     prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in ids])
-    needs = {"logp", "entropy", "p2", "p2logp", "attn_entropy"}
+    needs = {"logp", "entropy", "p2", "p2logp", "attn_entropy", "js"}
     torch.manual_seed(0)
-    with record_generation(model, needs, temperature=0.7, attn_layers=(1, 3)) as rec:
+    with record_generation(model, needs, temperature=0.7, attn_layers=(1, 3), js_group=2,
+                           eos_ids=(tok.eos_token_id,)) as rec:
         seq = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, temperature=0.7,
                              max_new_tokens=12, top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     comp = seq[:, P:]
@@ -150,6 +152,26 @@ def test_generation_statistics_equal_the_pass(setup):
         assert (ref[k] * mask).abs().max() > 0.01, k   # a statistic that is not trivially 0
     # a recording that does not line up with the completions is refused
     assert rec.result(comp.flip(0), mask.flip(0)) is None or torch.equal(comp, comp.flip(0))
+    # a final mask that is not the live mask (TRL's mask_truncated_completions zeroes a whole row): no JS, the
+    # pass computes it; the other statistics stay
+    truncated = mask.clone()
+    truncated[int(mask.sum(1).argmax())] = 0
+    assert set(rec.result(comp, truncated)) == needs - {"js"}
+
+
+def test_generation_js_needs_whole_groups_and_end_tokens(setup):
+    """JS is recorded only with groups of G rows in the generate call and the end-of-sequence ids."""
+    tok, model, _ = setup
+    ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]] * 6)
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=4,
+              pad_token_id=tok.pad_token_id)
+    for js_group, eos_ids, recorded in ((3, (tok.eos_token_id,), True), (4, (tok.eos_token_id,), False),
+                                        (3, (), False), (None, (tok.eos_token_id,), False)):
+        with torch.no_grad(), record_generation(model, {"js", "entropy"}, js_group=js_group, eos_ids=eos_ids) as rec:
+            seq = model.generate(**kw)
+        comp = seq[:, ids.size(1):]
+        got = rec.result(comp, torch.ones_like(comp))
+        assert got is not None and ("js" in got) == recorded, (js_group, eos_ids)
 
 
 def _count_rollout_forwards(trainer):
@@ -190,7 +212,7 @@ def test_num_iterations_2_makes_one_no_grad_forward_per_generation_batch(setup, 
     assert count["batches"] >= 1 and count["rows"] == rows * count["batches"], count
 
 
-@pytest.mark.parametrize("rule", ["top_entropy", "stare", "anchor", "opefo"])
+@pytest.mark.parametrize("rule", ["top_entropy", "stare", "anchor", "opefo", "ict"])
 def test_on_policy_transformers_generation_makes_no_forward(setup, tmp_path, rule):
     trainer = _trainer(setup, tmp_path, rule, gradient_accumulation_steps=2, max_steps=2)
     assert trainer.stats_path() == "generation"

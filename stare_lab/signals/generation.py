@@ -8,7 +8,14 @@ Each decoding step computes the logits of the next token anyway. `record_generat
 - the input embedding module: its input at the next step is the sampled token, whose log p is then read;
 - for attention entropy, the model's attention implementation is switched to the AE function
   (signals/attention.py) for the generation, and each step's newest query row is reduced at the
-  chosen layers, over the keys it attends to (the KV cache, padding excluded).
+  chosen layers, over the keys it attends to (the KV cache, padding excluded);
+- for ICT's JS (signals/js.py), every rollout of a group is sampled in the same generate call, so
+  at each step the step's log p vectors of a group's live rows give the group mean and each row's
+  JS to it (`js._js_chunk`, the pass's own function). A row is live at step t when none of its
+  tokens before t is an end-of-sequence token, TRL's completion mask; `result` drops JS when the
+  final mask says otherwise (`mask_truncated_completions`). Only with whole groups in one process
+  (`js_group`): with several processes a group can span ranks, and the pass's JS is a collective
+  every rank must join, so every rank takes the pass.
 
 The distribution is the temperature-scaled policy `softmax(z/τ)` the rules mean (docs/pitfalls.md),
 from the raw logits: TRL's repetition penalty, top-k/top-p/min-p and suppressed tokens act later,
@@ -30,10 +37,12 @@ import torch
 from torch import Tensor
 
 from .attention import _RECORDER, _ae_implementation, _Recorder, resolve_layers, unwrap_model
+from .js import _js_chunk
 from .vocab import WANTS, reduce_logits
 
-# What generation can give; the rest (JS, TRL's batch statistics) come from elsewhere.
-GENERATION_STATISTICS = frozenset({"logp", "entropy", "p2", "p2logp", "attn_entropy", "old_logp"})
+# What generation can give (JS only with whole groups in one process); the rest (TRL's batch
+# statistics) come from elsewhere.
+GENERATION_STATISTICS = frozenset({"logp", "entropy", "p2", "p2logp", "attn_entropy", "old_logp", "js"})
 
 
 @dataclass
@@ -47,6 +56,9 @@ class GenerationRecord:
     tokens: list[Tensor] = field(default_factory=list)             # sampled token of steps 0..n-2, [B]
     prev_logp: Tensor | None = None                                # [B, V] log p of the last step
     calls: int = 0                                                 # prefill steps seen (generate calls)
+    js_group: int | None = None                                    # G: record JS over groups of G rows
+    eos_ids: tuple[int, ...] = ()                                  # tokens that end a row (TRL's eos_token_ids)
+    live: Tensor | None = None                                     # [B] bool: no end token sampled yet
 
     def on_logits(self, logits: Tensor) -> None:
         z = logits[:, -1]                                            # [B, V] the newest position
@@ -57,20 +69,43 @@ class GenerationRecord:
         self.prev_logp = red.pop("log_p")
         for k, v in red.items():
             self.steps.setdefault(k, []).append(v)
+        if self.js_group:
+            self._record_js(self.prev_logp)
         if self.ae is not None:
             total = self.ae.total
             self.steps.setdefault("attn_entropy", []).append(
                 total[:, -1] / len(self.ae.layers) if total is not None else torch.zeros(z.size(0), device=z.device))
             self.ae.total, self.ae.seen = None, set()
 
+    def _record_js(self, log_p: Tensor) -> None:
+        """This step's JS of each live row to its group's live mean (0 where fewer than two rows are live)."""
+        B, V = log_p.shape
+        G = self.js_group
+        if B % G:                                                    # not whole groups: the pass computes JS
+            self.js_group = None
+            self.steps.pop("js", None)
+            self.steps.pop("_live", None)
+            return
+        live = self.live if self.live is not None else torch.ones(B, dtype=torch.bool, device=log_p.device)
+        by_member = live.view(B // G, G).t()                         # [G, groups]
+        u = _js_chunk(log_p.view(B // G, G, V).transpose(0, 1), by_member)   # groups play the positions
+        keep = by_member & (by_member.sum(0) >= 2)
+        js = torch.where(keep, u, torch.zeros_like(u)).t().reshape(B)
+        self.steps.setdefault("js", []).append(js)
+        self.steps.setdefault("_live", []).append(live)
+
     def on_input(self, input_ids: Tensor) -> None:
         if input_ids.size(1) != 1:                                   # a prefill: a new generate call
             self.calls += 1
+            self.live = None
             return
         if self.prev_logp is not None:
             tok = input_ids[:, 0]
             self.tokens.append(tok)
             self.steps.setdefault("logp", []).append(self.prev_logp.gather(-1, tok[:, None]).squeeze(-1))
+            if self.js_group:
+                ended = torch.isin(tok, torch.tensor(self.eos_ids, device=tok.device))
+                self.live = ~ended if self.live is None else self.live & ~ended
 
     def result(self, completion_ids: Tensor, mask: Tensor) -> dict[str, Tensor] | None:
         """{name: [B, T] float32} aligned with TRL's completions, or None when the record does not line up."""
@@ -85,7 +120,11 @@ class GenerationRecord:
                 return None
         last = self.prev_logp.gather(-1, completion_ids[:, n - 1 : n].clamp(min=0)).squeeze(-1) if n == T else None
         out = {}
-        for k, v in self.steps.items():
+        steps = dict(self.steps)
+        live = steps.pop("_live", None)
+        if live is not None and not torch.equal(torch.stack(live, 1)[:, :T], mask.bool()):
+            steps.pop("js", None)                    # the final mask is not the live mask (e.g. truncated rows)
+        for k, v in steps.items():
             cols = list(v)
             if k == "logp" and last is not None:
                 cols = cols + [last]
@@ -97,13 +136,17 @@ class GenerationRecord:
 
 
 @contextmanager
-def record_generation(model, needs, *, temperature: float = 1.0, attn_layers=None,
-                      chunk_queries: int = 128) -> Iterator[GenerationRecord | None]:
+def record_generation(model, needs, *, temperature: float = 1.0, attn_layers=None, chunk_queries: int = 128,
+                      js_group: int | None = None, eos_ids=()) -> Iterator[GenerationRecord | None]:
     """Record the statistics in `needs` ∩ GENERATION_STATISTICS during the `generate` calls inside the block.
 
-    Yields None (records nothing) when none of them is needed.
+    JS is recorded only with `js_group` (G: each run of G rows in the generate batch is one group, all in
+    this process) and `eos_ids` (the tokens that end a row). Yields None (records nothing) when none of
+    the statistics is needed.
     """
     needs = set(needs)
+    if "js" in needs and not (js_group and js_group > 1 and eos_ids):
+        needs.discard("js")                         # the pass computes it
     if not needs & GENERATION_STATISTICS:
         yield None
         return
@@ -111,7 +154,8 @@ def record_generation(model, needs, *, temperature: float = 1.0, attn_layers=Non
     text = base.config.get_text_config()
     want = tuple(w for w in WANTS if w in needs or w == "entropy")
     rec = GenerationRecord(want=want, temperature=temperature, cap=getattr(text, "final_logit_softcapping", None),
-                           scale=getattr(text, "logits_scaling", None))
+                           scale=getattr(text, "logits_scaling", None),
+                           js_group=js_group if "js" in needs else None, eos_ids=tuple(eos_ids))
     handles = [base.get_output_embeddings().register_forward_hook(lambda m, i, o: rec.on_logits(o)),
                base.get_input_embeddings().register_forward_pre_hook(lambda m, i: rec.on_input(i[0]))]
     token = None

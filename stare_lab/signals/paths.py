@@ -8,8 +8,8 @@
   the statistics pass (`ride_old_logp_forward`) and its log-probs are handed to TRL as
   `old_per_token_logps`, so no second forward runs.
 - "generation": transformers generates (no vLLM, no continuous batching, no rollout_func, no tools):
-  logp, entropy, p², p²·log p and attention entropy are recorded while sampling
-  (signals/generation.py); JS, which needs every rollout's full distribution, still takes the pass.
+  logp, entropy, p², p²·log p, attention entropy and, in one process, JS to the group mean are
+  recorded while sampling (signals/generation.py); with several processes JS takes the pass.
 - "pass": one no-grad forward after generation (signals.statistics.token_statistics).
 docs/pitfalls_signals.md, "Statistics paths", has the table per rule and configuration.
 """
