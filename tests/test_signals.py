@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from stare_lab.signals import (attention_entropy, forward_with_stats, js_to_group_mean, predictive_entropy,
                                vocab_stats)
-from stare_lab.signals.attention import chunked_attention_entropy
+from stare_lab.signals.attention import chunked_attention_entropy, last_query_attention_entropy
 
 V = 50
 
@@ -137,6 +137,30 @@ def _reference_ae_fast(att, mask):
     n = mask.cumsum(-1).double()
     h = -torch.special.xlogy(mean_row, mean_row).sum(-1) / n.clamp(min=2).log()
     return torch.where((mask == 1) & (n > 1), h, torch.zeros_like(h)).float()
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_last_query_attention_entropy_is_the_last_row_of_the_chunked_one(mask_kind, softcap):
+    """Generation's per-step AE (newest query only) against the chunked function's last row: left padding,
+    grouped-query heads, a KV cache longer than the query block, soft-capped scores."""
+    g = torch.Generator().manual_seed(7)
+    B, Hq, Hkv, Tq, Tk, D = 3, 6, 2, 4, 11, 8
+    q, k = torch.randn(B, Hq, Tq, D, generator=g), torch.randn(B, Hkv, Tk, D, generator=g)
+    pad = torch.tensor([0, 2, 9])                                   # row 2 attends to 2 keys only
+    allowed = (torch.arange(Tk)[None, None, :] >= pad[:, None, None]) & (
+        torch.arange(Tk)[None, None, :] <= torch.arange(Tq)[None, :, None] + Tk - Tq)
+    if mask_kind == "none":
+        mask, pad = None, torch.zeros(3, dtype=torch.long)
+    elif mask_kind == "bool":
+        mask = allowed[:, None]
+    else:
+        mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[:, None]
+    ref = chunked_attention_entropy(q, k, mask, 0.3, chunk_queries=2, first_position=Tq - 1, softcap=softcap)
+    got = last_query_attention_entropy(q, k, mask, 0.3, softcap=softcap)
+    assert got.shape == (B, 1)
+    torch.testing.assert_close(got[:, 0], ref[:, -1], atol=1e-6, rtol=0)
+    assert (got > 0.05).all()                                       # not a trivially equal zero
 
 
 class _MaxNumel(TorchDispatchMode):

@@ -120,9 +120,11 @@ def test_every_path_gives_the_weights_of_the_pass(setup, tmp_path, name):
         assert torch.allclose(out["token_weight_total"], ref["token_weight_total"], atol=GEN_ATOL * 100)
 
 
-def test_generation_statistics_equal_the_pass(setup):
+@pytest.mark.parametrize("flush_steps", [16, 5, 1])
+def test_generation_statistics_equal_the_pass(setup, flush_steps):
     """Every statistic generation records, against the pass on the same rollouts (left-padded prompts,
-    rows ending at different lengths), at the sampling temperature."""
+    rows ending at different lengths), at the sampling temperature; steps reduced all at the end (16 > 12
+    new tokens), in batches of 5 with a partial last batch, and one at a time."""
     tok, model, _ = setup
     model = copy.deepcopy(model).eval()
     prompts = ["12+34=", "7*8=", "100-1=", "5+5="]
@@ -134,6 +136,7 @@ def test_generation_statistics_equal_the_pass(setup):
     torch.manual_seed(0)
     with record_generation(model, needs, temperature=0.7, attn_layers=(1, 3), js_group=2,
                            eos_ids=(tok.eos_token_id,)) as rec:
+        rec.flush_steps = flush_steps
         seq = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, temperature=0.7,
                              max_new_tokens=12, top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     comp = seq[:, P:]

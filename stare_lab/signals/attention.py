@@ -38,6 +38,7 @@ class _Recorder:
     last_query_only: bool = False    # generation: only each call's newest query row (signals/generation.py)
     total: Tensor | None = None      # [B, T] float32: sum of AE over the layers seen
     seen: set[int] = field(default_factory=set)
+    rows: list[Tensor] = field(default_factory=list)   # last_query_only: each chosen layer's [B, Hq, Tk] scores
 
 
 class _StopForward(Exception):
@@ -93,14 +94,60 @@ def chunked_attention_entropy(
     return out
 
 
+@torch.no_grad()
+def last_query_scores(
+    query: Tensor,                  # [B, Hq, Tq, D]: only the last query row is read
+    key: Tensor,                    # [B, Hkv, Tk, D]
+    mask: Tensor | None,            # as chunked_attention_entropy
+    scaling: float,
+    *,
+    softcap: float | None = None,
+) -> Tensor:
+    """[B, Hq, Tk] float32 attention scores of the newest query, -inf at the keys it does not attend to.
+    Generation keeps these per decoding step and reduces many steps at once (`score_rows_entropy`)."""
+    B, Hq, _, D = query.shape
+    Hkv, Tk = key.shape[1], key.shape[2]
+    q = query[:, :, -1].float().view(B, Hkv, Hq // Hkv, D)             # query heads of a kv head as rows
+    scores = torch.matmul(q, key.float().transpose(-1, -2)).view(B, Hq, Tk).mul_(scaling)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap).mul_(softcap)
+    if mask is not None:               # None: sdpa's causal skip, the newest query attends to every cached key
+        row = mask[:, 0, -1, :Tk]                                          # [B|1, Tk]
+        if row.dtype != torch.bool:
+            scores = scores + row[:, None].float()
+            row = row > torch.finfo(row.dtype).min / 2
+        scores.masked_fill_(~row[:, None], float("-inf"))
+    return scores
+
+
+@torch.no_grad()
+def score_rows_entropy(scores: Tensor) -> Tensor:
+    """[..., Hq, Tk] scores (-inf = not attended) -> [...] float32 normalised entropy of the head-averaged row."""
+    n = torch.isfinite(scores[..., 0, :]).sum(-1)                          # attended keys (heads share the mask)
+    mean_row = scores.softmax(-1).mean(-2)                                 # ā
+    entropy = -torch.special.xlogy(mean_row, mean_row).sum(-1)
+    return torch.where(n > 1, entropy / n.clamp(min=2).float().log(), torch.zeros_like(entropy))
+
+
+def last_query_attention_entropy(query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, *,
+                                 softcap: float | None = None) -> Tensor:
+    """[B, 1] float32: `chunked_attention_entropy(...)[:, -1:]`, the newest query alone."""
+    return score_rows_entropy(last_query_scores(query, key, mask, scaling, softcap=softcap))[:, None]
+
+
 def _ae_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     rec = _RECORDER.get()
     layer = getattr(module, "layer_idx", None)
     if rec is not None and layer in rec.layers and layer not in rec.seen:
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-        first = query.shape[2] - 1 if rec.last_query_only else rec.first_position
+        if rec.last_query_only:        # generation: the newest query's scores, reduced later (generation.py)
+            rec.rows.append(last_query_scores(query.detach(), key.detach(), attention_mask, scale,
+                                              softcap=kwargs.get("softcap")))
+            rec.seen.add(layer)
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
         ae = chunked_attention_entropy(query.detach(), key.detach(), attention_mask, scale,
-                                       chunk_queries=rec.chunk_queries, first_position=first,
+                                       chunk_queries=rec.chunk_queries, first_position=rec.first_position,
                                        softcap=kwargs.get("softcap"))
         rec.total = ae if rec.total is None else rec.total + ae
         rec.seen.add(layer)

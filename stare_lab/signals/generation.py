@@ -1,16 +1,17 @@
 """Statistics recorded while transformers generates: no forward beyond the generation's own.
 
 Each decoding step computes the logits of the next token anyway. `record_generation` hooks
-- the output embedding (LM head) module: its logits of the newest position go through
-  `vocab.reduce_logits` (the statistics pass's own reduction: soft-cap, Granite's logit scale, the
-  sampling temperature τ, then entropy, p², p²·log p of `p = softmax(z/τ)`), and the step's log p
-  vector is kept until the sampled token is known;
-- the input embedding module: its input at the next step is the sampled token, whose log p is then read;
+- the output embedding (LM head) module: its logits of the newest position are kept, and every
+  `FLUSH_STEPS` steps (and at the end) the kept steps go through `vocab.reduce_logits` at once (the
+  statistics pass's own reduction: soft-cap, Granite's logit scale, the sampling temperature τ, then
+  entropy, p², p²·log p of `p = softmax(z/τ)`);
+- the input embedding module: its input at the next step is the sampled token, whose log p is read
+  from its step's log p;
 - for attention entropy, the model's attention implementation is switched to the AE function
-  (signals/attention.py) for the generation, and each step's newest query row is reduced at the
-  chosen layers, over the keys it attends to (the KV cache, padding excluded);
+  (signals/attention.py) for the generation; each step keeps the newest query's scores at the
+  chosen layers, over the keys it attends to (the KV cache, padding excluded), reduced with the logits;
 - for ICT's JS (signals/js.py), every rollout of a group is sampled in the same generate call, so
-  at each step the step's log p vectors of a group's live rows give the group mean and each row's
+  at each step the log p vectors of a group's live rows give the group mean and each row's
   JS to it (`js._js_chunk`, the pass's own function). A row is live at step t when none of its
   tokens before t is an end-of-sequence token, TRL's completion mask; `result` drops JS when the
   final mask says otherwise (`mask_truncated_completions`). Only with whole groups in one process
@@ -34,15 +35,22 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import _RECORDER, _ae_implementation, _Recorder, resolve_layers, unwrap_model
+from .attention import _RECORDER, _ae_implementation, _Recorder, resolve_layers, score_rows_entropy, unwrap_model
 from .js import _js_chunk
 from .vocab import WANTS, reduce_logits
 
 # What generation can give (JS only with whole groups in one process); the rest (TRL's batch
 # statistics) come from elsewhere.
 GENERATION_STATISTICS = frozenset({"logp", "entropy", "p2", "p2logp", "attn_entropy", "old_logp", "js"})
+
+
+# Decoding steps reduced together: a step only keeps its newest logits (and attention scores); every
+# FLUSH_STEPS steps they are reduced in one batch of kernels instead of one small batch per step (the
+# per-step launches were most of the recording's cost). Memory: B × FLUSH_STEPS × V logits.
+FLUSH_STEPS = 16
 
 
 @dataclass
@@ -52,65 +60,105 @@ class GenerationRecord:
     cap: float | None
     scale: float | None
     ae: _Recorder | None = None
-    steps: dict[str, list[Tensor]] = field(default_factory=dict)   # name -> per step [B]
+    js_group: int | None = None                              # G: record JS over groups of G rows
+    eos_ids: tuple[int, ...] = ()                            # tokens that end a row (TRL's eos_token_ids)
+    flush_steps: int = FLUSH_STEPS
+    chunks: dict[str, list[Tensor]] = field(default_factory=dict)  # name -> [B, m] pieces in step order
     tokens: list[Tensor] = field(default_factory=list)             # sampled token of steps 0..n-2, [B]
-    prev_logp: Tensor | None = None                                # [B, V] log p of the last step
+    pending: list[Tensor] = field(default_factory=list)            # newest logits [B, V] of unreduced steps
+    pending_rows: list[list[Tensor]] = field(default_factory=list)  # AE: per step, each layer's [B, Hq, Tk]
+    pending_live: list[Tensor] = field(default_factory=list)       # JS: per step, [B] live rows
+    prev_logp: Tensor | None = None                                # [B, V] log p of a reduced step whose token
+    reduced: int = 0                                               # is not known yet; steps reduced so far
     calls: int = 0                                                 # prefill steps seen (generate calls)
-    js_group: int | None = None                                    # G: record JS over groups of G rows
-    eos_ids: tuple[int, ...] = ()                                  # tokens that end a row (TRL's eos_token_ids)
     live: Tensor | None = None                                     # [B] bool: no end token sampled yet
 
     def on_logits(self, logits: Tensor) -> None:
         z = logits[:, -1]                                            # [B, V] the newest position
-        if self.scale not in (None, 1, 1.0):
-            z = z / self.scale
-        red = reduce_logits(z, None, temperature=self.temperature, want=self.want, final_logit_softcapping=self.cap,
-                            return_log_p=True)
-        self.prev_logp = red.pop("log_p")
-        for k, v in red.items():
-            self.steps.setdefault(k, []).append(v)
+        self.pending.append(z.clone() if logits.size(1) > 1 else z)  # a prefill's [B, P, V] is not kept alive
         if self.js_group:
-            self._record_js(self.prev_logp)
+            self.pending_live.append(self.live if self.live is not None
+                                     else torch.ones(z.size(0), dtype=torch.bool, device=z.device))
         if self.ae is not None:
-            total = self.ae.total
-            self.steps.setdefault("attn_entropy", []).append(
-                total[:, -1] / len(self.ae.layers) if total is not None else torch.zeros(z.size(0), device=z.device))
-            self.ae.total, self.ae.seen = None, set()
-
-    def _record_js(self, log_p: Tensor) -> None:
-        """This step's JS of each live row to its group's live mean (0 where fewer than two rows are live)."""
-        B, V = log_p.shape
-        G = self.js_group
-        if B % G:                                                    # not whole groups: the pass computes JS
-            self.js_group = None
-            self.steps.pop("js", None)
-            self.steps.pop("_live", None)
-            return
-        live = self.live if self.live is not None else torch.ones(B, dtype=torch.bool, device=log_p.device)
-        by_member = live.view(B // G, G).t()                         # [G, groups]
-        u = _js_chunk(log_p.view(B // G, G, V).transpose(0, 1), by_member)   # groups play the positions
-        keep = by_member & (by_member.sum(0) >= 2)
-        js = torch.where(keep, u, torch.zeros_like(u)).t().reshape(B)
-        self.steps.setdefault("js", []).append(js)
-        self.steps.setdefault("_live", []).append(live)
+            self.pending_rows.append(self.ae.rows)
+            self.ae.rows, self.ae.seen = [], set()
+        if len(self.pending) >= self.flush_steps:
+            self._flush()
 
     def on_input(self, input_ids: Tensor) -> None:
         if input_ids.size(1) != 1:                                   # a prefill: a new generate call
             self.calls += 1
             self.live = None
             return
-        if self.prev_logp is not None:
-            tok = input_ids[:, 0]
-            self.tokens.append(tok)
-            self.steps.setdefault("logp", []).append(self.prev_logp.gather(-1, tok[:, None]).squeeze(-1))
-            if self.js_group:
-                ended = torch.isin(tok, torch.tensor(self.eos_ids, device=tok.device))
-                self.live = ~ended if self.live is None else self.live & ~ended
+        if len(self.tokens) >= self.reduced + len(self.pending):     # no step's logits yet
+            return
+        tok = input_ids[:, 0]
+        self.tokens.append(tok)
+        if self.prev_logp is not None:                               # the token of the last reduced step
+            self.chunks.setdefault("logp", []).append(self.prev_logp.gather(-1, tok[:, None]))
+            self.prev_logp = None
+        if self.js_group:
+            ended = torch.isin(tok, torch.tensor(self.eos_ids, device=tok.device))
+            self.live = ~ended if self.live is None else self.live & ~ended
+
+    def _flush(self) -> None:
+        """Reduce the pending steps at once: vocabulary statistics, log p of the tokens already sampled,
+        JS and attention entropy."""
+        if not self.pending:
+            return
+        k, B = len(self.pending), self.pending[0].size(0)
+        z = torch.stack(self.pending, 1).flatten(0, 1)              # [B·k, V], a fresh buffer
+        if self.scale not in (None, 1, 1.0):
+            z = z / self.scale
+        red = reduce_logits(z, None, temperature=self.temperature, want=self.want, final_logit_softcapping=self.cap,
+                            inplace=True, return_log_p=True)
+        log_p = red.pop("log_p").view(B, k, -1)
+        for name, v in red.items():
+            self.chunks.setdefault(name, []).append(v.view(B, k))
+        known = self.tokens[self.reduced:self.reduced + k - 1]      # every pending step's token but the last's
+        if known:
+            self.chunks.setdefault("logp", []).append(
+                log_p[:, :k - 1].gather(-1, torch.stack(known, 1)[..., None]).squeeze(-1))
+        self.prev_logp = log_p[:, -1]
+        if self.js_group:
+            self._js(log_p, torch.stack(self.pending_live, 1))
+        if self.ae is not None:
+            self._attention_entropy(self.pending_rows)
+        self.reduced += k
+        self.pending, self.pending_rows, self.pending_live = [], [], []
+
+    def _js(self, log_p: Tensor, live: Tensor) -> None:
+        """JS of each live row to its group's live mean at each step (0 where fewer than two rows are live);
+        log_p [B, k, V], live [B, k]. Groups and steps together play the pass's positions."""
+        B, k, V = log_p.shape
+        G = self.js_group
+        if B % G:                                                    # not whole groups: the pass computes JS
+            self.js_group = None
+            self.chunks.pop("js", None)
+            self.chunks.pop("_live", None)
+            return
+        by_member = live.view(B // G, G, k).transpose(0, 1).reshape(G, -1)          # [G, groups·k]
+        u = _js_chunk(log_p.view(B // G, G, k, V).transpose(0, 1).reshape(G, -1, V), by_member)
+        u = torch.where(by_member & (by_member.sum(0) >= 2), u, torch.zeros_like(u))
+        self.chunks.setdefault("js", []).append(u.view(G, B // G, k).transpose(0, 1).reshape(B, k))
+        self.chunks.setdefault("_live", []).append(live)
+
+    def _attention_entropy(self, rows: list[list[Tensor]]) -> None:
+        """AE of each pending step, averaged over the layers: each step's scores padded (-inf) to the longest."""
+        total = None
+        for layer in range(len(self.ae.layers)):
+            per_step = [step[layer] for step in rows]
+            width = max(r.size(-1) for r in per_step)
+            padded = torch.stack([F.pad(r, (0, width - r.size(-1)), value=float("-inf")) for r in per_step], 1)
+            ae = score_rows_entropy(padded)                          # [B, k]
+            total = ae if total is None else total + ae
+        self.chunks.setdefault("attn_entropy", []).append(total / len(self.ae.layers))
 
     def result(self, completion_ids: Tensor, mask: Tensor) -> dict[str, Tensor] | None:
         """{name: [B, T] float32} aligned with TRL's completions, or None when the record does not line up."""
+        self._flush()
         B, T = completion_ids.shape
-        n = len(self.steps.get("entropy", self.steps.get("attn_entropy", [])))
+        n = self.reduced
         if self.calls != 1 or n < T or self.prev_logp is None or self.prev_logp.size(0) != B:
             return None
         if self.tokens:
@@ -118,20 +166,18 @@ class GenerationRecord:
             m = mask[:, : sampled.size(1)].bool()
             if sampled.size(1) < T - 1 or not torch.equal(sampled[m], completion_ids[:, : sampled.size(1)][m]):
                 return None
-        last = self.prev_logp.gather(-1, completion_ids[:, n - 1 : n].clamp(min=0)).squeeze(-1) if n == T else None
+        chunks = {k: list(v) for k, v in self.chunks.items()}
+        if n == T:                                                   # the last step's token: the completion's
+            chunks.setdefault("logp", []).append(self.prev_logp.gather(-1, completion_ids[:, n - 1:n].clamp(min=0)))
+        live = chunks.pop("_live", None)
+        if live is not None and not torch.equal(torch.cat(live, 1)[:, :T], mask.bool()):
+            chunks.pop("js", None)                   # the final mask is not the live mask (e.g. truncated rows)
         out = {}
-        steps = dict(self.steps)
-        live = steps.pop("_live", None)
-        if live is not None and not torch.equal(torch.stack(live, 1)[:, :T], mask.bool()):
-            steps.pop("js", None)                    # the final mask is not the live mask (e.g. truncated rows)
-        for k, v in steps.items():
-            cols = list(v)
-            if k == "logp" and last is not None:
-                cols = cols + [last]
-            x = torch.stack(cols, 1)[:, :T].float()
+        for k, v in chunks.items():
+            x = torch.cat(v, 1)[:, :T].float()
+            if x.size(1) != T:
+                return None
             out[k] = torch.where(mask.bool(), x, torch.zeros_like(x))
-        if "logp" in out and out["logp"].size(1) != T:
-            return None
         return out
 
 
