@@ -49,8 +49,11 @@ GENERATION_STATISTICS = frozenset({"logp", "entropy", "p2", "p2logp", "attn_entr
 
 # Decoding steps reduced together: a step only keeps its newest logits (and attention scores); every
 # FLUSH_STEPS steps they are reduced in one batch of kernels instead of one small batch per step (the
-# per-step launches were most of the recording's cost). Memory: B × FLUSH_STEPS × V logits.
+# per-step launches were most of the recording's cost). Sooner once the kept logits reach
+# FLUSH_ELEMENTS values (a few float32 buffers of that size are alive while reducing): a 152k
+# vocabulary with 64 rows flushes every 6 steps, with 512 rows every step.
 FLUSH_STEPS = 16
+FLUSH_ELEMENTS = 2 ** 26
 
 
 @dataclass
@@ -82,7 +85,7 @@ class GenerationRecord:
         if self.ae is not None:
             self.pending_rows.append(self.ae.rows)
             self.ae.rows, self.ae.seen = [], set()
-        if len(self.pending) >= self.flush_steps:
+        if len(self.pending) >= self.flush_steps or len(self.pending) * z.numel() >= FLUSH_ELEMENTS:
             self._flush()
 
     def on_input(self, input_ids: Tensor) -> None:
