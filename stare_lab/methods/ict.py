@@ -1,7 +1,8 @@
 """ict: train on the tokens whose distribution departs most from the group's (arXiv 2606.19771).
 
 With P̄_t = mean over the live rollouts of the same prompt of their next-token distributions at
-position t, u_i,t = JS(p_i,t ‖ P̄_t) ∈ [0, log 2] (precomputed by the stats pass as `stats.js`):
+position t, u_i,t = JS(p_i,t ‖ P̄_t) ∈ [0, log 2] (`stats.js`, signals/js.py; recorded during
+generation or computed by the stats pass, docs/pitfalls_signals.md):
 
     ω_i,t = 1 for every valid token                     while state.step < warmup_steps
     ω_i,t = 1[u_i,t among the top ⌈ρ·n⌉ of its scope]   afterwards
@@ -11,7 +12,7 @@ normalised by the number selected (normalize="selected").
 Deviations and decisions:
 1. [secondary] Score u = JS to the group mean and ρ = 0.1 come from a third-party reading.
 2. [ours] Dense warm-up length warmup_steps = 10 (unpublished); during warm-up the rule is `full`.
-3. [ours] Only rollouts still generating at position t count in P̄_t (the stats pass's job); a
+3. [ours] Only rollouts still generating at position t count in P̄_t (TRL's completion mask); a
    position with one live rollout has u = 0.
 4. [ours] Scope "batch" (the whole generation batch) and random tie-breaking at the boundary.
 5. [ours] During warm-up `selected` is None (every valid token) and the normalisation stays
