@@ -1,14 +1,14 @@
 """Where the demo's time goes: one demo run phase by phase, and a finished sweep's timeline.
 
-Run: .venv/bin/python benchmarks/demo_profile.py run [--method full] [--seed 0] [--dir /tmp/demo-profile]
+Run: .venv/bin/python benchmarks/demo_profile.py run [--method full [--method random ...]] [--seed 0] [--dir DIR]
      .venv/bin/python benchmarks/demo_profile.py timeline runs/demo
      .venv/bin/python benchmarks/demo_profile.py tail stare_lab/sweeps/demo.yaml   (in the folder holding runs/)
 
-1. `run`: one run of the demo sweep (its resolved config, so the same model, steps and evaluation)
-   through the real worker (`run_one`) in this fresh process, with timers wrapped around the
-   functions a run passes through (the module attributes they are called by; nothing in the
-   package knows about it). Printed: import time of the heavy libraries, then seconds per phase.
-   The first rows are what every local worker process pays before its first step.
+1. `run`: runs of the demo sweep (their resolved configs, so the same model, steps and evaluation)
+   through the real worker (`run_one`), one after another in this fresh process as a local queue
+   worker runs them, with timers wrapped around the functions a run passes through (the module
+   attributes they are called by; nothing in the package knows about it). Printed: import time of
+   the heavy libraries (what a worker process pays once), then seconds per phase of each run.
 2. `timeline`: per run of a finished sweep, from its record alone (status.json times, the
    metrics.jsonl rows' times, file times of final/ and eval/): start-up (process start to the
    first logged step), training, evaluation and publishing, and the gap between one run's end
@@ -67,6 +67,38 @@ def import_times() -> list[tuple[str, float]]:
 
 def cmd_run(args: argparse.Namespace) -> None:
     imports = import_times()
+    from stare_lab.sweep.expand import expand_sweep
+    from stare_lab.sweep.launch import prepare
+    from stare_lab.sweep.schema import load_sweep
+    from stare_lab.sweep.worker import run_one, start_worker
+
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chdir(folder)
+    spec = load_sweep(REPO / "stare_lab" / "sweeps" / "demo.yaml")
+    by_key = {(r.cfg.method.name, int(r.cfg.seed)): r for r in expand_sweep(spec)}
+    runs = [by_key[(method, args.seed)] for method in args.method or ["full"]]
+    for run in runs:
+        prepare(run, fresh=True)
+    _time_phases()
+    start_worker(args.threads)
+    print(f"{'process start to this script':<44s} {STARTED - process_started():7.2f} s")
+    for module, s in imports:
+        print(f"import {module:<37s} {s:7.2f} s")
+    for run in runs:  # one after another in this process, as a local queue worker runs them
+        PHASES.clear()
+        t0 = time.perf_counter()
+        status = run_one(run.run_dir)
+        total = time.perf_counter() - t0
+        print(f"-- run {run.id} ({run.label}): {status['state']}, threads {args.threads}, pid {os.getpid()}")
+        for label, values in PHASES.items():
+            print(f"{label:<44s} {sum(values):7.2f} s" + (f"  ({len(values)} calls)" if len(values) > 1 else ""))
+        print(f"{'run_one (claim, status, execute)':<44s} {total:7.2f} s")
+
+
+def _time_phases() -> None:
+    import wandb
+
     import stare_lab.eval_run as eval_run
     import stare_lab.evaluation as evaluation
     import stare_lab.runner as runner
@@ -74,18 +106,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     import stare_lab.viewer.figures as figures
     import stare_lab.viewer.page as page
     import stare_lab.viewer.wandb_export as wandb_export
-    from stare_lab.sweep.expand import expand_sweep
-    from stare_lab.sweep.launch import prepare
-    from stare_lab.sweep.schema import load_sweep
-    from stare_lab.sweep.worker import run_one, start_worker
     from stare_lab.trainer import TokenRuleGRPOTrainer
 
-    folder = Path(args.dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chdir(folder)
-    spec = load_sweep(REPO / "stare_lab" / "sweeps" / "demo.yaml")
-    run = next(r for r in expand_sweep(spec) if r.cfg.method.name == args.method and int(r.cfg.seed) == args.seed)
-    prepare(run, fresh=True)
     for owner, name, label in [
         (tracking, "init_wandb", "W&B init"), (runner, "build_trainer", "build trainer (model, task, TRL)"),
         (TokenRuleGRPOTrainer, "train", "trainer.train (20 steps)"), (TokenRuleGRPOTrainer, "save_model", "save final/"),
@@ -94,28 +116,10 @@ def cmd_run(args: argparse.Namespace) -> None:
         (wandb_export, "publish_run", "publish (W&B eval + token page)"),
         (page, "render_run", "  of which render_run (token page)"),
         (figures, "plot_selection", "  of which plot_selection (2 figures)"),
+        (wandb.sdk.wandb_run.Run, "finish", "W&B finish"),
         (runner, "execute", "execute (the whole run)"),
     ]:
         timed(owner, name, label)
-    _time_wandb_finish(tracking)
-    start_worker(args.threads)
-    t0 = time.perf_counter()
-    status = run_one(run.run_dir)
-    total = time.perf_counter() - t0
-    print(f"run {run.id} ({run.label}): {status['state']}, threads {args.threads}, pid {os.getpid()}")
-    print(f"{'process start to this script':<44s} {STARTED - process_started():7.2f} s")
-    for module, s in imports:
-        print(f"import {module:<37s} {s:7.2f} s")
-    for label, values in PHASES.items():
-        print(f"{label:<44s} {sum(values):7.2f} s" + (f"  ({len(values)} calls)" if len(values) > 1 else ""))
-    print(f"{'run_one (claim, status, execute)':<44s} {total:7.2f} s")
-
-
-def _time_wandb_finish(tracking) -> None:
-    """Time wandb.sdk's Run.finish (both the training run's and the publishing resume's)."""
-    import wandb
-
-    timed(wandb.sdk.wandb_run.Run, "finish", "W&B finish")
 
 
 def _ts(s: str) -> float:
@@ -171,7 +175,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--method", default="full")
+    r.add_argument("--method", action="append", help="a rule of the demo (repeat: runs one after another; default full)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads (the demo's 2 workers on 2 cores: 1)")
     r.add_argument("--dir", default="/tmp/demo-profile")

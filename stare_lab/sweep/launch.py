@@ -3,12 +3,14 @@
 `plan_runs` decides per run: a finished run is skipped (noting runs finished by other code), an
 interrupted one (or one without a live worker: stare_lab.sweep.records.Liveness) resumes, a failed
 or corrupt one is retried only with `retry_failed`, and one whose worker or job is alive is
-watched. `launch_runs` writes each run's config.yaml and status.json, submits `RunWorker` through
-the local executor (at most `workers` at once; the job's process is recorded as the run's holder
-until its worker takes the run's claim) or Slurm (one job array, `array_parallelism` at once),
-waits with a progress display, and records as failed any run whose job ended without the worker
-recording it (killed, out of memory, node lost). A worker that finds the run claimed by another
-leaves it; the launcher then watches that run. The caller holds the sweep lock.
+watched. `launch_runs` writes each run's config.yaml and status.json and starts them: locally,
+`workers` queue workers (`QueueWorker`, one process each, taking the queued runs one after another;
+runs of several processes are one job per run instead, at most `workers` at once), or on Slurm one
+job array (`array_parallelism` at once). A started process is recorded as its pending runs' holder
+until a worker takes their claim. It waits with a progress display, and records as failed any run
+whose job ended without the worker recording it (killed, out of memory, node lost). A worker that
+finds the run claimed by another leaves it; the launcher then watches that run. The caller holds
+the sweep lock.
 """
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, code_version, first_line, new_status, provenance
+from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, claim_held, code_version, first_line, new_status, provenance
 from stare_lab.record import read_status, set_aside, update_status, write_status
 from stare_lab.sweep.expand import RunSpec
-from stare_lab.sweep.records import Liveness, process_start
+from stare_lab.sweep.records import LIVE, Liveness, process_start
 from stare_lab.sweep.schema import SweepError, SweepSpec, processes_per_run, tasks_per_node
-from stare_lab.sweep.worker import Execute, RunWorker
+from stare_lab.sweep.worker import Execute, QueueWorker, RunWorker
 from stare_lab.utils import atomic_write_text
 
 POLL_S = 1.0
@@ -160,17 +162,73 @@ def make_executor(spec: SweepSpec):
 @dataclass
 class Tracked:
     run: RunSpec
-    job: Any = None             # a submitit Job, or None for a run another worker is running
+    job: Any = None             # a submitit Job of this run alone, or None (see `queue_workers`)
+    queue_workers: list = field(default_factory=list)  # local QueueWorker jobs given this run; with none
+                                                       # and no job, the run is watched through its record
 
 
 def submit_run(executor, worker: RunWorker, run: RunSpec):
     """Submit one run; a local job's process is recorded as the run's holder (a lease) until its
     worker starts, so a re-run after this driver dies watches it instead of starting a second."""
     job = _without_sigint(lambda: executor.submit(worker, str(run.run_dir)))
-    pid = getattr(getattr(job, "_process", None), "pid", None)
-    if pid and (read_status(run.run_dir) or {}).get("state") == "pending":
-        update_status(run.run_dir, pid=pid, pid_start=process_start(pid), host=socket.gethostname())
+    _lease([run], job)
     return job
+
+
+def submit_queue(executor, worker: QueueWorker, runs: list[RunSpec], timeout_min: float):
+    """Start one local queue worker over `runs`, holder (lease) of those still pending. Its time
+    limit is `timeout_min` (the launcher's, per run) for each run it may take."""
+    executor.update_parameters(timeout_min=timeout_min * len(runs))
+    job = _without_sigint(lambda: executor.submit(worker, [str(run.run_dir) for run in runs]))
+    _lease(runs, job)
+    return job
+
+
+def _lease(runs: list[RunSpec], job) -> None:
+    pid = getattr(getattr(job, "_process", None), "pid", None)   # the local job's controller process
+    if not pid:
+        return
+    start, host = process_start(pid), socket.gethostname()
+    for run in runs:
+        if (read_status(run.run_dir) or {}).get("state") == "pending":
+            update_status(run.run_dir, pid=pid, pid_start=start, host=host)
+
+
+class Starter:
+    """Starts queued runs. Local runs of one process go to queue workers: while fewer than
+    `workers` are alive, new ones are started, each given every queued run (they share them out
+    through the runs' claims); the one-run-per-process start-up (interpreter, imports, exit: ~8 s
+    of the demo's ~25 s per run) is then paid once per worker. A run of several processes (local)
+    is one job per run, at most `workers` at once; on Slurm, the array is submitted before and
+    only a watched run that lost its worker is submitted here, one job each."""
+
+    def __init__(self, spec: SweepSpec, executor, execute: Execute | None):
+        la, threads = spec.launcher, worker_threads(spec)
+        self.executor = executor
+        self.queued = la["name"] == "local" and tasks_per_node(la) == 1
+        self.workers = int(la.get("workers") or 10**9)   # Slurm: the array's parallelism caps it
+        self.timeout_min = float(la["timeout_min"])
+        self.worker = QueueWorker(execute, threads) if self.queued else RunWorker(execute, threads)
+        self.queue_jobs: list = []
+
+    def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
+        """Move what can start now from `queue` into `waiting`."""
+        if not self.queued:
+            while queue and sum(1 for t in waiting if t.job is not None) < self.workers:
+                run = queue.pop(0)
+                waiting.append(Tracked(run, submit_run(self.executor, self.worker, run)))
+            return
+        free = min(self.workers - len(self.live_jobs()), len(queue))
+        if free <= 0:
+            return
+        jobs = [submit_queue(self.executor, self.worker, queue, self.timeout_min) for _ in range(free)]
+        self.queue_jobs += jobs
+        waiting += [Tracked(run, queue_workers=jobs) for run in queue]
+        queue.clear()
+
+    def live_jobs(self) -> list:
+        self.queue_jobs = [job for job in self.queue_jobs if not job.done()]
+        return self.queue_jobs
 
 
 def _without_sigint(start: Callable[[], Any]) -> Any:
@@ -201,23 +259,20 @@ def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print
     """Start the plan's runs, watch them and the active ones until all end; returns counts by state.
     `execute` replaces the real runner in the workers (tests)."""
     executor = executor or make_executor(spec)
-    worker = RunWorker(execute, worker_threads(spec))
+    starter = Starter(spec, executor, execute)
     for run, kind in plan.start:
         prepare(run, fresh=kind == "rerun")
     queue = [run for run, _ in plan.start]
     waiting = [Tracked(run) for run in plan.active]
     if spec.launcher["name"] == "slurm" and queue:
-        waiting += _submit_array(executor, worker, queue)
+        waiting += _submit_array(executor, starter.worker, queue)
         queue = []
-    workers = spec.launcher.get("workers") or 10**9  # Slurm: the array's parallelism caps it
     counts = {"finished": len(plan.finished), "failed": 0, "interrupted": 0}
     watch = SlurmWatch()
     with _progress(len(queue) + len(waiting), echo) as advance:
         try:
             while queue or waiting:
-                while queue and sum(1 for t in waiting if t.job is not None) < workers:
-                    run = queue.pop(0)
-                    waiting.append(Tracked(run, submit_run(executor, worker, run)))
+                starter.start(queue, waiting)
                 live, fresh = watch.look(waiting)
                 for t in [t for t in waiting if watch.ended(t, live, fresh)]:
                     waiting.remove(t)
@@ -232,7 +287,7 @@ def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print
                         advance(t.run, state)
                 time.sleep(POLL_S if (queue or waiting) else 0)
         except KeyboardInterrupt:
-            _interrupt(spec, waiting, echo)
+            _interrupt(spec, [t.job for t in waiting if t.job is not None] + starter.live_jobs(), echo)
             raise
     return counts
 
@@ -279,6 +334,8 @@ class SlurmWatch:
         return live, fresh
 
     def ended(self, t: Tracked, live: Liveness, fresh: bool) -> bool:
+        if t.queue_workers:
+            return _queued_run_ended(t)
         if t.job is None:  # another worker's run: its record and its liveness tell
             status = read_status(t.run.run_dir) or {}
             return status.get("state") not in ("pending", "running") or (fresh and not live.alive(t.run.run_dir, status))
@@ -301,6 +358,28 @@ class SlurmWatch:
         return time.time() - gone > REQUEUE_GRACE_S
 
 
+def _queued_run_ended(t: Tracked) -> bool:
+    """A run given to queue workers: ended when recorded ended or when its worker let go of it
+    without recording an end; while still pending, once every queue worker given it has exited."""
+    state = _queued_state(t)
+    if state == "pending":
+        return all(job.done() for job in t.queue_workers)
+    if state == "orphaned":  # wait for its worker's job to end, so that its reason can be recorded
+        return _died(t) is not None or all(job.done() for job in t.queue_workers)
+    return state != "running"
+
+
+def _queued_state(t: Tracked) -> str | None:
+    """The run's recorded state, or "orphaned" for a run recorded running whose claim nobody
+    holds: its worker died (a worker records the end before it releases the claim)."""
+    run_dir = t.run.run_dir
+    state = (read_status(run_dir) or {}).get("state")
+    if state != "running" or claim_held(run_dir):
+        return state
+    state = (read_status(run_dir) or {}).get("state")   # read again: it may have ended meanwhile
+    return "orphaned" if state == "running" else state
+
+
 def _is_slurm(job) -> bool:
     if job is None:
         return False
@@ -313,6 +392,8 @@ def reconcile(t: Tracked) -> str:
     """The run's final state once its job ended: a job that died without the worker saying so is
     recorded failed; "watch" when another worker holds the run, "resume" when a watched run's
     worker is gone."""
+    if t.queue_workers:
+        return _reconcile_queued(t)
     error, result = None, None
     if t.job is not None:
         try:
@@ -335,6 +416,24 @@ def reconcile(t: Tracked) -> str:
     return state or "failed"
 
 
+def _reconcile_queued(t: Tracked) -> str:
+    """A queued run's state once `_queued_run_ended`: as recorded; failed with submitit's reason
+    when a queue worker given it died while running it; else "watch" (no queue worker took it, or
+    one of another launch runs it: the watch resumes it when nobody holds it)."""
+    state = _queued_state(t)
+    if state not in LIVE and state != "orphaned":
+        return state or "failed"
+    died = _died(t)
+    if state == "orphaned" and died is not None:
+        return reconcile(Tracked(t.run, died))
+    return "watch"
+
+
+def _died(t: Tracked):
+    """A queue worker given this run that exited without a result (killed), or None."""
+    return next((job for job in t.queue_workers if job.done() and not job.paths.result_pickle.exists()), None)
+
+
 def _job_log_tail(job, lines: int = 40) -> str | None:
     try:
         text = job.stderr() or ""
@@ -343,11 +442,10 @@ def _job_log_tail(job, lines: int = 40) -> str | None:
     return "\n".join(text.splitlines()[-lines:]) or None
 
 
-def _interrupt(spec: SweepSpec, waiting: list[Tracked], echo) -> None:
+def _interrupt(spec: SweepSpec, jobs: list, echo) -> None:
     if spec.launcher["name"] != "local":
         echo("interrupted: the Slurm jobs keep running; `sweep run` again watches them, `sweep status` shows them")
         return
-    jobs = [t.job for t in waiting if t.job is not None]
     for job in jobs:
         stop_job(job)
     deadline = time.time() + STOP_WAIT_S  # let the workers record `interrupted`

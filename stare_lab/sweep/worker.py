@@ -6,7 +6,11 @@ first takes the run's claim (stare_lab.record.RunClaim): a second worker started
 without touching the record. Then: state running → finished | failed | interrupted, attempts,
 host, pid, Slurm job id, timings, and the error's first line plus traceback.
 
-`RunWorker` is the same as a submitit `Checkpointable`: on pre-emption or time-out submitit calls
+`QueueWorker` is the local launcher's worker process: it runs the runs of a list one after another,
+each through `run_one`, taking only runs still pending, so that N of them given the same list share
+it out and the interpreter with its imports is paid once per worker rather than once per run.
+
+`RunWorker` (one run per job: Slurm, and local runs of several processes) is a submitit `Checkpointable`: on pre-emption or time-out submitit calls
 `checkpoint`, which records the run as interrupted and resubmits the worker itself; the requeued
 job calls `run_one` again, and the runner resumes from the last trainer checkpoint (and the same
 W&B run, whose id is the run id). A job of several tasks is one multi-process run (`run_rank`):
@@ -15,6 +19,7 @@ warning filters are set by `start_worker` when a worker process starts, never on
 """
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -60,14 +65,18 @@ def start_worker(threads: int | None = None) -> None:
 
 
 def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool = False,
-            gate: RankGate | None = None) -> dict[str, Any]:
+            gate: RankGate | None = None, only_pending: bool = False,
+            code: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the run in `run_dir`; returns its final status. Raises what the run raised.
 
     A finished run is not run again unless `force`. `execute` defaults to the real runner; tests
     pass a stand-in or the runner with a crash callback. When another worker holds the run's
     claim, nothing is done and the status is returned with `claimed_elsewhere: True`. `gate`:
     this is rank 0 of a multi-process run; it tells the other ranks whether to start
-    (stare_lab.sweep.ranks).
+    (stare_lab.sweep.ranks). `only_pending`: run it only if its record, read under the claim, is
+    still `pending` (queued by the launcher and taken by no other worker since); else return the
+    status untouched with `skipped: True`. `code`: the provenance of the code this process runs
+    (`loaded_code`), recorded for the attempt; None: the checkout's now.
     """
     run_dir = Path(run_dir)
     claim = RunClaim(run_dir)
@@ -76,7 +85,10 @@ def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool 
             gate.open(False, "another worker holds the run")
         return {**(read_status(run_dir) or {}), "claimed_elsewhere": True}
     try:
-        return _run_claimed(run_dir, execute, force, gate)
+        status = read_status(run_dir) or {}
+        if only_pending and status.get("state") != "pending":
+            return {**status, "skipped": True}
+        return _run_claimed(run_dir, execute, force, gate, code)
     finally:
         claim.release()
 
@@ -104,7 +116,8 @@ def run_rank(run_dir: Path, rank: int, world: int, key: str, execute: Execute | 
     return {"rank": rank, "state": "finished"}
 
 
-def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: RankGate | None = None) -> dict[str, Any]:
+def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: RankGate | None = None,
+                 code: dict[str, Any] | None = None) -> dict[str, Any]:
     status = read_status(run_dir) or new_status()
     if status.get("state") == CORRUPT:
         if gate is not None:
@@ -126,7 +139,7 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: Rank
                   attempt_started=now_iso())
     # which code ran each attempt: `sweep run` and the tables compare it with the current code
     status["provenance"] = [*(status.get("provenance") or []),
-                            {"attempt": attempt, "started": status["attempt_started"], **provenance(_device())}]
+                            {"attempt": attempt, "started": status["attempt_started"], **(code or provenance(_device()))}]
     write_status(run_dir, status)
     if gate is not None:
         gate.open(True)
@@ -192,6 +205,58 @@ def _record_end(run_dir: Path, status: dict[str, Any]) -> None:
 
 def _terminate(signum: int, frame: Any) -> None:
     raise Terminated(f"received {signal.Signals(signum).name}: the job was cancelled, requeued or pre-empted")
+
+
+# What a run imports (the runner imports most of it lazily, at first use)
+RUNNER_MODULES = ("stare_lab.runner", "stare_lab.trainer", "stare_lab.trl_loss", "stare_lab.tracking",
+                  "stare_lab.models", "stare_lab.tasks", "stare_lab.eval_run", "stare_lab.evaluation",
+                  "stare_lab.viewer.wandb_export", "stare_lab.viewer.page", "stare_lab.viewer.figures")
+
+
+def loaded_code() -> dict[str, Any]:
+    """The provenance of the code a long-lived worker runs: it imports the runner's modules here,
+    once, and runs them for every run it takes, whatever the checkout holds by then (a commit
+    made during a sweep is not in this process)."""
+    for module in RUNNER_MODULES:
+        importlib.import_module(module)
+    return provenance(_device())
+
+
+class QueueWorker:
+    """The local launcher's worker: `QueueWorker(execute, threads)(run_dirs)` runs the runs still
+    pending among `run_dirs`, in order, one at a time (`run_one(..., only_pending=True)`); a run
+    another worker has claimed or taken meanwhile is passed over, so N workers given the same list
+    share it out, never running a run twice. One process per worker slot rather than per run:
+    its interpreter and imports (torch, transformers, TRL, W&B: ~5 s of CPU) and its exit are paid
+    once, not by each of the demo's 26 runs. A run that fails is recorded failed by `run_one` and
+    the next one goes on; SIGTERM records the current run interrupted and ends the worker."""
+
+    def __init__(self, execute: Execute | None = None, threads: int | None = None):
+        self.execute = execute
+        self.threads = threads
+
+    def __call__(self, run_dirs: list[str]) -> list[dict[str, Any]]:
+        start_worker(self.threads)
+        code = loaded_code() if self.execute is None else None
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            return [self._take(Path(run_dir), code) for run_dir in run_dirs]
+        except Terminated:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(143)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _take(self, run_dir: Path, code: dict[str, Any] | None) -> dict[str, Any]:
+        status = read_status(run_dir) or {}
+        if status.get("state") != "pending":  # another worker has it: pass over without the claim's 2 s wait
+            return {**status, "skipped": True}
+        try:
+            return run_one(run_dir, execute=self.execute, only_pending=True, code=code)
+        except Exception:  # noqa: BLE001 - run_one recorded it in the run's status.json; the next run goes on
+            traceback.print_exc()   # into this worker's submitit log as well
+            return read_status(run_dir) or {}
 
 
 class RunWorker(submitit.helpers.Checkpointable):
