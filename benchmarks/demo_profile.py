@@ -163,9 +163,11 @@ def cmd_tail(args: argparse.Namespace) -> None:
     from stare_lab import cli
 
     out = Path(args.out)
+    root = cli._sweep_root(Path(args.sweep))
     for label, fn in [("table", lambda: cli.cmd_table([args.sweep, "--out", str(out)])),
-                      ("plot", lambda: cli.cmd_plot([args.sweep, "--out", str(out / "figures")])),
-                      ("token page", lambda: cli._demo_token_page(Path(args.sweep), out))]:
+                      ("figures (as the demo: the runs' own selection figures copied)",
+                       lambda: cli._plot(root, out / "figures", "full", reuse_run_figures=True)),
+                      ("token page and screenshot", lambda: cli._demo_token_page(Path(args.sweep), out))]:
         t0 = time.perf_counter()
         fn()
         print(f"{label}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
