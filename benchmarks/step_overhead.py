@@ -243,7 +243,7 @@ def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
     gen_kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new_tokens,
                   min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id, temperature=1.0)
     arms = {"plain": None, "logp+entropy": {"logp", "entropy"}, "+p2, p2logp": {"logp", "entropy", "p2", "p2logp"},
-            "attention entropy": {"attn_entropy"}}
+            "attention entropy": {"attn_entropy"}, "JS to the group mean (ict, groups of 8)": {"js"}}
     gen = {k: [] for k in arms}
     with torch.no_grad():
         seq = model.generate(**gen_kw)
@@ -253,7 +253,7 @@ def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
                 if needs is None:
                     model.generate(**gen_kw)
                 else:
-                    with record_generation(model, needs):
+                    with record_generation(model, needs, js_group=8, eos_ids=(tok.eos_token_id,)):
                         model.generate(**gen_kw)
                 gen[name].append(time.perf_counter() - t0)
     _print_min_table(f"transformers generation, {rows} rows × {new_tokens} new tokens, min of {reps}",
