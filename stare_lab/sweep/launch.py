@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, claim_held, code_version, first_line, new_status, provenance
-from stare_lab.record import read_status, set_aside, update_status, write_status
+from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, code_version, first_line, new_status, provenance
+from stare_lab.record import claim_held, read_status, set_aside, update_status, write_status
 from stare_lab.sweep.expand import RunSpec
 from stare_lab.sweep.records import LIVE, Liveness, process_start
 from stare_lab.sweep.schema import SweepError, SweepSpec, processes_per_run, tasks_per_node

@@ -10,12 +10,13 @@ host, pid, Slurm job id, timings, and the error's first line plus traceback.
 each through `run_one`, taking only runs still pending, so that N of them given the same list share
 it out and the interpreter with its imports is paid once per worker rather than once per run.
 
-`RunWorker` (one run per job: Slurm, and local runs of several processes) is a submitit `Checkpointable`: on pre-emption or time-out submitit calls
-`checkpoint`, which records the run as interrupted and resubmits the worker itself; the requeued
-job calls `run_one` again, and the runner resumes from the last trainer checkpoint (and the same
-W&B run, whose id is the run id). A job of several tasks is one multi-process run (`run_rank`):
-rank 0 is the worker above, the other ranks train with it and keep no record. Thread count and
-warning filters are set by `start_worker` when a worker process starts, never on import.
+`RunWorker` (one run per job: Slurm, and local runs of several processes) is a submitit
+`Checkpointable`: on pre-emption or time-out submitit calls `checkpoint`, which records the run as
+interrupted and resubmits the worker itself; the requeued job calls `run_one` again, and the
+runner resumes from the last trainer checkpoint (and the same W&B run, whose id is the run id). A
+job of several tasks is one multi-process run (`run_rank`): rank 0 is the worker above, the other
+ranks train with it and keep no record. Thread count and warning filters are set by
+`start_worker` when a worker process starts, never on import.
 """
 from __future__ import annotations
 
@@ -138,8 +139,9 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: Rank
                   traceback=None, finished=None, started=status.get("started") or now_iso(),
                   attempt_started=now_iso())
     # which code ran each attempt: `sweep run` and the tables compare it with the current code
+    code = code or provenance(_device())
     status["provenance"] = [*(status.get("provenance") or []),
-                            {"attempt": attempt, "started": status["attempt_started"], **(code or provenance(_device()))}]
+                            {"attempt": attempt, "started": status["attempt_started"], **code}]
     write_status(run_dir, status)
     if gate is not None:
         gate.open(True)
