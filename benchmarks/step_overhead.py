@@ -96,7 +96,8 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
         if rule is not None:
             trainer._token_stats = _timed(trainer._token_stats, own)
             trainer._microbatch_weights = _timed(trainer._microbatch_weights, own)   # scope microbatch, in the loss
-            trainer.rule = TimedRule(trainer.rule, own)
+            if not trainer.microbatch:  # there the rule runs inside _microbatch_weights, already timed
+                trainer.rule = TimedRule(trainer.rule, own)
         gc.collect()  # the previous trainer's garbage is not collected inside this one's timing
         trainer.train()
     # the first step pays one-off costs
