@@ -27,8 +27,9 @@ import sys
 import time
 import traceback
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import submitit
 
@@ -209,6 +210,21 @@ def _terminate(signum: int, frame: Any) -> None:
     raise Terminated(f"received {signal.Signals(signum).name}: the job was cancelled, requeued or pre-empted")
 
 
+@contextmanager
+def _leave_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises Terminated (the run records itself interrupted on the way out); then the
+    process leaves at once, exit status 143, without a submitit result."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    except Terminated:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(143)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # What a run imports (the runner imports most of it lazily, at first use)
 RUNNER_MODULES = ("stare_lab.runner", "stare_lab.trainer", "stare_lab.trl_loss", "stare_lab.tracking",
                   "stare_lab.models", "stare_lab.tasks", "stare_lab.eval_run", "stare_lab.evaluation",
@@ -240,15 +256,8 @@ class QueueWorker:
     def __call__(self, run_dirs: list[str]) -> list[dict[str, Any]]:
         start_worker(self.threads)
         code = loaded_code() if self.execute is None else None
-        previous = signal.signal(signal.SIGTERM, _terminate)
-        try:
+        with _leave_on_sigterm():
             return [self._take(Path(run_dir), code) for run_dir in run_dirs]
-        except Terminated:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(143)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def _take(self, run_dir: Path, code: dict[str, Any] | None) -> dict[str, Any]:
         status = read_status(run_dir) or {}
@@ -275,18 +284,11 @@ class RunWorker(submitit.helpers.Checkpointable):
         # (`scontrol requeue`, pre-emption) would then record nothing until KillWait ends. Here
         # SIGTERM records the run interrupted and leaves at once, without a submitit result, so a
         # requeued job still counts as running and a cancelled one ends interrupted (resumable).
-        previous = signal.signal(signal.SIGTERM, _terminate)
-        try:
+        with _leave_on_sigterm():
             world = _export_world()
             if world is None:
                 return run_one(Path(run_dir), execute=self.execute)
             return run_rank(Path(run_dir), *world, attempt_key(), execute=self.execute)
-        except Terminated:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(143)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     def checkpoint(self, run_dir: str, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The trainer checkpoints every save_steps on its own; there is nothing more to dump here.
