@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from stare_lab.signals import (attention_entropy, forward_with_stats, js_to_group_mean, predictive_entropy,
                                vocab_stats)
-from stare_lab.signals.attention import chunked_attention_entropy, last_query_attention_entropy
+from stare_lab.signals.attention import chunked_attention_entropy, last_query_scores, score_rows_entropy
 
 V = 50
 
@@ -157,9 +157,9 @@ def test_last_query_attention_entropy_is_the_last_row_of_the_chunked_one(mask_ki
     else:
         mask = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[:, None]
     ref = chunked_attention_entropy(q, k, mask, 0.3, chunk_queries=2, first_position=Tq - 1, softcap=softcap)
-    got = last_query_attention_entropy(q, k, mask, 0.3, softcap=softcap)
-    assert got.shape == (B, 1)
-    torch.testing.assert_close(got[:, 0], ref[:, -1], atol=1e-6, rtol=0)
+    got = score_rows_entropy(last_query_scores(q, k, mask, 0.3, softcap=softcap))
+    assert got.shape == (B,)
+    torch.testing.assert_close(got, ref[:, -1], atol=1e-6, rtol=0)
     assert (got > 0.05).all()                                       # not a trivially equal zero
 
 

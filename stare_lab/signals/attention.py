@@ -87,10 +87,7 @@ def chunked_attention_entropy(
             scores = scores + mask[:, :, s:e, :Tk].float()
         allowed = _allowed_keys(mask, s, e, Tk, offset, query.device)       # [B|1, c, Tk]
         scores.masked_fill_(~allowed[:, None], float("-inf"))
-        mean_row = scores.softmax(-1).mean(1)                               # [B, c, Tk] ā
-        entropy = -torch.special.xlogy(mean_row, mean_row).sum(-1)         # NaN on fully masked rows
-        n = allowed.sum(-1).expand(B, e - s)
-        out[:, s:e] = torch.where(n > 1, entropy / n.clamp(min=2).float().log(), torch.zeros_like(entropy))
+        out[:, s:e] = score_rows_entropy(scores.transpose(1, 2))           # [B, c, Hq, Tk] -> [B, c]
     return out
 
 
@@ -127,12 +124,6 @@ def score_rows_entropy(scores: Tensor) -> Tensor:
     mean_row = scores.softmax(-1).mean(-2)                                 # ā
     entropy = -torch.special.xlogy(mean_row, mean_row).sum(-1)
     return torch.where(n > 1, entropy / n.clamp(min=2).float().log(), torch.zeros_like(entropy))
-
-
-def last_query_attention_entropy(query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, *,
-                                 softcap: float | None = None) -> Tensor:
-    """[B, 1] float32: `chunked_attention_entropy(...)[:, -1:]`, the newest query alone."""
-    return score_rows_entropy(last_query_scores(query, key, mask, scaling, softcap=softcap))[:, None]
 
 
 def _ae_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):

@@ -75,6 +75,7 @@ class GenerationRecord:
     reduced: int = 0                                               # is not known yet; steps reduced so far
     calls: int = 0                                                 # prefill steps seen (generate calls)
     live: Tensor | None = None                                     # [B] bool: no end token sampled yet
+    live_chunks: list[Tensor] = field(default_factory=list)        # JS: [B, m] live rows of the reduced steps
 
     def on_logits(self, logits: Tensor) -> None:
         z = logits[:, -1]                                            # [B, V] the newest position
@@ -138,13 +139,13 @@ class GenerationRecord:
         if B % G:                                                    # not whole groups: the pass computes JS
             self.js_group = None
             self.chunks.pop("js", None)
-            self.chunks.pop("_live", None)
+            self.live_chunks = []
             return
         by_member = live.view(B // G, G, k).transpose(0, 1).reshape(G, -1)          # [G, groups·k]
         u = _js_chunk(log_p.view(B // G, G, k, V).transpose(0, 1).reshape(G, -1, V), by_member)
         u = torch.where(by_member & (by_member.sum(0) >= 2), u, torch.zeros_like(u))
         self.chunks.setdefault("js", []).append(u.view(G, B // G, k).transpose(0, 1).reshape(B, k))
-        self.chunks.setdefault("_live", []).append(live)
+        self.live_chunks.append(live)
 
     def _attention_entropy(self, rows: list[list[Tensor]]) -> None:
         """AE of each pending step, averaged over the layers: each step's scores padded (-inf) to the longest."""
@@ -172,8 +173,7 @@ class GenerationRecord:
         chunks = {k: list(v) for k, v in self.chunks.items()}
         if n == T:                                                   # the last step's token: the completion's
             chunks.setdefault("logp", []).append(self.prev_logp.gather(-1, completion_ids[:, n - 1:n].clamp(min=0)))
-        live = chunks.pop("_live", None)
-        if live is not None and not torch.equal(torch.cat(live, 1)[:, :T], mask.bool()):
+        if self.live_chunks and not torch.equal(torch.cat(self.live_chunks, 1)[:, :T], mask.bool()):
             chunks.pop("js", None)                   # the final mask is not the live mask (e.g. truncated rows)
         out = {}
         for k, v in chunks.items():
