@@ -15,6 +15,7 @@ Run: .venv/bin/python benchmarks/demo_profile.py run [--method full [--method ra
    and the next run's start on the same worker slot (process exit, launcher poll, new process).
 3. `tail`: the demo's steps after the runs (table, plots, token page), each timed in this process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,9 @@ def timed(owner, name: str, label: str) -> None:
 def process_started() -> float:
     """Wall-clock time this process started (Linux: /proc/self/stat field 22, ticks after boot)."""
     ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    boot = next(
+        int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime")
+    )
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -109,8 +112,10 @@ def _time_phases() -> None:
     from stare_lab.trainer import TokenRuleGRPOTrainer
 
     for owner, name, label in [
-        (tracking, "init_wandb", "W&B init"), (runner, "build_trainer", "build trainer (model, task, TRL)"),
-        (TokenRuleGRPOTrainer, "train", "trainer.train (20 steps)"), (TokenRuleGRPOTrainer, "save_model", "save final/"),
+        (tracking, "init_wandb", "W&B init"),
+        (runner, "build_trainer", "build trainer (model, task, TRL)"),
+        (TokenRuleGRPOTrainer, "train", "trainer.train (20 steps)"),
+        (TokenRuleGRPOTrainer, "save_model", "save final/"),
         (eval_run, "evaluate_run", "evaluation (load, sample, verify, write)"),
         (evaluation, "generate_samples", "  of which generate_samples"),
         (wandb_export, "publish_run", "publish (W&B eval + token page)"),
@@ -136,26 +141,49 @@ def cmd_timeline(args: argparse.Namespace) -> None:
             continue
         steps = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
         evals = sorted(glob.glob(str(d / "eval" / "*" / "*.json")), key=os.path.getmtime)
-        rows.append({"label": s["label"], "created": _ts(s["created"]), "start": _ts(s["attempt_started"]),
-                     "step1": steps[0]["time"], "last": steps[-1]["time"],
-                     "final": os.path.getmtime(d / "final" / "model.safetensors"),
-                     "eval": os.path.getmtime(evals[-1]), "end": _ts(s["finished"])})
+        rows.append(
+            {
+                "label": s["label"],
+                "created": _ts(s["created"]),
+                "start": _ts(s["attempt_started"]),
+                "step1": steps[0]["time"],
+                "last": steps[-1]["time"],
+                "final": os.path.getmtime(d / "final" / "model.safetensors"),
+                "eval": os.path.getmtime(evals[-1]),
+                "end": _ts(s["finished"]),
+            }
+        )
     t0 = min(r["created"] for r in rows)
     rows.sort(key=lambda r: r["start"])
     ends: list[float] = []  # worker slots: the next run starts on the slot that freed first
-    print(f"{'run':<22s} {'start':>6s} {'end':>6s} | {'gap':>5s} {'to step 1':>9s} {'train':>6s} {'eval':>6s} {'publish':>7s}")
+    print(
+        f"{'run':<22s} {'start':>6s} {'end':>6s} | "
+        f"{'gap':>5s} {'to step 1':>9s} {'train':>6s} {'eval':>6s} {'publish':>7s}"
+    )
     for r in rows:
         gap = r["start"] - min(ends) if len(ends) >= args.workers else r["start"] - t0
         if len(ends) >= args.workers:
             ends.remove(min(ends))
         ends.append(r["end"])
-        r.update(gap=gap, up=r["step1"] - r["start"], train=r["last"] - r["step1"], ev=r["eval"] - r["final"],
-                 pub=r["end"] - r["eval"])
-        print(f"{r['label']:<22s} {r['start'] - t0:6.0f} {r['end'] - t0:6.0f} | {gap:5.1f} {r['up']:9.1f} "
-              f"{r['train']:6.1f} {r['ev']:6.1f} {r['pub']:7.1f}")
+        r.update(
+            gap=gap,
+            up=r["step1"] - r["start"],
+            train=r["last"] - r["step1"],
+            ev=r["eval"] - r["final"],
+            pub=r["end"] - r["eval"],
+        )
+        print(
+            f"{r['label']:<22s} {r['start'] - t0:6.0f} {r['end'] - t0:6.0f} | {gap:5.1f} {r['up']:9.1f} "
+            f"{r['train']:6.1f} {r['ev']:6.1f} {r['pub']:7.1f}"
+        )
     n = len(rows)
-    print(f"{'mean':<36s} | " + " ".join(f"{sum(r[k] for r in rows) / n:{w}.1f}"
-                                         for k, w in (("gap", 5), ("up", 9), ("train", 6), ("ev", 6), ("pub", 7))))
+    print(
+        f"{'mean':<36s} | "
+        + " ".join(
+            f"{sum(r[k] for r in rows) / n:{w}.1f}"
+            for k, w in (("gap", 5), ("up", 9), ("train", 6), ("ev", 6), ("pub", 7))
+        )
+    )
     print(f"{n} runs from the first config written to the last run's end: {max(r['end'] for r in rows) - t0:.0f} s")
 
 
@@ -164,10 +192,14 @@ def cmd_tail(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     root = cli._sweep_root(Path(args.sweep))
-    for label, fn in [("table", lambda: cli.cmd_table([args.sweep, "--out", str(out)])),
-                      ("figures (as the demo: the runs' own selection figures copied)",
-                       lambda: cli._plot(root, out / "figures", "full", reuse_run_figures=True)),
-                      ("token page and screenshot", lambda: cli._demo_token_page(Path(args.sweep), out))]:
+    for label, fn in [
+        ("table", lambda: cli.cmd_table([args.sweep, "--out", str(out)])),
+        (
+            "figures (as the demo: the runs' own selection figures copied)",
+            lambda: cli._plot(root, out / "figures", "full", reuse_run_figures=True),
+        ),
+        ("token page and screenshot", lambda: cli._demo_token_page(Path(args.sweep), out)),
+    ]:
         t0 = time.perf_counter()
         fn()
         print(f"{label}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -177,7 +209,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--method", action="append", help="a rule of the demo (repeat: runs one after another; default full)")
+    r.add_argument(
+        "--method", action="append", help="a rule of the demo (repeat: runs one after another; default full)"
+    )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--threads", type=int, default=1, help="torch threads (the demo's 2 workers on 2 cores: 1)")
     r.add_argument("--dir", default="/tmp/demo-profile")

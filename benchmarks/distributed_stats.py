@@ -23,6 +23,7 @@ the same tensor as logp on-policy) and measures:
 The fraction printed is (gather + rule+) / step. ICT is also measured with a layout where groups
 are split over ranks (B_local = 28, G = 8), where hidden states of the split groups travel too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,22 +81,29 @@ def _tiny_step(model, opt, prompt, T, micro_batches: int):
     """Sample, one statistics forward, micro-batch forward/backward (DDP), an optimizer step."""
     inner = model.module
     with torch.no_grad():
-        out = inner.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, max_new_tokens=T,
-                             min_new_tokens=T, pad_token_id=0)
-        logits = inner(out).logits[:, prompt.size(1) - 1: -1].float()
+        out = inner.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=True,
+            max_new_tokens=T,
+            min_new_tokens=T,
+            pad_token_id=0,
+        )
+        logits = inner(out).logits[:, prompt.size(1) - 1 : -1].float()
         logp = torch.log_softmax(logits, -1)
         _ = -(logp.exp() * logp).sum(-1)
     opt.zero_grad()
     for mb in out.chunk(micro_batches):
-        lp = torch.log_softmax(model(mb).logits[:, prompt.size(1) - 1: -1].float(), -1)
-        lp.gather(-1, mb[:, prompt.size(1):].unsqueeze(-1)).mean().backward()
+        lp = torch.log_softmax(model(mb).logits[:, prompt.size(1) - 1 : -1].float(), -1)
+        lp.gather(-1, mb[:, prompt.size(1) :].unsqueeze(-1)).mean().backward()
     opt.step()
 
 
 def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=300)
+    )
     from torch.nn.parallel import DistributedDataParallel as DDP
     from transformers import Qwen2ForCausalLM
 
@@ -112,8 +120,10 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     state = RuleState(step=20, total_steps=100, seed=0)
     try:
         from stare_lab.methods import TrainerValues
-        state.trainer = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo",
-                                      num_generations=args.G)
+
+        state.trainer = TrainerValues(
+            epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=args.G
+        )
     except ImportError:
         pass
     lines = []
@@ -137,8 +147,16 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     js_s, _ = _timed(lambda: js_for_split_groups(h, live, group[split], head, chunk_positions=64), args.reps)
     split_bytes = h.numel() * h.element_size() + live.numel() * live.element_size()
     if rank == 0:
-        torch.save({"step_s": step_s, "lines": lines, "js": (int(split.sum()), split_bytes, js_s),
-                    "vocab": model.module.config.vocab_size, "hidden": hidden_size}, out_file)
+        torch.save(
+            {
+                "step_s": step_s,
+                "lines": lines,
+                "js": (int(split.sum()), split_bytes, js_s),
+                "vocab": model.module.config.vocab_size,
+                "hidden": hidden_size,
+            },
+            out_file,
+        )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -152,22 +170,31 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.pt"
-        mp.start_processes(_worker, args=(2, str(Path(tmp) / "store"), args, str(out)), nprocs=2, join=True,
-                           start_method="spawn")
+        mp.start_processes(
+            _worker, args=(2, str(Path(tmp) / "store"), args, str(out)), nprocs=2, join=True, start_method="spawn"
+        )
         r = torch.load(out, weights_only=False)
     step = r["step_s"]
-    print(f"2 processes, gloo on CPU, per rank {args.rows} rows × T={args.T}, G={args.G}; "
-          f"tiny step (see docstring) {step * 1e3:.1f} ms")
-    print(f"{'rule':<12} {'sent/rank':>10} {'recv/rank':>10} {'gather ms':>10} {'rule+ ms':>9} "
-          f"{'rule ms':>8} {'of step':>8}")
+    print(
+        f"2 processes, gloo on CPU, per rank {args.rows} rows × T={args.T}, G={args.G}; "
+        f"tiny step (see docstring) {step * 1e3:.1f} ms"
+    )
+    print(
+        f"{'rule':<12} {'sent/rank':>10} {'recv/rank':>10} {'gather ms':>10} {'rule+ ms':>9} "
+        f"{'rule ms':>8} {'of step':>8}"
+    )
     for name, sent, recv, gather_s, extra_s, rule_s in r["lines"]:
         frac = (gather_s + max(extra_s, 0.0)) / step
-        print(f"{name:<12} {sent / 1024:>8.1f}Ki {recv / 1024:>8.1f}Ki {gather_s * 1e3:>10.2f} "
-              f"{extra_s * 1e3:>9.2f} {rule_s * 1e3:>8.2f} {frac:>8.2%}")
+        print(
+            f"{name:<12} {sent / 1024:>8.1f}Ki {recv / 1024:>8.1f}Ki {gather_s * 1e3:>10.2f} "
+            f"{extra_s * 1e3:>9.2f} {rule_s * 1e3:>8.2f} {frac:>8.2%}"
+        )
     n, nbytes, js_s = r["js"]
-    print(f"ict, groups split over ranks (B_local={args.rows - 4}): {n} split rows/rank, "
-          f"{nbytes / 1024:.1f} KiB hidden states sent/rank (H={r['hidden']}, V={r['vocab']}), "
-          f"exchange + JS of the split groups {js_s * 1e3:.2f} ms = {js_s / step:.2%} of the step")
+    print(
+        f"ict, groups split over ranks (B_local={args.rows - 4}): {n} split rows/rank, "
+        f"{nbytes / 1024:.1f} KiB hidden states sent/rank (H={r['hidden']}, V={r['vocab']}), "
+        f"exchange + JS of the split groups {js_s * 1e3:.2f} ms = {js_s / step:.2%} of the step"
+    )
 
 
 if __name__ == "__main__":

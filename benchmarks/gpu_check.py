@@ -21,9 +21,11 @@ config, the built-in character tokenizer stands in, rollouts come from a rollout
    `signals.generation.record_generation` (entropy, logp, attention entropy of the middle layer).
 3. Attention entropy at T = 4096 (one sequence): time and peak memory of one no-grad forward with
    SDPA alone, SDPA + our chunked AE of the middle layer, and eager `output_attentions=True`.
-3 and 2 run first (they are short), then 1. The JSON summary is the last line printed; `--json PATH` also writes it after every arm, and
+3 and 2 run first (they are short), then 1. The JSON summary is the last line printed; `--json PATH` also writes it
+after every arm, and
 `--budget-s` skips what is left once that much time has passed, so a hard time limit loses nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,11 +41,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  tie_word_embeddings=True, rms_norm_eps=1e-6)
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=128, max_position_embeddings=512, tie_word_embeddings=True)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-6,
+)
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
 
 
 def build(tiny: bool):
@@ -54,8 +73,12 @@ def build(tiny: bool):
 
     tok = build_tokenizer()
     torch.manual_seed(0)
-    cfg = Qwen2Config(**(TINY if tiny else QWEN25_05B), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      bos_token_id=tok.bos_token_id)
+    cfg = Qwen2Config(
+        **(TINY if tiny else QWEN25_05B),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     model = Qwen2ForCausalLM(cfg).to(dtype=torch.float32 if tiny else torch.bfloat16)
     return model.to("cpu" if tiny else "cuda"), tok
 
@@ -74,8 +97,19 @@ def fixed_rollouts(length: int):
     return rollout_func
 
 
-def step_times(model, tok, rule: str | None, length: int, rows: int, steps: int, tiny: bool, *,
-               num_iterations: int = 1, params: dict | None = None, generate: bool = False) -> list[float]:
+def step_times(
+    model,
+    tok,
+    rule: str | None,
+    length: int,
+    rows: int,
+    steps: int,
+    tiny: bool,
+    *,
+    num_iterations: int = 1,
+    params: dict | None = None,
+    generate: bool = False,
+) -> list[float]:
     """Seconds per optimizer step (the first step dropped) of plain TRL (rule None) or a rule. generate=False:
     fixed random rollouts of `length` tokens; True: transformers samples exactly `length` new tokens."""
     from transformers import TrainerCallback
@@ -102,17 +136,36 @@ def step_times(model, tok, rule: str | None, length: int, rows: int, steps: int,
         return [float(i % 3) for i in range(len(completions))]
 
     with tempfile.TemporaryDirectory() as d:
-        args = GRPOConfig(output_dir=d, per_device_train_batch_size=rows, num_generations=4,
-                          gradient_accumulation_steps=1, max_completion_length=length, max_steps=steps,
-                          learning_rate=1e-6, optim="sgd", use_cpu=tiny, bf16=not tiny, report_to="none",
-                          save_strategy="no", disable_tqdm=True, logging_steps=1000, seed=0,
-                          num_iterations=num_iterations,
-                          generation_kwargs={"min_new_tokens": length} if generate else None)
-        kw = dict(model=copy.deepcopy(model), reward_funcs=[reward], args=args, processing_class=tok,
-                  train_dataset=ArithmeticTask(train_size=64, heldout_size=4).train_dataset(),
-                  rollout_func=None if generate else fixed_rollouts(length))
-        trainer = (GRPOTrainer(**kw) if rule is None
-                   else TokenRuleGRPOTrainer(rule=get_method(rule, **(params or {})), **kw))
+        args = GRPOConfig(
+            output_dir=d,
+            per_device_train_batch_size=rows,
+            num_generations=4,
+            gradient_accumulation_steps=1,
+            max_completion_length=length,
+            max_steps=steps,
+            learning_rate=1e-6,
+            optim="sgd",
+            use_cpu=tiny,
+            bf16=not tiny,
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            logging_steps=1000,
+            seed=0,
+            num_iterations=num_iterations,
+            generation_kwargs={"min_new_tokens": length} if generate else None,
+        )
+        kw = dict(
+            model=copy.deepcopy(model),
+            reward_funcs=[reward],
+            args=args,
+            processing_class=tok,
+            train_dataset=ArithmeticTask(train_size=64, heldout_size=4).train_dataset(),
+            rollout_func=None if generate else fixed_rollouts(length),
+        )
+        trainer = (
+            GRPOTrainer(**kw) if rule is None else TokenRuleGRPOTrainer(rule=get_method(rule, **(params or {})), **kw)
+        )
         clock = Clock()
         trainer.add_callback(clock)
         trainer.remove_callback(PrinterCallback)
@@ -128,8 +181,14 @@ def generation_recording(model, tok, new_tokens: int, rows: int, tiny: bool) -> 
     from stare_lab.signals.generation import record_generation
 
     ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]] * rows, device=model.device)
-    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new_tokens,
-              min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id)
+    kw = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=tok.pad_token_id,
+    )
     times = {}
     for arm in ("plain", "recorded", "plain", "recorded"):
         torch.manual_seed(0)
@@ -142,9 +201,14 @@ def generation_recording(model, tok, new_tokens: int, rows: int, tiny: bool) -> 
                 with record_generation(model, {"logp", "entropy", "attn_entropy"}):
                     model.generate(**kw)
         _sync(tiny)
-        times[arm] = time.perf_counter() - t0   # the second round counts (the first warms up)
-    return {"new_tokens": new_tokens, "rows": rows, "plain_s": times["plain"], "recorded_s": times["recorded"],
-            "ratio": times["recorded"] / times["plain"]}
+        times[arm] = time.perf_counter() - t0  # the second round counts (the first warms up)
+    return {
+        "new_tokens": new_tokens,
+        "rows": rows,
+        "plain_s": times["plain"],
+        "recorded_s": times["recorded"],
+        "ratio": times["recorded"] / times["plain"],
+    }
 
 
 def attention_entropy_cost(model, T: int, tiny: bool) -> dict:
@@ -171,7 +235,7 @@ def attention_entropy_cost(model, T: int, tiny: bool) -> dict:
                     model.set_attn_implementation("sdpa")
 
     for mode in ("sdpa", "sdpa+ae", "eager_output_attentions"):
-        forward(mode)                       # warm-up: kernels chosen and loaded outside the timed call
+        forward(mode)  # warm-up: kernels chosen and loaded outside the timed call
         _free(tiny)
         if not tiny:
             torch.cuda.reset_peak_memory_stats()
@@ -215,7 +279,7 @@ def _timed_arms(summary, key, arms_to_run, measure, budget) -> None:
         _dump()
 
 
-_OUT: dict = {"json": None, "summary": None}   # where and what _dump writes
+_OUT: dict = {"json": None, "summary": None}  # where and what _dump writes
 
 
 def _dump() -> None:
@@ -249,17 +313,23 @@ def main(argv=None) -> dict:
 
     model, tok = build(a.tiny)
     rules = a.rules if a.rules is not None else list_methods()
-    lengths = {16: 8, 32: 4} if a.tiny else {1024: 8, 4096: 4}    # completion length: rows per step
+    lengths = {16: 8, 32: 4} if a.tiny else {1024: 8, 4096: 4}  # completion length: rows per step
     short, short_rows = next(iter(lengths.items()))
     gen_tokens = 8 if a.tiny else 128
-    summary: dict = {"device": "cpu" if a.tiny else torch.cuda.get_device_name(0), "torch": torch.__version__,
-                     "model": "tiny" if a.tiny else "Qwen2.5-0.5B-shaped, random, bf16", "steps": {}}
+    summary: dict = {
+        "device": "cpu" if a.tiny else torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "model": "tiny" if a.tiny else "Qwen2.5-0.5B-shaped, random, bf16",
+        "steps": {},
+    }
     _OUT["summary"] = summary
     median, mean = statistics.median, statistics.mean
 
     def arms(**kw):
-        return [(name, lambda r=r: step_times(model, tok, r, steps=a.steps, tiny=a.tiny, **kw))
-                for name, r in [("plain TRL", None), *((r, r) for r in rules)]]
+        return [
+            (name, lambda r=r: step_times(model, tok, r, steps=a.steps, tiny=a.tiny, **kw))
+            for name, r in [("plain TRL", None), *((r, r) for r in rules)]
+        ]
 
     # the short, required measurements first, so that a time limit can only cut step arms
     summary["attention_entropy"] = attention_entropy_cost(model, 64 if a.tiny else 4096, a.tiny)
@@ -267,25 +337,68 @@ def main(argv=None) -> dict:
     summary["generation_recording"] = generation_recording(model, tok, gen_tokens, 8, a.tiny)
     print(f"generation recording: {summary['generation_recording']}", flush=True)
     _dump()
-    for length, rows in lengths.items():       # 1. the separate pass (rollout_func)
+    for length, rows in lengths.items():  # 1. the separate pass (rollout_func)
         _timed_arms(summary["steps"], str(length), arms(length=length, rows=rows), median, over_budget)
     # num_iterations = 2: generating and reusing steps alternate, so an even number of timed steps, averaged
-    _timed_arms(summary, f"num_iterations_2@{short}",
-                [(n, lambda n=n: step_times(model, tok, None if n == "plain TRL" else n, short, short_rows,
-                                            a.steps + 2, a.tiny, num_iterations=2)) for n in ["plain TRL", *rules]],
-                mean, over_budget)
-    micro = [r for r in rules if hasattr(get_method(r).params, "scope")
-             and get_method(r).needs_for(None) <= MICROBATCH_STATISTICS]
-    _timed_arms(summary, f"scope_microbatch@{short}",
-                [("plain TRL", lambda: step_times(model, tok, None, short, short_rows, a.steps, a.tiny))]
-                + [(r, lambda r=r: step_times(model, tok, r, short, short_rows, a.steps, a.tiny,
-                                              params={"scope": "microbatch"})) for r in micro],
-                median, over_budget)
+    _timed_arms(
+        summary,
+        f"num_iterations_2@{short}",
+        [
+            (
+                n,
+                lambda n=n: step_times(
+                    model,
+                    tok,
+                    None if n == "plain TRL" else n,
+                    short,
+                    short_rows,
+                    a.steps + 2,
+                    a.tiny,
+                    num_iterations=2,
+                ),
+            )
+            for n in ["plain TRL", *rules]
+        ],
+        mean,
+        over_budget,
+    )
+    micro = [
+        r
+        for r in rules
+        if hasattr(get_method(r).params, "scope") and get_method(r).needs_for(None) <= MICROBATCH_STATISTICS
+    ]
+    _timed_arms(
+        summary,
+        f"scope_microbatch@{short}",
+        [("plain TRL", lambda: step_times(model, tok, None, short, short_rows, a.steps, a.tiny))]
+        + [
+            (
+                r,
+                lambda r=r: step_times(
+                    model, tok, r, short, short_rows, a.steps, a.tiny, params={"scope": "microbatch"}
+                ),
+            )
+            for r in micro
+        ],
+        median,
+        over_budget,
+    )
     on_policy = [r for r in ("top_entropy", "stare", "anchor", "ict") if r in rules]
-    _timed_arms(summary, f"generation@{gen_tokens}",
-                [(n, lambda n=n: step_times(model, tok, None if n == "plain TRL" else n, gen_tokens, short_rows,
-                                            a.steps, a.tiny, generate=True)) for n in ["plain TRL", *on_policy]],
-                median, over_budget)
+    _timed_arms(
+        summary,
+        f"generation@{gen_tokens}",
+        [
+            (
+                n,
+                lambda n=n: step_times(
+                    model, tok, None if n == "plain TRL" else n, gen_tokens, short_rows, a.steps, a.tiny, generate=True
+                ),
+            )
+            for n in ["plain TRL", *on_policy]
+        ],
+        median,
+        over_budget,
+    )
     summary["wall_s"] = time.perf_counter() - t_start
     _dump()
     print(json.dumps(summary))

@@ -9,6 +9,7 @@
 2. torch.profiler over 4 training steps of plain TRL and of the rule with num_iterations = 2 (statistics riding
    on TRL's old-log-prob forward): the operators with the most self CUDA and self CPU time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,19 +49,25 @@ def pieces(model, tok, T: int, rows: int, tiny: bool) -> dict:
     labels = ids.clone()
     labels[:, :P] = -100
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    batch = {"prompt_ids": ids[:, :P], "prompt_mask": mask[:, :P], "completion_ids": ids[:, P:],
-             "completion_mask": mask[:, P:]}
+    batch = {
+        "prompt_ids": ids[:, :P],
+        "prompt_mask": mask[:, :P],
+        "completion_ids": ids[:, P:],
+        "completion_mask": mask[:, P:],
+    }
     head, _ = lm_head_of(model)
     with torch.no_grad():
         hidden, _ = forward_with_stats(model, ids, mask)
-        h = hidden[:, P - 1: P + T - 1]
+        h = hidden[:, P - 1 : P + T - 1]
         out = {
-            "trl_fused_logp_entropy": timed(lambda: model(input_ids=ids, attention_mask=mask, labels=labels,
-                                                          fused_lm_head=True), tiny),
+            "trl_fused_logp_entropy": timed(
+                lambda: model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True), tiny
+            ),
             "our_decoder_forward": timed(lambda: forward_with_stats(model, ids, mask), tiny),
             "our_vocab_stats": timed(lambda: chunked_vocab_stats(h, head, ids[:, P:], want=("entropy",)), tiny),
-            "our_token_statistics": timed(lambda: token_statistics(model, batch, {"logp", "entropy"},
-                                                                   num_generations=4), tiny),
+            "our_token_statistics": timed(
+                lambda: token_statistics(model, batch, {"logp", "entropy"}, num_generations=4), tiny
+            ),
         }
     for k, v in out.items():
         print(f"{k}: {v * 1e3:.1f} ms", flush=True)
@@ -68,7 +75,6 @@ def pieces(model, tok, T: int, rows: int, tiny: bool) -> dict:
 
 
 def profile(model, tok, rule, T: int, rows: int, tiny: bool) -> None:
-    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 

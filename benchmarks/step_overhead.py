@@ -13,6 +13,7 @@ Run: .venv/bin/python benchmarks/step_overhead.py [--steps 10] [--rounds 3] [--s
    sdpa forward (baseline), our chunked attention entropy of one layer, and eager
    `output_attentions=True`. The extra memory over the baseline is compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ sys.path.insert(0, str(REPO))
 
 from transformers import TrainerCallback  # noqa: E402
 
-BENCH = ["trainer.per_device_train_batch_size=16", "trainer.num_generations=8", "trainer.gradient_accumulation_steps=2",
-         "trainer.save_steps=1000", "logger=none", "eval.enabled=false"]
+BENCH = [
+    "trainer.per_device_train_batch_size=16",
+    "trainer.num_generations=8",
+    "trainer.gradient_accumulation_steps=2",
+    "trainer.save_steps=1000",
+    "logger=none",
+    "eval.enabled=false",
+]
 
 
 def _timed_no_grad(fn, sink: list[float]):
@@ -73,17 +80,32 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
     from trl import GRPOTrainer
 
     from stare_lab.config import compose
-    from stare_lab.runner import build_grpo_config, build_trainer, task_reward
+    from stare_lab.runner import build_grpo_config, build_trainer
 
-    longer = [f"trainer.max_completion_length={tokens}", f"+trainer.generation_kwargs.min_new_tokens={tokens}"] if tokens else []
-    cfg = compose([f"method={rule or 'full'}", f"trainer.max_steps={steps}", *BENCH, *longer,
-                   *(e for e in extra if rule is not None or not e.startswith("method."))])
+    longer = (
+        [f"trainer.max_completion_length={tokens}", f"+trainer.generation_kwargs.min_new_tokens={tokens}"]
+        if tokens
+        else []
+    )
+    cfg = compose(
+        [
+            f"method={rule or 'full'}",
+            f"trainer.max_steps={steps}",
+            *BENCH,
+            *longer,
+            *(e for e in extra if rule is not None or not e.startswith("method.")),
+        ]
+    )
     with tempfile.TemporaryDirectory() as d:
         trainer = build_trainer(cfg, Path(d))
         if rule is None:  # plain TRL on the same model, data, reward and config
-            trainer = GRPOTrainer(model=trainer.model, reward_funcs=[task_reward_from(trainer)],
-                                  args=build_grpo_config(cfg, Path(d)), train_dataset=trainer.train_dataset,
-                                  processing_class=trainer.processing_class)
+            trainer = GRPOTrainer(
+                model=trainer.model,
+                reward_funcs=[task_reward_from(trainer)],
+                args=build_grpo_config(cfg, Path(d)),
+                train_dataset=trainer.train_dataset,
+                processing_class=trainer.processing_class,
+            )
         from transformers.trainer_callback import PrinterCallback
 
         clock = StepClock()
@@ -95,7 +117,7 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
         trainer._get_per_token_logps_and_entropies = _timed_no_grad(trainer._get_per_token_logps_and_entropies, gen)
         if rule is not None:
             trainer._token_stats = _timed(trainer._token_stats, own)
-            trainer._microbatch_weights = _timed(trainer._microbatch_weights, own)   # scope microbatch, in the loss
+            trainer._microbatch_weights = _timed(trainer._microbatch_weights, own)  # scope microbatch, in the loss
             if not trainer.microbatch:  # there the rule runs inside _microbatch_weights, already timed
                 trainer.rule = TimedRule(trainer.rule, own)
         gc.collect()  # the previous trainer's garbage is not collected inside this one's timing
@@ -145,8 +167,9 @@ print(json.dumps({"extra_kb": after - before}))
 
 
 def peak_memory(mode: str, T: int, B: int) -> int:
-    out = subprocess.run([sys.executable, "-c", MEM_CHILD, mode, str(T), str(B)], capture_output=True, text=True,
-                         cwd=REPO, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", MEM_CHILD, mode, str(T), str(B)], capture_output=True, text=True, cwd=REPO, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["extra_kb"]
 
 
@@ -158,13 +181,24 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--rules", nargs="*", default=None)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: least noisy on a laptop)")
-    p.add_argument("--completion-tokens", type=int, default=0,
-                   help="force completions of exactly this many tokens (min_new_tokens); 0: the task's own ≤ 24")
-    p.add_argument("--num-iterations", type=int, default=1,
-                   help="TRL's num_iterations for every arm (2: TRL makes an old-log-prob forward)")
+    p.add_argument(
+        "--completion-tokens",
+        type=int,
+        default=0,
+        help="force completions of exactly this many tokens (min_new_tokens); 0: the task's own ≤ 24",
+    )
+    p.add_argument(
+        "--num-iterations",
+        type=int,
+        default=1,
+        help="TRL's num_iterations for every arm (2: TRL makes an old-log-prob forward)",
+    )
     p.add_argument("--scope", default=None, help="e.g. microbatch: that scope for the rules that take it")
-    p.add_argument("--path-costs", action="store_true",
-                   help="only the statistics paths' own costs, in one process, interleaved repetitions (min time)")
+    p.add_argument(
+        "--path-costs",
+        action="store_true",
+        help="only the statistics paths' own costs, in one process, interleaved repetitions (min time)",
+    )
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--memory-only", action="store_true")
     a = p.parse_args()
@@ -182,10 +216,17 @@ def main() -> None:
         from stare_lab.methods import get_method
         from stare_lab.methods.microbatch import MICROBATCH_STATISTICS
 
-        rules = [r for r in rules if hasattr(get_method(r).params, "scope")
-                 and (a.scope != "microbatch" or get_method(r).needs_for(None) <= MICROBATCH_STATISTICS)]
+        rules = [
+            r
+            for r in rules
+            if hasattr(get_method(r).params, "scope")
+            and (a.scope != "microbatch" or get_method(r).needs_for(None) <= MICROBATCH_STATISTICS)
+        ]
         extra.append(f"method.params.scope={a.scope}")
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
     if a.memory_only:
         return memory(a.seq, a.batch)
     if a.path_costs:
@@ -206,12 +247,16 @@ def main() -> None:
             gen.setdefault(r, []).append(g)
     base = statistics.median(samples["plain TRL"])
     length = f"exactly {a.completion_tokens}" if a.completion_tokens else "≤ 24"
-    print(f"\n{a.rounds} interleaved rounds × {a.steps - 1} timed steps per rule; built-in model, "
-          f"{BENCH[0].split('=')[1]} rollouts of {length} tokens per micro-batch, 2 micro-batches per step, "
-          f"num_iterations={a.num_iterations}" + (f", scope={a.scope}" if a.scope else ""))
-    print("own = stats pass + rule after generation; gen = transformers generation (recording included) and "
-          "TRL's no-grad old-log-prob forward (statistics riding on it included), per step; "
-          "estimate = (plain + own + gen − gen of plain TRL) / plain")
+    print(
+        f"\n{a.rounds} interleaved rounds × {a.steps - 1} timed steps per rule; built-in model, "
+        f"{BENCH[0].split('=')[1]} rollouts of {length} tokens per micro-batch, 2 micro-batches per step, "
+        f"num_iterations={a.num_iterations}" + (f", scope={a.scope}" if a.scope else "")
+    )
+    print(
+        "own = stats pass + rule after generation; gen = transformers generation (recording included) and "
+        "TRL's no-grad old-log-prob forward (statistics riding on it included), per step; "
+        "estimate = (plain + own + gen − gen of plain TRL) / plain"
+    )
     print("| rule | step time (s, median) | ratio over plain TRL | own (s/step) | gen (s/step) | estimate |")
     print("|---|---|---|---|---|---|")
     gen_plain = statistics.median(gen["plain TRL"])
@@ -232,19 +277,31 @@ def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
     machine only ever adds time)."""
     import torch
     from transformers import Qwen2ForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
 
     from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
     from stare_lab.signals import token_statistics
     from stare_lab.signals.generation import record_generation
-    from trl.trainer.utils import add_fused_lm_head
 
     tok = build_tokenizer()
     model = Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR).eval()
     ids = torch.tensor([tok("123+456=", add_special_tokens=False)["input_ids"]] * rows)
-    gen_kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new_tokens,
-                  min_new_tokens=new_tokens, pad_token_id=tok.pad_token_id, temperature=1.0)
-    arms = {"plain": None, "logp+entropy": {"logp", "entropy"}, "+p2, p2logp": {"logp", "entropy", "p2", "p2logp"},
-            "attention entropy": {"attn_entropy"}, "JS to the group mean (ict, groups of 8)": {"js"}}
+    gen_kw = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=tok.pad_token_id,
+        temperature=1.0,
+    )
+    arms = {
+        "plain": None,
+        "logp+entropy": {"logp", "entropy"},
+        "+p2, p2logp": {"logp", "entropy", "p2", "p2logp"},
+        "attention entropy": {"attn_entropy"},
+        "JS to the group mean (ict, groups of 8)": {"js"},
+    }
     gen = {k: [] for k in arms}
     with torch.no_grad():
         seq = model.generate(**gen_kw)
@@ -257,22 +314,34 @@ def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
                     with record_generation(model, needs, js_group=8, eos_ids=(tok.eos_token_id,)):
                         model.generate(**gen_kw)
                 gen[name].append(time.perf_counter() - t0)
-    _print_min_table(f"transformers generation, {rows} rows × {new_tokens} new tokens, min of {reps}",
-                     "recorded", gen, baseline="plain")
+    _print_min_table(
+        f"transformers generation, {rows} rows × {new_tokens} new tokens, min of {reps}",
+        "recorded",
+        gen,
+        baseline="plain",
+    )
     P = ids.size(1)
-    batch = {"prompt_ids": seq[:, :P], "prompt_mask": torch.ones_like(seq[:, :P]),
-             "completion_ids": seq[:, P:], "completion_mask": torch.ones_like(seq[:, P:])}
+    batch = {
+        "prompt_ids": seq[:, :P],
+        "prompt_mask": torch.ones_like(seq[:, :P]),
+        "completion_ids": seq[:, P:],
+        "completion_mask": torch.ones_like(seq[:, P:]),
+    }
     copy_model = Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR).eval()
     add_fused_lm_head(copy_model, temperature=1.0, outputs=("log_probs", "entropy"))
     ids_all, mask_all = seq, torch.ones_like(seq)
     labels = ids_all.masked_fill(mask_all == 0, -100)
     labels[:, :P] = -100
-    fwd = {"TRL fused old-log-prob forward": lambda: copy_model(input_ids=ids_all, attention_mask=mask_all,
-                                                                 labels=labels, fused_lm_head=True),
-           "ride: logp+entropy": lambda: token_statistics(model, batch, {"logp", "entropy"}, num_generations=8),
-           "ride: + attention entropy": lambda: token_statistics(model, batch, {"logp", "entropy", "attn_entropy"},
-                                                                 num_generations=8),
-           "ride: JS (ict)": lambda: token_statistics(model, batch, {"js"}, num_generations=8)}
+    fwd = {
+        "TRL fused old-log-prob forward": lambda: copy_model(
+            input_ids=ids_all, attention_mask=mask_all, labels=labels, fused_lm_head=True
+        ),
+        "ride: logp+entropy": lambda: token_statistics(model, batch, {"logp", "entropy"}, num_generations=8),
+        "ride: + attention entropy": lambda: token_statistics(
+            model, batch, {"logp", "entropy", "attn_entropy"}, num_generations=8
+        ),
+        "ride: JS (ict)": lambda: token_statistics(model, batch, {"js"}, num_generations=8),
+    }
     times = {k: [] for k in fwd}
     with torch.no_grad():
         for _ in range(reps):
@@ -280,8 +349,12 @@ def path_costs(reps: int = 30, rows: int = 16, new_tokens: int = 24) -> None:
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-    _print_min_table(f"no-grad forward of the {rows} rollouts, min of {reps}", "forward", times,
-                     baseline="TRL fused old-log-prob forward")
+    _print_min_table(
+        f"no-grad forward of the {rows} rollouts, min of {reps}",
+        "forward",
+        times,
+        baseline="TRL fused old-log-prob forward",
+    )
 
 
 def _print_min_table(title: str, what: str, times: dict[str, list[float]], baseline: str) -> None:
@@ -296,11 +369,16 @@ def _print_min_table(title: str, what: str, times: dict[str, list[float]], basel
 def memory(T: int, B: int) -> None:
     sdpa, ae, eager = (peak_memory(m, T, B) for m in ("sdpa", "ae", "eager"))
     extra_ae, extra_eager = max(ae - sdpa, 0), max(eager - sdpa, 0)
-    print(f"\nattention entropy at T={T}, B={B} (built-in model, 4 layers × 4 heads): growth of peak RSS during one "
-          f"no-grad forward, each in a fresh process")
+    print(
+        f"\nattention entropy at T={T}, B={B} (built-in model, 4 layers × 4 heads): growth of peak RSS during one "
+        f"no-grad forward, each in a fresh process"
+    )
     print("| forward | peak growth (MB) | extra over plain sdpa (MB) |\n|---|---|---|")
-    for name, v, extra in (("plain sdpa", sdpa, 0), ("sdpa + chunked AE of 1 layer", ae, extra_ae),
-                           ("eager output_attentions", eager, extra_eager)):
+    for name, v, extra in (
+        ("plain sdpa", sdpa, 0),
+        ("sdpa + chunked AE of 1 layer", ae, extra_ae),
+        ("eager output_attentions", eager, extra_eager),
+    ):
         print(f"| {name} | {v / 1024:.0f} | {extra / 1024:.0f} |")
     print(f"extra memory ratio AE / eager: {extra_ae / max(extra_eager, 1):.3f} (target ≤ 0.1)")
 

@@ -9,6 +9,7 @@ then timed on the last generation batch. Keeping every N steps costs (step + hoo
 table prints it for a few N. `full` is the worst case: its own stats pass computes nothing, so the
 hook computes everything (entropy, JS, attention entropy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,15 @@ def main() -> int:
     from stare_lab.runner import build_trainer
     from stare_lab.viewer import collect_for_trainer
 
-    cfg = compose([f"method={args.method}", f"trainer.max_steps={args.steps}", "trainer.save_steps=1000",
-                   "logger=none", "eval.enabled=false"])
+    cfg = compose(
+        [
+            f"method={args.method}",
+            f"trainer.max_steps={args.steps}",
+            "trainer.save_steps=1000",
+            "logger=none",
+            "eval.enabled=false",
+        ]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         clock = StepClock()
         trainer = build_trainer(cfg, Path(tmp), callbacks=[clock])
@@ -70,12 +78,21 @@ def main() -> int:
         costs, path = [], None
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            path = collect_for_trainer(trainer, out, None, run_dir=tmp, every=1, rule_state=captured["state"],
-                                       trained_weights=out["token_weights"])
+            path = collect_for_trainer(
+                trainer,
+                out,
+                None,
+                run_dir=tmp,
+                every=1,
+                rule_state=captured["state"],
+                trained_weights=out["token_weights"],
+            )
             costs.append(time.perf_counter() - t0)
         hook = statistics.median(costs)
         B, T = out["completion_ids"].shape
-        print(f"demo trainer settings, method={args.method}, {args.threads} torch thread(s); generation batch {B} × {T}")
+        print(
+            f"demo trainer settings, method={args.method}, {args.threads} torch thread(s); generation batch {B} × {T}"
+        )
         print(f"median step {step:.3f} s; keeping one batch {hook:.3f} s (file {path.stat().st_size / 1e3:.0f} kB)")
         print("keep_batches_every   step time ratio")
         for n in (1, 5, 10, 20):

@@ -11,11 +11,13 @@
 
 User mistakes print one line on stderr and exit 2; no traceback.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
 
 class UserError(Exception):
     pass
@@ -27,8 +29,15 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     cmd, rest = argv[0], argv[1:]
-    commands = {"train": cmd_train, "demo": cmd_demo, "sweep": cmd_sweep, "eval": cmd_eval,
-                "table": cmd_table, "plot": cmd_plot, "view": cmd_view}
+    commands = {
+        "train": cmd_train,
+        "demo": cmd_demo,
+        "sweep": cmd_sweep,
+        "eval": cmd_eval,
+        "table": cmd_table,
+        "plot": cmd_plot,
+        "view": cmd_view,
+    }
     if cmd not in commands:
         return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
     from stare_lab.config import ConfigError
@@ -81,12 +90,18 @@ def cmd_train(argv: list[str]) -> int:
     try:
         status = run_one(run_dir)
     except Exception as e:  # the run's own failure: recorded in status.json with its traceback
-        print(f"stare-lab: run failed: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
-              f"(traceback in {run_dir / 'status.json'})", file=sys.stderr)
+        print(
+            f"stare-lab: run failed: {str(e).splitlines()[0] if str(e) else type(e).__name__} "
+            f"(traceback in {run_dir / 'status.json'})",
+            file=sys.stderr,
+        )
         return 1
     if status.get("claimed_elsewhere"):
-        print(f"stare-lab: {run_dir} is being run by another worker (pid {status.get('pid')} on "
-              f"{status.get('host')}); nothing done", file=sys.stderr)
+        print(
+            f"stare-lab: {run_dir} is being run by another worker (pid {status.get('pid')} on "
+            f"{status.get('host')}); nothing done",
+            file=sys.stderr,
+        )
         return 1
     _print_last_metrics(run_dir)
     return 0 if status.get("state") == "finished" else 1
@@ -109,10 +124,15 @@ def _print_last_metrics(run_dir: Path) -> None:
 def _print_result(result: dict) -> None:
     """`arithmetic: avg@4=0.250  pass@1=...  (n=4, T=1, top-p=0.7, max tokens 8, exact, step 2)`."""
     m = result.get("metrics") or {}
-    settings = (f"n={result.get('n')}, T={result.get('temperature')}, top-p={result.get('top_p')}, "
-                f"max tokens {result.get('max_tokens')}, {result.get('verifier')}, step {result.get('step')}")
-    print(f"{result['benchmark']}: " + "  ".join(f"{k}={v:.3f}" for k, v in m.items() if isinstance(v, float))
-          + f"  ({settings})")
+    settings = (
+        f"n={result.get('n')}, T={result.get('temperature')}, top-p={result.get('top_p')}, "
+        f"max tokens {result.get('max_tokens')}, {result.get('verifier')}, step {result.get('step')}"
+    )
+    print(
+        f"{result['benchmark']}: "
+        + "  ".join(f"{k}={v:.3f}" for k, v in m.items() if isinstance(v, float))
+        + f"  ({settings})"
+    )
 
 
 def cmd_sweep(argv: list[str]) -> int:
@@ -153,8 +173,12 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def _check_eval_settings(s: dict) -> None:
-    problems = {"n": s.get("n", 1) >= 1, "temperature": s.get("temperature", 0.0) >= 0,
-                "top_p": 0 < s.get("top_p", 1.0) <= 1, "max_tokens": s.get("max_tokens", 1) >= 1}
+    problems = {
+        "n": s.get("n", 1) >= 1,
+        "temperature": s.get("temperature", 0.0) >= 0,
+        "top_p": 0 < s.get("top_p", 1.0) <= 1,
+        "max_tokens": s.get("max_tokens", 1) >= 1,
+    }
     bad = [k for k, ok in problems.items() if not ok]
     if bad:
         ranges = {"n": "≥ 1", "temperature": "≥ 0", "top_p": "in (0, 1]", "max_tokens": "≥ 1"}
@@ -180,12 +204,23 @@ def cmd_table(argv: list[str]) -> int:
     p.add_argument("--baseline", default="full")
     p.add_argument("--metric", default=None)
     p.add_argument("--out", type=Path, default=None, help="also write md, tex and csv files to this folder")
-    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                   help="only results evaluated with this setting (n, temperature, top_p, max_tokens, verifier)")
-    p.add_argument("--mix-settings", action="store_true",
-                   help="allow one column to hold results under different evaluation settings (noted)")
-    p.add_argument("--wandb", action="store_true",
-                   help="also put the table and the pass@k curves into one summary W&B run of the sweep's group")
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="only results evaluated with this setting (n, temperature, top_p, max_tokens, verifier)",
+    )
+    p.add_argument(
+        "--mix-settings",
+        action="store_true",
+        help="allow one column to hold results under different evaluation settings (noted)",
+    )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also put the table and the pass@k curves into one summary W&B run of the sweep's group",
+    )
     a = _parse(p, argv)
     from stare_lab.analysis import collect_runs, passk_table, results_table, run_states
     from stare_lab.analysis.collect import SettingsMismatch
@@ -199,10 +234,17 @@ def cmd_table(argv: list[str]) -> int:
         raise UserError(f"no evaluation results under {root} yet")
     expected = run_states(root)
     try:
-        table = results_table(df, metric=a.metric, baseline=a.baseline, expected=expected, where=where,
-                              mix_settings=a.mix_settings)
-        passk = {b: passk_table(df, b, baseline=a.baseline, where=where, mix_settings=a.mix_settings)
-                 for b in sorted(df["benchmark"].unique())} if a.out or a.wandb else {}
+        table = results_table(
+            df, metric=a.metric, baseline=a.baseline, expected=expected, where=where, mix_settings=a.mix_settings
+        )
+        passk = (
+            {
+                b: passk_table(df, b, baseline=a.baseline, where=where, mix_settings=a.mix_settings)
+                for b in sorted(df["benchmark"].unique())
+            }
+            if a.out or a.wandb
+            else {}
+        )
     except SettingsMismatch as e:
         raise UserError(str(e)) from None
     for note in table.notes:
@@ -223,7 +265,7 @@ def cmd_table(argv: list[str]) -> int:
 
 
 def _table_to_wandb(root: Path, df, table, passk: dict, baseline: str) -> None:
-    """The finished table and pass@k curves in one summary run of the sweep's W&B group (offline unless a key is set)."""
+    """The finished table and pass@k curves in one summary run of the sweep's W&B group (offline without a key)."""
     from stare_lab.analysis import plot_passk
     from stare_lab.viewer.wandb_export import log_sweep_summary
 

@@ -9,6 +9,7 @@ and `check_values` refuses any value the trainer, TRL or evaluation would reject
 `method` group has no files: it is generated from the rule registry. Errors are `ConfigError`
 with one line naming the bad key, option or value.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,14 +18,28 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable from here)
-    LAUNCHER_SCHEMAS, Config, EvalConfig, LocalLauncherConfig, LoggerConfig, MethodConfig, ModelConfig,
-    TASK_SCHEMAS, RunConfig, SlurmLauncherConfig, TrainerConfig, field_checkers, field_problem, schema_fields)
+    LAUNCHER_SCHEMAS,
+    TASK_SCHEMAS,
+    Config,
+    EvalConfig,
+    LocalLauncherConfig,
+    LoggerConfig,
+    MethodConfig,
+    ModelConfig,
+    RunConfig,
+    SlurmLauncherConfig,
+    TrainerConfig,
+    field_checkers,
+    field_problem,
+    schema_fields,
+)
 
 # Everything the package reads at run time lives inside it (a wheel works from any directory).
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -52,7 +67,7 @@ def group_options(group: str) -> list[str]:
     return list(_file_options(CONF_DIR, group))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _file_options(conf_dir: Path, group: str) -> tuple[str, ...]:
     """The YAML files of a group (read once per process: the package's configs do not change)."""
     return tuple(sorted(p.stem for p in (conf_dir / group).glob("*.yaml")))
@@ -72,7 +87,8 @@ def store_methods() -> None:
 
 def hydra_raw(overrides: list[str]) -> DictConfig:
     """`conf/config.yaml` composed by Hydra with these overrides, before the schema."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     store_methods()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -132,7 +148,7 @@ def finalize(cfg: Any) -> Any:
     """Fill the derived defaults and `run.id` of a resolved config (DictConfig or plain dict, in
     place). The one place they are computed: `compose` and the sweep expansion both call it."""
     trainer = cfg["trainer"]
-    if trainer["steps_per_generation"] is None:      # TRL's default: one rollout batch per optimizer step
+    if trainer["steps_per_generation"] is None:  # TRL's default: one rollout batch per optimizer step
         trainer["steps_per_generation"] = trainer["gradient_accumulation_steps"]
     if cfg["run"]["id"] is None:
         cfg["run"]["id"] = run_id(cfg)
@@ -172,14 +188,17 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
         raise ConfigError(
             f"trainer.num_generations: the generation batch (per_device_train_batch_size × steps_per_generation{over} "
             f"= {t['per_device_train_batch_size']} × {per_generation}{by} = {batch}) is not divisible by "
-            f"num_generations = {t['num_generations']}: TRL needs whole groups of completions per prompt")
+            f"num_generations = {t['num_generations']}: TRL needs whole groups of completions per prompt"
+        )
     engine = t.get("distributed", "ddp")
     check_engine(engine)
     if processes > 1 and engine != "ddp" and t["use_cpu"]:
         # accelerate applies its FSDP and DeepSpeed plugins to GPU processes only: on CPU it would
         # silently run DDP under the engine's name
-        raise ConfigError(f"trainer.distributed: {engine} shards over GPUs only (accelerate runs CPU processes "
-                          "with DDP); use ddp with trainer.use_cpu=true, or GPUs (trainer.use_cpu=false)")
+        raise ConfigError(
+            f"trainer.distributed: {engine} shards over GPUs only (accelerate runs CPU processes "
+            "with DDP); use ddp with trainer.use_cpu=true, or GPUs (trainer.use_cpu=false)"
+        )
     check_benchmarks(cfg["eval"]["benchmarks"], cfg["task"].get("name"))
     if rule:
         rule_params(cfg["method"]["name"], cfg["method"]["params"], t)
@@ -190,14 +209,18 @@ def check_engine(engine: str) -> None:
     import importlib.util
 
     if engine.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
-        raise ConfigError(f"trainer.distributed: {engine} needs DeepSpeed, which is not installed here: "
-                          "pip install 'stare-lab[deepspeed]' (or choose ddp or fsdp)")
+        raise ConfigError(
+            f"trainer.distributed: {engine} needs DeepSpeed, which is not installed here: "
+            "pip install 'stare-lab[deepspeed]' (or choose ddp or fsdp)"
+        )
     if engine == "fsdp" and importlib.util.find_spec("torch") is not None:
         import torch.distributed
 
         if not torch.distributed.is_available() or importlib.util.find_spec("torch.distributed.fsdp") is None:
-            raise ConfigError("trainer.distributed: fsdp needs a torch build with torch.distributed (FSDP), "
-                              "which this one lacks; choose ddp or install such a torch")
+            raise ConfigError(
+                "trainer.distributed: fsdp needs a torch build with torch.distributed (FSDP), "
+                "which this one lacks; choose ddp or install such a torch"
+            )
 
 
 def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
@@ -234,8 +257,10 @@ def _check_task(task: Mapping[str, Any]) -> None:
 @functools.cache
 def _check_plan(schema: type) -> tuple[tuple[str, type | None, Any], ...]:
     checkers = field_checkers(schema)
-    return tuple((name, hint if dataclasses.is_dataclass(hint) else None, checkers[name])
-                 for name, (hint, _) in schema_fields(schema).items())
+    return tuple(
+        (name, hint if dataclasses.is_dataclass(hint) else None, checkers[name])
+        for name, (hint, _) in schema_fields(schema).items()
+    )
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -279,7 +304,9 @@ def _unknown_key(full_key: str) -> str:
     for part in parent.split(".") if parent else []:
         node = node.get(part) if isinstance(node, DictConfig) else None
     valid = sorted(node.keys()) if isinstance(node, DictConfig) else []
-    return f"unknown config key {full_key!r}" + (f"; valid keys under {parent or 'the root'}: {', '.join(valid)}" if valid else "")
+    return f"unknown config key {full_key!r}" + (
+        f"; valid keys under {parent or 'the root'}: {', '.join(valid)}" if valid else ""
+    )
 
 
 def packaged_sweeps() -> list[str]:

@@ -4,19 +4,27 @@ never a value (every value lives once, in a YAML file of `conf/`, with a comment
 `field_problem` checks one value against its field; `stare_lab.config.check_values` walks a
 resolved run config with it, and the sweep schema checks launcher and eval blocks with it.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
 
-def bounded(*, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            lt: float | None = None, choices: Any = None) -> Any:
+def bounded(
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: Any = None,
+) -> Any:
     """A schema field without a value (YAML holds it) and the range or choices its value must meet.
     `choices` is a tuple or a function returning one (read lazily: it may live in a torch module)."""
     rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
@@ -32,8 +40,18 @@ def _loss_types() -> tuple[str, ...]:
 # transformers' SchedulerType values (a test keeps them equal) without the two that need an
 # evaluation strategy, which the GRPO trainer does not run; importing transformers here would
 # cost seconds before every sweep.
-LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-                 "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+)
 
 
 # ------------------------------------------------------------------------------- the schemas
@@ -41,14 +59,14 @@ LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "cons
 class ModelConfig:
     name_or_path: str = MISSING
     dtype: str = bounded(choices=("float32", "bfloat16", "float16"))
-    attn_implementation: Optional[str] = MISSING
-    lora: Any = MISSING                              # null or {r, alpha, dropout, target_modules}
+    attn_implementation: str | None = MISSING
+    lora: Any = MISSING  # null or {r, alpha, dropout, target_modules}
 
 
 @dataclass
 class MethodConfig:
     name: str = MISSING
-    params: dict[str, Any] = MISSING                 # the rule's Params dataclass is their schema
+    params: dict[str, Any] = MISSING  # the rule's Params dataclass is their schema
 
 
 @dataclass
@@ -59,13 +77,13 @@ class TrainerConfig:
     warmup_steps: int = bounded(ge=0)
     weight_decay: float = bounded(ge=0)
     max_grad_norm: float = bounded(ge=0)
-    num_generations: int = bounded(ge=2)             # TRL: GRPO needs ≥ 2 completions per prompt
+    num_generations: int = bounded(ge=2)  # TRL: GRPO needs ≥ 2 completions per prompt
     per_device_train_batch_size: int = bounded(ge=1)
     gradient_accumulation_steps: int = bounded(ge=1)
-    steps_per_generation: Optional[int] = bounded(ge=1)
+    steps_per_generation: int | None = bounded(ge=1)
     num_iterations: int = bounded(ge=1)
     max_completion_length: int = bounded(ge=1)
-    temperature: float = bounded(gt=0)               # rollouts are sampled
+    temperature: float = bounded(gt=0)  # rollouts are sampled
     top_p: float = bounded(gt=0, le=1)
     loss_type: str = bounded(choices=_loss_types)
     beta: float = bounded(ge=0)
@@ -76,7 +94,7 @@ class TrainerConfig:
     save_total_limit: int = bounded(ge=1)
     logging_steps: int = bounded(ge=1)
     grad_geometry_every: int = bounded(ge=0)
-    keep_batches_every: int = bounded(ge=0)          # 0: off
+    keep_batches_every: int = bounded(ge=0)  # 0: off
     stats_chunk_tokens: int = bounded(ge=1)
     attn_chunk_queries: int = bounded(ge=1)
     js_chunk_positions: int = bounded(ge=1)
@@ -86,25 +104,25 @@ class TrainerConfig:
     use_vllm: bool = MISSING
     generation_kwargs: dict[str, Any] = MISSING
     distributed: str = bounded(choices=("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"))
-    ddp_timeout_s: int = bounded(ge=10)               # a hung collective fails the run after this
+    ddp_timeout_s: int = bounded(ge=10)  # a hung collective fails the run after this
 
 
 @dataclass
 class LoggerConfig:
     wandb: bool = MISSING
     project: str = MISSING
-    entity: Optional[str] = MISSING
+    entity: str | None = MISSING
     mode: str = bounded(choices=("auto", "offline", "online", "disabled"))
 
 
 @dataclass
 class EvalConfig:
-    benchmarks: list[str] = MISSING                  # names of conf/benchmark/, or the run's own task
+    benchmarks: list[str] = MISSING  # names of conf/benchmark/, or the run's own task
     # n, temperature, top_p, max_tokens: null = the benchmark's own setting (conf/benchmark/<name>.yaml)
-    n: Optional[int] = bounded(ge=1)
-    temperature: Optional[float] = bounded(ge=0)     # 0: greedy
-    top_p: Optional[float] = bounded(gt=0, le=1)
-    max_tokens: Optional[int] = bounded(ge=1)
+    n: int | None = bounded(ge=1)
+    temperature: float | None = bounded(ge=0)  # 0: greedy
+    top_p: float | None = bounded(gt=0, le=1)
+    max_tokens: int | None = bounded(ge=1)
     batch_size: int = bounded(ge=1)
     every_steps: int = bounded(ge=0)
     enabled: bool = MISSING
@@ -114,21 +132,21 @@ class EvalConfig:
 class RunConfig:
     root: str = MISSING
     sweep: str = MISSING
-    id: Optional[str] = MISSING
-    label: Optional[str] = MISSING
-    variant: Optional[str] = MISSING
-    processes: int = bounded(ge=1)                   # world size, from the launcher (docs/distributed.md)
+    id: str | None = MISSING
+    label: str | None = MISSING
+    variant: str | None = MISSING
+    processes: int = bounded(ge=1)  # world size, from the launcher (docs/distributed.md)
 
 
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: dict[str, Any] = MISSING                   # free-form: the task's builder checks its keys
+    task: dict[str, Any] = MISSING  # free-form: the task's builder checks its keys
     method: MethodConfig = field(default_factory=MethodConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    seed: int = bounded(ge=0, lt=2**32)              # numpy and torch seeds are 32-bit
+    seed: int = bounded(ge=0, lt=2**32)  # numpy and torch seeds are 32-bit
     run: RunConfig = field(default_factory=RunConfig)
 
 
@@ -143,19 +161,19 @@ class ArithmeticTaskConfig:
 @dataclass
 class MathTaskConfig:
     name: str = MISSING
-    train_source: Optional[str] = MISSING
-    heldout_source: Optional[str] = MISSING
+    train_source: str | None = MISSING
+    heldout_source: str | None = MISSING
     train_split: str = MISSING
     heldout_split: str = MISSING
-    train_subset: Optional[str] = MISSING
-    heldout_subset: Optional[str] = MISSING
-    fields: Any = MISSING                            # {problem, answer, id}: a column name or a list of them
+    train_subset: str | None = MISSING
+    heldout_subset: str | None = MISSING
+    fields: Any = MISSING  # {problem, answer, id}: a column name or a list of them
     heldout_fields: Any = MISSING
-    train_limit: Optional[int] = bounded(ge=1)
-    heldout_limit: Optional[int] = bounded(ge=1)
-    template: str = MISSING                          # must contain {problem}
+    train_limit: int | None = bounded(ge=1)
+    heldout_limit: int | None = bounded(ge=1)
+    template: str = MISSING  # must contain {problem}
     chat: bool = MISSING
-    system_prompt: Optional[str] = MISSING
+    system_prompt: str | None = MISSING
 
 
 # The `task` section is free-form in `Config` (each task has its own keys); these schemas check
@@ -167,28 +185,28 @@ TASK_SCHEMAS: dict[str, type] = {"arithmetic": ArithmeticTaskConfig, "math": Mat
 class LocalLauncherConfig:
     name: str = MISSING
     workers: int = bounded(ge=1)
-    processes: int = bounded(ge=1)                   # processes of one run (gloo on CPU)
+    processes: int = bounded(ge=1)  # processes of one run (gloo on CPU)
     timeout_min: float = bounded(ge=1)
 
 
 @dataclass
 class SlurmLauncherConfig:
     name: str = MISSING
-    partition: Optional[str] = MISSING
-    account: Optional[str] = MISSING
+    partition: str | None = MISSING
+    account: str | None = MISSING
     nodes: int = bounded(ge=1)
     gpus_per_node: int = bounded(ge=0)
-    tasks_per_node: Optional[int] = bounded(ge=1)    # null: one per GPU (1 without GPUs)
+    tasks_per_node: int | None = bounded(ge=1)  # null: one per GPU (1 without GPUs)
     cpus_per_task: int = bounded(ge=1)
     mem_gb: float = bounded(ge=1)
     timeout_min: float = bounded(ge=1)
     array_parallelism: int = bounded(ge=1)
     max_requeue: int = bounded(ge=0)
     signal_delay_s: int = bounded(ge=0)
-    qos: Optional[str] = MISSING
-    constraint: Optional[str] = MISSING
-    setup: list[str] = MISSING                       # shell lines run before each job
-    additional: dict[str, Any] = MISSING             # extra sbatch options
+    qos: str | None = MISSING
+    constraint: str | None = MISSING
+    setup: list[str] = MISSING  # shell lines run before each job
+    additional: dict[str, Any] = MISSING  # extra sbatch options
 
 
 LAUNCHER_SCHEMAS: dict[str, type] = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig}
@@ -202,10 +220,20 @@ def schema_fields(schema: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
 
 
 _KINDS = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list, tuple), dict: (dict, Mapping)}
-_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-               dict: "a mapping"}
-_BOUNDS = (("ge", "≥", lambda v, b: v >= b), ("gt", ">", lambda v, b: v > b),
-           ("le", "≤", lambda v, b: v <= b), ("lt", "<", lambda v, b: v < b))
+_KIND_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}
+_BOUNDS = (
+    ("ge", "≥", lambda v, b: v >= b),
+    ("gt", ">", lambda v, b: v > b),
+    ("le", "≤", lambda v, b: v <= b),
+    ("lt", "<", lambda v, b: v < b),
+)
 
 
 def field_problem(value: Any, hint: Any, rules: Mapping[str, Any]) -> str | None:
@@ -232,7 +260,7 @@ def _checker(hint: Any, rules: Mapping[str, Any]) -> Callable[[Any], str | None]
     item_check = None if item is Any else _checker(item, {})
     bounds = [(symbol, rules[key], ok) for key, symbol, ok in _BOUNDS if rules.get(key) is not None]
     choices = rules.get("choices")
-    resolved: list[tuple] = []                         # the choices, read on first use
+    resolved: list[tuple] = []  # the choices, read on first use
 
     def check(value: Any) -> str | None:
         if value is None:

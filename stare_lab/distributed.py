@@ -26,13 +26,15 @@ V) and computes the group's JS itself. docs/distributed.md has the sizes.
 
 With one process every function is the identity: the single-process path is bit-identical.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,8 +45,18 @@ from stare_lab.stats import TokenStats
 # How a field travels. ALIAS: old_logp is the same tensor as logp (TRL computed no old log-probs).
 # NAN: every value is NaN (logp when the rule declared no statistic that yields it).
 _TENSOR, _ABSENT, _ALIAS, _NAN = 0, 1, 2, 3
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-           torch.int16, torch.int8, torch.uint8, torch.bool)
+_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
 _ALIASES = {"old_logp": "logp"}
 _ALWAYS = ("logp", "mask", "advantages", "group")
 
@@ -84,17 +96,18 @@ def global_token_stats(local: TokenStats, accelerator_or_group: Any = None) -> t
         return local, (slice(0, B), slice(0, T))
     names = _field_names(local)
     device = local.mask.device
-    meta = _all_gather_ints(_encode_meta(local, names), comm, device)           # [world, 2 + 3·fields + 1]
+    meta = _all_gather_ints(_encode_meta(local, names), comm, device)  # [world, 2 + 3·fields + 1]
     sizes = [(int(m[0]), int(m[1])) for m in meta]
     plan = _agree(meta, names)
     sent = [f for f in plan if f.code == _TENSOR]
     payload = [_raw(_wire(getattr(local, f.name), f)) for f in sent]
     nbytes = [sum(_nbytes(f, b, t) for f in sent) for b, t in sizes]
-    parts = _all_gather_bytes(torch.cat(payload) if payload else torch.zeros(0, dtype=torch.uint8, device=device),
-                              nbytes, comm)
+    parts = _all_gather_bytes(
+        torch.cat(payload) if payload else torch.zeros(0, dtype=torch.uint8, device=device), nbytes, comm
+    )
     rows, T_max = sum(b for b, _ in sizes), max(t for _, t in sizes)
     fields: dict[str, Any] = {f.name: getattr(local, f.name) for f in dataclasses.fields(TokenStats)}
-    unpacked = [_unpack(part, sent, b, t, T_max) for part, (b, t) in zip(parts, sizes)]
+    unpacked = [_unpack(part, sent, b, t, T_max) for part, (b, t) in zip(parts, sizes, strict=True)]
     for f in plan:
         if f.code == _ABSENT:
             fields[f.name] = None
@@ -117,8 +130,11 @@ def payload_bytes(local: TokenStats) -> int:
     names = _field_names(local)
     meta = _encode_meta(local, names)
     B, T = local.shape
-    sent = [_Field(n, _TENSOR, torch.uint8 if n == "mask" else getattr(local, n).dtype, getattr(local, n).dim())
-            for n in names if _local_code(local, n) == _TENSOR]
+    sent = [
+        _Field(n, _TENSOR, torch.uint8 if n == "mask" else getattr(local, n).dtype, getattr(local, n).dim())
+        for n in names
+        if _local_code(local, n) == _TENSOR
+    ]
     return meta.numel() * meta.element_size() + sum(_nbytes(f, B, T) for f in sent)
 
 
@@ -134,8 +150,10 @@ def local_rows(x: Tensor, row_slice: RowSlice) -> Tensor:
 
 # ---- JS to the group mean when a group spans ranks -------------------------------------------
 
-def complete_groups(tensors: dict[str, Tensor], group: Tensor, accelerator_or_group: Any = None
-                    ) -> tuple[dict[str, Tensor], Tensor, slice]:
+
+def complete_groups(
+    tensors: dict[str, Tensor], group: Tensor, accelerator_or_group: Any = None
+) -> tuple[dict[str, Tensor], Tensor, slice]:
     """Add to this rank's rows the other ranks' rows of the groups this rank holds part of.
 
     tensors: {name: [B_local, T_local, ...]} (e.g. final hidden states [B, T, H] and the live mask
@@ -151,13 +169,13 @@ def complete_groups(tensors: dict[str, Tensor], group: Tensor, accelerator_or_gr
     if comm.world_size == 1:
         return tensors, group, slice(0, B)
     T = next(iter(tensors.values())).size(1) if tensors else 0
-    groups, T_max = _gather_group_ids(group, T, comm)                          # [B_r] ids of every rank
+    groups, T_max = _gather_group_ids(group, T, comm)  # [B_r] ids of every rank
     ops, received = [], {}
     for peer in range(comm.world_size):
         if peer == comm.rank:
             continue
-        send = torch.nonzero(torch.isin(groups[comm.rank], groups[peer])).squeeze(1)   # my rows of shared groups
-        recv = torch.nonzero(torch.isin(groups[peer], groups[comm.rank])).squeeze(1)   # the peer's
+        send = torch.nonzero(torch.isin(groups[comm.rank], groups[peer])).squeeze(1)  # my rows of shared groups
+        recv = torch.nonzero(torch.isin(groups[peer], groups[comm.rank])).squeeze(1)  # the peer's
         for tag, (name, x) in enumerate(tensors.items()):
             if send.numel():
                 ops.append(dist.P2POp(dist.isend, _raw(_pad_dim1(x[send.to(x.device)], T_max)), peer, comm.group, tag))
@@ -172,10 +190,15 @@ def complete_groups(tensors: dict[str, Tensor], group: Tensor, accelerator_or_gr
     # rank order is global row order: lower ranks' rows, mine, higher ranks' rows
     before = [p for p in range(comm.rank) if (p, None) in received]
     after = [p for p in range(comm.rank + 1, comm.world_size) if (p, None) in received]
-    out = {name: torch.cat([received[(p, name)] for p in before] + [_pad_dim1(x, T_max)]
-                           + [received[(p, name)] for p in after]) for name, x in tensors.items()}
-    full_group = torch.cat([received[(p, None)] for p in before] + [group.to(torch.int64).cpu()]
-                           + [received[(p, None)] for p in after]).to(group.device)
+    out = {
+        name: torch.cat(
+            [received[(p, name)] for p in before] + [_pad_dim1(x, T_max)] + [received[(p, name)] for p in after]
+        )
+        for name, x in tensors.items()
+    }
+    full_group = torch.cat(
+        [received[(p, None)] for p in before] + [group.to(torch.int64).cpu()] + [received[(p, None)] for p in after]
+    ).to(group.device)
     start = sum(received[(p, None)].numel() for p in before)
     return out, full_group, slice(start, start + B)
 
@@ -183,10 +206,10 @@ def complete_groups(tensors: dict[str, Tensor], group: Tensor, accelerator_or_gr
 def _gather_group_ids(group: Tensor, T: int, comm: Comm) -> tuple[list[Tensor], int]:
     """Every rank's [B_r] group ids (on CPU) and the longest completion over ranks."""
     B = group.numel()
-    shape = _all_gather_ints(torch.tensor([B, T], dtype=torch.int64), comm, group.device)   # [world, 2]
+    shape = _all_gather_ints(torch.tensor([B, T], dtype=torch.int64), comm, group.device)  # [world, 2]
     padded = torch.full((int(shape[:, 0].max()),), -1, dtype=torch.int64, device=group.device)
     padded[:B] = group.to(torch.int64)
-    ids = _all_gather_ints(padded, comm, group.device)                                      # [world, B_max]
+    ids = _all_gather_ints(padded, comm, group.device)  # [world, B_max]
     return [ids[r, : int(shape[r, 0])] for r in range(comm.world_size)], int(shape[:, 1].max())
 
 
@@ -199,8 +222,14 @@ def split_rows(group: Tensor, num_generations: int) -> Tensor:
     return counts[inverse] < num_generations
 
 
-def js_for_split_groups(hidden: Tensor, live_mask: Tensor, group: Tensor, project: Callable[[Tensor], Tensor],
-                        accelerator_or_group: Any = None, **js_kwargs: Any) -> Tensor:
+def js_for_split_groups(
+    hidden: Tensor,
+    live_mask: Tensor,
+    group: Tensor,
+    project: Callable[[Tensor], Tensor],
+    accelerator_or_group: Any = None,
+    **js_kwargs: Any,
+) -> Tensor:
     """JS to the group mean [n, T] for this rank's n rows of groups that span ranks.
 
     hidden [n, T, H] (final hidden states at the positions that generate each completion token),
@@ -220,6 +249,7 @@ def js_for_split_groups(hidden: Tensor, live_mask: Tensor, group: Tensor, projec
 
 
 # ---- checks -----------------------------------------------------------------------------------
+
 
 def same_on_all_ranks(x: Tensor | float | dict, accelerator_or_group: Any = None) -> bool:
     """True when `x` (a tensor, number, or dict of them, e.g. a rule's memory) is bit-identical on every rank."""
@@ -261,18 +291,22 @@ def _bytes_of(x: Any) -> bytes:
 
 # ---- internals --------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Field:
     name: str
-    code: int             # _TENSOR, _ABSENT, _ALIAS or _NAN, the same on every rank
-    dtype: torch.dtype    # as it travels (the mask as uint8)
-    ndim: int             # 1: [B], 2: [B, T]
+    code: int  # _TENSOR, _ABSENT, _ALIAS or _NAN, the same on every rank
+    dtype: torch.dtype  # as it travels (the mask as uint8)
+    ndim: int  # 1: [B], 2: [B, T]
 
 
 def _field_names(local: TokenStats) -> list[str]:
     """The TokenStats fields that take part: tensors and None; other values stay this rank's own."""
-    return [f.name for f in dataclasses.fields(TokenStats)
-            if f.name in _ALWAYS or getattr(local, f.name) is None or isinstance(getattr(local, f.name), Tensor)]
+    return [
+        f.name
+        for f in dataclasses.fields(TokenStats)
+        if f.name in _ALWAYS or getattr(local, f.name) is None or isinstance(getattr(local, f.name), Tensor)
+    ]
 
 
 def _encode_meta(local: TokenStats, names: list[str]) -> Tensor:
@@ -329,7 +363,7 @@ def _unpack(part: Tensor, sent: list[_Field], B: int, T: int, T_max: int) -> dic
     out, offset = {}, 0
     for f in sent:
         n = _nbytes(f, B, T)
-        x = part[offset: offset + n].clone().view(f.dtype)  # clone: a fresh, aligned storage for the view
+        x = part[offset : offset + n].clone().view(f.dtype)  # clone: a fresh, aligned storage for the view
         offset += n
         out[f.name] = _pad_dim1(x.reshape(B, T), T_max) if f.ndim == 2 else x.reshape(B)
     return out
@@ -360,7 +394,7 @@ def _all_gather_bytes(payload: Tensor, nbytes: list[int], comm: Comm) -> list[Te
     buf[: payload.numel()] = payload
     out = [torch.empty_like(buf) for _ in range(comm.world_size)]
     dist.all_gather(out, buf, group=comm.group)
-    return [o[:n].to(payload.device) for o, n in zip(out, nbytes)]
+    return [o[:n].to(payload.device) for o, n in zip(out, nbytes, strict=True)]
 
 
 def _pad_dim1(x: Tensor, T_max: int) -> Tensor:
@@ -377,12 +411,15 @@ def _check_group_layout(group: Tensor) -> None:
         return
     starts = torch.cat([torch.tensor([True]), g[1:] != g[:-1]])
     if torch.unique(g).numel() != int(starts.sum()):
-        raise ValueError("global_token_stats: rows of one group are not contiguous over ranks; TokenStats.group "
-                         "must hold global prompt indices ((process_index·B_local + row) // G)")
+        raise ValueError(
+            "global_token_stats: rows of one group are not contiguous over ranks; TokenStats.group "
+            "must hold global prompt indices ((process_index·B_local + row) // G)"
+        )
 
 
-def gather_rows(tensors: dict[str, Tensor], accelerator_or_group: Any = None,
-                left_padded: tuple[str, ...] = ()) -> dict[str, Tensor]:
+def gather_rows(
+    tensors: dict[str, Tensor], accelerator_or_group: Any = None, left_padded: tuple[str, ...] = ()
+) -> dict[str, Tensor]:
     """Every rank's rows of each [B_r] or [B_r, T_r, ...] tensor, in rank (= global row) order.
 
     Dimension 1 is padded with zeros to the longest over ranks: on the right, or on the left for the
@@ -395,14 +432,14 @@ def gather_rows(tensors: dict[str, Tensor], accelerator_or_group: Any = None,
     out = {}
     for name, x in tensors.items():
         shape = torch.tensor([x.size(0), x.size(1) if x.dim() > 1 else 0], dtype=torch.int64)
-        shapes = _all_gather_ints(shape, comm, x.device)                        # [world, 2]
+        shapes = _all_gather_ints(shape, comm, x.device)  # [world, 2]
         tail = tuple(x.shape[2:])
-        inner = torch.Size(tail).numel()   # elements per (row, position); 1 for [B, T]
+        inner = torch.Size(tail).numel()  # elements per (row, position); 1 for [B, T]
         nbytes = [b * (t if x.dim() > 1 else 1) * inner * x.element_size() for b, t in shapes.tolist()]
         parts = _all_gather_bytes(_raw(x), nbytes, comm)
         T_max = int(shapes[:, 1].max())
         rows = []
-        for part, (b, t) in zip(parts, shapes.tolist()):
+        for part, (b, t) in zip(parts, shapes.tolist(), strict=True):
             y = part.clone().view(x.dtype).reshape(b, *((t,) if x.dim() > 1 else ()), *tail)
             if x.dim() > 1 and t < T_max:
                 pad = torch.zeros((b, T_max - t, *tail), dtype=x.dtype, device=y.device)

@@ -9,11 +9,13 @@ land in <run_dir>/eval/<benchmark>/<settings key>.{json,parquet} (stare_lab.reco
 under different settings or steps live side by side; a result already there under the same
 settings is not redone unless forced, and forcing replaces only that one.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import DictConfig
 from transformers import TrainerCallback
@@ -43,8 +45,15 @@ def _benchmark(name: str, task) -> tuple[list[dict], Any, dict[str, Any]]:
     from stare_lab.evaluation import benchmark_config, list_benchmarks, load_benchmark
 
     if name == task.name and hasattr(task, "heldout_dataset"):
-        records = [{"prompt": r["prompt"], "problem": r["prompt"], "answer": str(r["answer"]),
-                    "problem_id": str(r["problem_id"])} for r in task.heldout_dataset()]
+        records = [
+            {
+                "prompt": r["prompt"],
+                "problem": r["prompt"],
+                "answer": str(r["answer"]),
+                "problem_id": str(r["problem_id"]),
+            }
+            for r in task.heldout_dataset()
+        ]
         own = benchmark_config(name) if name in list_benchmarks() else {}
         return records, task, own
     local = local_benchmark_file(name)
@@ -52,8 +61,9 @@ def _benchmark(name: str, task) -> tuple[list[dict], Any, dict[str, Any]]:
     return records, own["verifier"], own
 
 
-def eval_settings(cfg: DictConfig, own: Mapping[str, Any], verifier: Any,
-                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def eval_settings(
+    cfg: DictConfig, own: Mapping[str, Any], verifier: Any, overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """n, temperature, top_p, max_tokens, verifier of one benchmark: the command's overrides,
     else the run's eval.* value, else the benchmark's own, else FALLBACK (see module docstring)."""
     from stare_lab.evaluation import _resolve_verifier
@@ -69,9 +79,17 @@ def eval_settings(cfg: DictConfig, own: Mapping[str, Any], verifier: Any,
     return out
 
 
-def evaluate_model(model, tokenizer, cfg: DictConfig, out_dir: Path, *, step: int | None,
-                   intermediate: bool = False, force: bool = False,
-                   overrides: Mapping[str, Any] | None = None) -> dict[str, dict]:
+def evaluate_model(
+    model,
+    tokenizer,
+    cfg: DictConfig,
+    out_dir: Path,
+    *,
+    step: int | None,
+    intermediate: bool = False,
+    force: bool = False,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, dict]:
     """{benchmark: result} for every benchmark of cfg.eval: computed, or found under the same
     settings and step (then not recomputed unless `force`)."""
     from stare_lab.evaluation import evaluate_benchmark
@@ -87,14 +105,27 @@ def evaluate_model(model, tokenizer, cfg: DictConfig, out_dir: Path, *, step: in
             results[name] = found
             continue
         results[name] = evaluate_benchmark(
-            model, tokenizer, verifier, records, n=s["n"], temperature=s["temperature"], top_p=s["top_p"],
-            max_tokens=s["max_tokens"], batch_size=int(cfg.eval.batch_size), seed=int(cfg.seed), out_dir=out_dir,
-            step=step, name=name, intermediate=intermediate)
+            model,
+            tokenizer,
+            verifier,
+            records,
+            n=s["n"],
+            temperature=s["temperature"],
+            top_p=s["top_p"],
+            max_tokens=s["max_tokens"],
+            batch_size=int(cfg.eval.batch_size),
+            seed=int(cfg.seed),
+            out_dir=out_dir,
+            step=step,
+            name=name,
+            intermediate=intermediate,
+        )
     return results
 
 
-def evaluate_run(run_dir: Path, cfg: DictConfig, *, force: bool = False,
-                 overrides: Mapping[str, Any] | None = None) -> dict[str, dict]:
+def evaluate_run(
+    run_dir: Path, cfg: DictConfig, *, force: bool = False, overrides: Mapping[str, Any] | None = None
+) -> dict[str, dict]:
     """Evaluate <run_dir>/final on every benchmark of cfg.eval (`overrides`: settings of the command)."""
     from stare_lab.models import load_model_and_tokenizer
 
@@ -135,8 +166,9 @@ class IntermediateEval(TrainerCallback):
             was_training = model.training
             model.eval()
             try:
-                evaluate_model(model, processing_class, self.cfg, self.run_dir, step=state.global_step,
-                               intermediate=True)
+                evaluate_model(
+                    model, processing_class, self.cfg, self.run_dir, step=state.global_step, intermediate=True
+                )
             finally:
                 model.train(was_training)
         return control

@@ -5,12 +5,14 @@ verifier ("math_verify": last `\boxed{}` against the gold with math-verify; "exa
 `verify`, e.g. arithmetic), and writes `eval/<name>/<settings key>.parquet` (one row per sample)
 and `.json` in the formats of docs/run_record.md, atomically, through stare_lab.record.
 """
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,8 +106,9 @@ def maj_at_k(records: Any, k: int | None = None) -> float:
     return float(np.mean(scores)) if scores else 0.0
 
 
-def bootstrap_ci(per_problem_values: Any, n_boot: int = 1000, seed: int = 0,
-                 alpha: float = 0.05) -> tuple[float, float]:
+def bootstrap_ci(
+    per_problem_values: Any, n_boot: int = 1000, seed: int = 0, alpha: float = 0.05
+) -> tuple[float, float]:
     """Percentile bootstrap CI of the mean, resampling problems with replacement."""
     values = np.asarray(per_problem_values, dtype=np.float64).ravel()
     if values.size == 0:
@@ -140,10 +143,14 @@ def sample_units(num_prompts: int, n: int, batch_size: int) -> list[list[list[tu
     batch_size. Samples depend only on (seed, unit), never on which process draws the unit."""
     if n <= batch_size:
         per = batch_size // n
-        return [[[(i, j) for i in range(a, min(a + per, num_prompts)) for j in range(n)]]
-                for a in range(0, num_prompts, per)]
-    return [[[(i, j) for j in range(b, min(b + batch_size, n))] for b in range(0, n, batch_size)]
-            for i in range(num_prompts)]
+        return [
+            [[(i, j) for i in range(a, min(a + per, num_prompts)) for j in range(n)]]
+            for a in range(0, num_prompts, per)
+        ]
+    return [
+        [[(i, j) for j in range(b, min(b + batch_size, n))] for b in range(0, n, batch_size)]
+        for i in range(num_prompts)
+    ]
 
 
 def unit_seed(seed: int, unit: int) -> int:
@@ -151,9 +158,18 @@ def unit_seed(seed: int, unit: int) -> int:
     return (int(seed) * 1_000_003 + unit) % (2**63 - 1)
 
 
-def generate_samples(model: Any, tokenizer: Any, prompts: Sequence[Any], n: int, temperature: float = 1.0,
-                     top_p: float = 0.7, max_tokens: int = 1024, batch_size: int = 32,
-                     seed: int = 0, shard: tuple[int, int] = (0, 1)) -> list[list[tuple[str, int]] | None]:
+def generate_samples(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    n: int,
+    temperature: float = 1.0,
+    top_p: float = 0.7,
+    max_tokens: int = 1024,
+    batch_size: int = 32,
+    seed: int = 0,
+    shard: tuple[int, int] = (0, 1),
+) -> list[list[tuple[str, int]] | None]:
     """n completions per prompt as `(text, length)`: length counts generated tokens up to and
     including the first EOS. A prompt is text, or a message list rendered by the chat template.
 
@@ -170,14 +186,19 @@ def generate_samples(model: Any, tokenizer: Any, prompts: Sequence[Any], n: int,
     from tqdm.auto import tqdm
 
     chat = bool(prompts) and not isinstance(prompts[0], str)
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if chat else p
-             for p in prompts]
+    texts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if chat else p for p in prompts
+    ]
     eos = _eos_ids(model, tokenizer)
     saved = (tokenizer.padding_side, tokenizer.pad_token)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(do_sample=False)
+    sampling = (
+        dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        if temperature > 0
+        else dict(do_sample=False)
+    )
     rank, processes = shard
     units = list(enumerate(sample_units(len(texts), n, batch_size)))[rank::processes]
     out: list[list[Any] | None] = [None] * len(texts)
@@ -188,12 +209,19 @@ def generate_samples(model: Any, tokenizer: Any, prompts: Sequence[Any], n: int,
         for u, batches in tqdm(units, desc="sampling", unit="unit", leave=False):
             torch.manual_seed(unit_seed(seed, u))
             for batch in batches:
-                enc = tokenizer([texts[i] for i, _ in batch], return_tensors="pt", padding=True,
-                                add_special_tokens=not chat).to(device)
+                enc = tokenizer(
+                    [texts[i] for i, _ in batch], return_tensors="pt", padding=True, add_special_tokens=not chat
+                ).to(device)
                 with torch.no_grad():
-                    ids = model.generate(**enc, max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id,
-                                         eos_token_id=sorted(eos), repetition_penalty=1.0, **sampling)
-                for row, (i, j) in zip(ids[:, enc["input_ids"].shape[1] :].tolist(), batch):
+                    ids = model.generate(
+                        **enc,
+                        max_new_tokens=max_tokens,
+                        pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=sorted(eos),
+                        repetition_penalty=1.0,
+                        **sampling,
+                    )
+                for row, (i, j) in zip(ids[:, enc["input_ids"].shape[1] :].tolist(), batch, strict=True):
                     length = next((t + 1 for t, tok in enumerate(row) if tok in eos), len(row))
                     out[i] = out[i] or [None] * n
                     out[i][j] = (tokenizer.decode(row[:length], skip_special_tokens=True), length)
@@ -209,7 +237,9 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
         if source is not None:
             ids.update(source if isinstance(source, (list, tuple)) else [source])
     if not ids:
-        raise ValueError("generate_samples: neither the model's generation_config nor the tokenizer defines an EOS token")
+        raise ValueError(
+            "generate_samples: neither the model's generation_config nor the tokenizer defines an EOS token"
+        )
     return {int(i) for i in ids}
 
 
@@ -221,8 +251,9 @@ def _is_vllm_model(model: Any) -> bool:
     return isinstance(model, vllm.LLM)
 
 
-def _generate_vllm(llm: Any, prompts: Sequence[Any], n: int, temperature: float, top_p: float,
-                   max_tokens: int, seed: int) -> list[list[tuple[str, int]]]:
+def _generate_vllm(
+    llm: Any, prompts: Sequence[Any], n: int, temperature: float, top_p: float, max_tokens: int, seed: int
+) -> list[list[tuple[str, int]]]:
     from vllm import SamplingParams
 
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
@@ -260,11 +291,25 @@ def _record_prompt(record: Mapping[str, Any], template: str, chat: bool) -> Any:
     return chat_messages(record["problem"], template) if chat else build_prompt(record["problem"], template)
 
 
-def evaluate_benchmark(model: Any, tokenizer: Any, task_or_verifier: Any, records: Sequence[Mapping[str, Any]], *,
-                       n: int, temperature: float = 1.0, top_p: float = 0.7, max_tokens: int = 1024,
-                       batch_size: int = 32, seed: int = 0, out_dir: str | os.PathLike, step: int | None = None,
-                       name: str, template: str | None = None, chat: bool = False,
-                       intermediate: bool = False) -> dict[str, Any]:
+def evaluate_benchmark(
+    model: Any,
+    tokenizer: Any,
+    task_or_verifier: Any,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    n: int,
+    temperature: float = 1.0,
+    top_p: float = 0.7,
+    max_tokens: int = 1024,
+    batch_size: int = 32,
+    seed: int = 0,
+    out_dir: str | os.PathLike,
+    step: int | None = None,
+    name: str,
+    template: str | None = None,
+    chat: bool = False,
+    intermediate: bool = False,
+) -> dict[str, Any]:
     """Sample n answers per record, verify, write `<out_dir>/eval/<name>/<settings key>.{parquet,json}`
     (stare_lab.record.write_eval_result; `final` is False when `intermediate`), and return the JSON
     object (metrics under "metrics").
@@ -272,32 +317,53 @@ def evaluate_benchmark(model: Any, tokenizer: Any, task_or_verifier: Any, record
     records: dicts with `problem_id`, `answer` (gold) and `problem` (formatted with `template`,
     default the fixed `\\boxed{}` template) or an already formatted `prompt`.
     """
-    from stare_lab.tasks.math import MATH_TEMPLATE
-
     from stare_lab.record import eval_result_path, write_eval_result
+    from stare_lab.tasks.math import MATH_TEMPLATE
 
     verifier, extract, check = _resolve_verifier(task_or_verifier)
     prompts = [_record_prompt(r, template or MATH_TEMPLATE, chat) for r in records]
     rank, processes = eval_shard()
     if _is_vllm_model(model):
         rank, processes = 0, 1
-    samples = generate_samples(model, tokenizer, prompts, n, temperature, top_p, max_tokens, batch_size, seed,
-                               shard=(rank, processes))
+    samples = generate_samples(
+        model, tokenizer, prompts, n, temperature, top_p, max_tokens, batch_size, seed, shard=(rank, processes)
+    )
     rows = []
-    for index, (record, outputs) in enumerate(zip(records, samples)):
+    for index, (record, outputs) in enumerate(zip(records, samples, strict=True)):
         gold = str(record["answer"])
-        for j, (text, length) in enumerate(outputs or []):   # None: another rank's problem
+        for j, (text, length) in enumerate(outputs or []):  # None: another rank's problem
             extracted = extract(text)
-            rows.append({"problem_id": str(record["problem_id"]), "sample_index": j, "answer": text,
-                         "extracted": None if extracted is None else str(extracted), "gold": gold,
-                         "correct": bool(check(text, extracted, gold)), "length": int(length), "_order": index})
+            rows.append(
+                {
+                    "problem_id": str(record["problem_id"]),
+                    "sample_index": j,
+                    "answer": text,
+                    "extracted": None if extracted is None else str(extracted),
+                    "gold": gold,
+                    "correct": bool(check(text, extracted, gold)),
+                    "length": int(length),
+                    "_order": index,
+                }
+            )
     if processes > 1:
         rows = gather_rows(rows)
-    rows = [{k: v for k, v in r.items() if k != "_order"} for r in sorted(rows, key=lambda r: (r["_order"], r["sample_index"]))]
+    rows = [
+        {k: v for k, v in r.items() if k != "_order"}
+        for r in sorted(rows, key=lambda r: (r["_order"], r["sample_index"]))
+    ]
     df = pd.DataFrame(rows, columns=list(PARQUET_COLUMNS))
-    result = {"benchmark": name, "step": step, "final": not intermediate, "n": n, "temperature": temperature,
-              "top_p": top_p, "max_tokens": max_tokens, "verifier": verifier, "num_problems": len(records),
-              "metrics": summarize(df, n)}
+    result = {
+        "benchmark": name,
+        "step": step,
+        "final": not intermediate,
+        "n": n,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_tokens": max_tokens,
+        "verifier": verifier,
+        "num_problems": len(records),
+        "metrics": summarize(df, n),
+    }
     if rank == 0:
         path = write_eval_result(out_dir, result, rows)
     else:
@@ -330,7 +396,9 @@ def gather_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for share in shares for r in share]
 
 
-def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+def load_benchmark(
+    cfg_or_name: Any, source_override: str | None = None
+) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
     """(name, records, settings) for a benchmark: a name from conf/benchmark/, a YAML path, or a
     dict / DictConfig with that file's keys. `source_override` replaces `source` (e.g. a local
     JSONL copy). settings: `n`, `verifier`, `source`, `split`, `subset`, and the benchmark's own
@@ -347,19 +415,36 @@ def load_benchmark(cfg_or_name: Any, source_override: str | None = None) -> tupl
         from stare_lab.tasks import build_task
 
         dataset = build_task({"name": source.split(":", 1)[1]}).heldout_dataset()
-        records = [{"problem": r["prompt"], "prompt": r["prompt"], "answer": str(r["answer"]),
-                    "problem_id": str(r["problem_id"])} for r in dataset]
+        records = [
+            {
+                "problem": r["prompt"],
+                "prompt": r["prompt"],
+                "answer": str(r["answer"]),
+                "problem_id": str(r["problem_id"]),
+            }
+            for r in dataset
+        ]
         if cfg.get("limit") is not None:
             records = records[: int(cfg["limit"])]
     else:
         from stare_lab.tasks.loaders import load_records
 
-        records = load_records(source, split=cfg.get("split", "test"), fields=cfg.get("fields"),
-                               subset=cfg.get("subset"), limit=cfg.get("limit"))
+        records = load_records(
+            source,
+            split=cfg.get("split", "test"),
+            fields=cfg.get("fields"),
+            subset=cfg.get("subset"),
+            limit=cfg.get("limit"),
+        )
         records = [_clean_gold(r, cfg) for r in records]
-    settings = {"n": int(cfg["n"]), "verifier": cfg["verifier"], "source": source,
-                **{k: cfg.get(k) for k in ("temperature", "top_p", "max_tokens")},
-                "split": cfg.get("split", "test"), "subset": cfg.get("subset")}
+    settings = {
+        "n": int(cfg["n"]),
+        "verifier": cfg["verifier"],
+        "source": source,
+        **{k: cfg.get(k) for k in ("temperature", "top_p", "max_tokens")},
+        "split": cfg.get("split", "test"),
+        "subset": cfg.get("subset"),
+    }
     return str(cfg["name"]), records, settings
 
 
@@ -368,8 +453,10 @@ def _clean_gold(record: dict[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any
     if cfg.get("answer_regex"):
         m = re.search(cfg["answer_regex"], answer, flags=re.S)
         if m is None:
-            raise ValueError(f"benchmark {cfg['name']}: answer_regex {cfg['answer_regex']!r} does not match "
-                             f"the answer of problem {record['problem_id']}")
+            raise ValueError(
+                f"benchmark {cfg['name']}: answer_regex {cfg['answer_regex']!r} does not match "
+                f"the answer of problem {record['problem_id']}"
+            )
         answer = m.group(1).strip()
     if cfg.get("strip_commas"):
         answer = answer.replace(",", "")

@@ -18,6 +18,7 @@ The weights multiply the clipped policy term only; the KL penalty (β > 0) stays
 token [ours]. (Here the KL term shares the "selected" denominator; in the trainer, TRL's slot
 divides it by TRL's own valid-token denominator: the two agree whenever β = 0 or normalize ≠ "selected".)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ from torch import Tensor
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 
-def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
-                      delta: float | None = None) -> tuple[Tensor, Tensor]:
+def clipped_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float, delta: float | None = None
+) -> tuple[Tensor, Tensor]:
     """Per-token loss −min(r·A, clip(r, 1−ε_low, 1+ε_high)·A) [B, T] and the ratio r [B, T].
 
     advantages: [B] or [B, T]. delta: optional upper clamp of r in the unclipped branch (TRL's two-sided clipping).
@@ -54,19 +56,30 @@ class Aggregation:
     """What the denominator of each loss type needs besides the micro-batch itself."""
 
     loss_type: str = "dapo"
-    grad_accum: int = 1                 # gradient accumulation steps (1 in eval)
-    steps_per_generation: int = 1       # micro-batches per generation batch on one rank
+    grad_accum: int = 1  # gradient accumulation steps (1 in eval)
+    steps_per_generation: int = 1  # micro-batches per generation batch on one rank
     num_processes: int = 1
-    max_completion_length: int = 1     # dr_grpo's constant denominator
+    max_completion_length: int = 1  # dr_grpo's constant denominator
 
     def __post_init__(self) -> None:
         if self.loss_type not in SUPPORTED_LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not supported; use one of {', '.join(SUPPORTED_LOSS_TYPES)}")
+            raise ValueError(
+                f"loss_type={self.loss_type!r} is not supported; use one of {', '.join(SUPPORTED_LOSS_TYPES)}"
+            )
 
 
-def aggregate(per_token_loss: Tensor, weights: Tensor, mask: Tensor, agg: Aggregation, *, normalize: str,
-              num_items: Tensor | None = None, weight_total: Tensor | None = None,
-              kl: Tensor | None = None, beta: float = 0.0) -> Tensor:
+def aggregate(
+    per_token_loss: Tensor,
+    weights: Tensor,
+    mask: Tensor,
+    agg: Aggregation,
+    *,
+    normalize: str,
+    num_items: Tensor | None = None,
+    weight_total: Tensor | None = None,
+    kl: Tensor | None = None,
+    beta: float = 0.0,
+) -> Tensor:
     """Scalar loss of one micro-batch.
 
     per_token_loss, weights, mask: [B, T]; num_items: global count of valid tokens of the generation

@@ -9,6 +9,7 @@ per step; its readers tolerate a torn last row. A record that can not be parsed 
 for a missing one: `read_status` answers a `corrupt` state naming the problem, and the metrics
 scan returns the unreadable lines beside the good rows.
 """
+
 from __future__ import annotations
 
 import errno
@@ -18,9 +19,10 @@ import os
 import re
 import time
 import zipfile
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from stare_lab.utils import atomic_write, atomic_write_json, atomic_write_text
 
@@ -31,10 +33,10 @@ CHECKPOINT_DIR = "checkpoints"
 FINAL_DIR = "final"
 EVAL_DIR = "eval"
 WANDB_DIR = "wandb"
-CLAIM_FILE = ".claim"              # flock'ed by the one worker executing the run
+CLAIM_FILE = ".claim"  # flock'ed by the one worker executing the run
 RULE_STATE_FILE = "rule_state.json"  # written by the trainer into each checkpoint
 STATES = ("pending", "running", "finished", "failed", "interrupted")
-CORRUPT = "corrupt"                # read_status's state for a status.json it can not parse
+CORRUPT = "corrupt"  # read_status's state for a status.json it can not parse
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -59,9 +61,24 @@ def elapsed(since: float) -> float:
 
 # ------------------------------------------------------------------------------------ status
 def new_status(label: str | None = None, variant: str | None = None, seed: int | None = None) -> dict[str, Any]:
-    return {"state": "pending", "attempts": 0, "host": None, "slurm_job_id": None, "created": now_iso(),
-            "started": None, "finished": None, "duration_s": 0.0, "error": None, "traceback": None,
-            "label": label, "variant": variant, "seed": seed, "pid": None, "pid_start": None, "restarts": 0}
+    return {
+        "state": "pending",
+        "attempts": 0,
+        "host": None,
+        "slurm_job_id": None,
+        "created": now_iso(),
+        "started": None,
+        "finished": None,
+        "duration_s": 0.0,
+        "error": None,
+        "traceback": None,
+        "label": label,
+        "variant": variant,
+        "seed": seed,
+        "pid": None,
+        "pid_start": None,
+        "restarts": 0,
+    }
 
 
 def read_status(run_dir: Path | str) -> dict[str, Any] | None:
@@ -324,8 +341,10 @@ def _num(x: Any) -> str:
 
 def settings_key(settings: dict[str, Any], step: int | None) -> str:
     """The file stem of one evaluation: `step-2_n4_t1_p0.7_m8_exact` (step `final` when unknown)."""
-    return (f"step-{'final' if step is None else step}_n{int(settings['n'])}_t{_num(settings['temperature'])}"
-            f"_p{_num(settings['top_p'])}_m{int(settings['max_tokens'])}_{settings['verifier']}")
+    return (
+        f"step-{'final' if step is None else step}_n{int(settings['n'])}_t{_num(settings['temperature'])}"
+        f"_p{_num(settings['top_p'])}_m{int(settings['max_tokens'])}_{settings['verifier']}"
+    )
 
 
 def eval_result_path(run_dir: Path | str, benchmark: str, settings: dict[str, Any], step: int | None) -> Path:
@@ -341,9 +360,17 @@ def write_eval_result(run_dir: Path | str, result: dict[str, Any], rows: list[di
 
     path = eval_result_path(run_dir, result["benchmark"], result, result["step"])
     result = {**result, "settings_key": path.stem}
-    schema = pa.schema([("problem_id", pa.string()), ("sample_index", pa.int64()), ("answer", pa.string()),
-                        ("extracted", pa.string()), ("gold", pa.string()), ("correct", pa.bool_()),
-                        ("length", pa.int64())])
+    schema = pa.schema(
+        [
+            ("problem_id", pa.string()),
+            ("sample_index", pa.int64()),
+            ("answer", pa.string()),
+            ("extracted", pa.string()),
+            ("gold", pa.string()),
+            ("correct", pa.bool_()),
+            ("length", pa.int64()),
+        ]
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
     atomic_write(path.with_suffix(".parquet"), lambda tmp: pq.write_table(table, tmp))
@@ -398,8 +425,9 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def find_eval_result(run_dir: Path | str, benchmark: str, settings: dict[str, Any], step: int | None,
-                     final: bool) -> dict[str, Any] | None:
+def find_eval_result(
+    run_dir: Path | str, benchmark: str, settings: dict[str, Any], step: int | None, final: bool
+) -> dict[str, Any] | None:
     """The result of this benchmark under exactly these settings at this step, in either layout."""
     for r in read_eval_results(run_dir):
         if r["benchmark"] == benchmark and r["final"] == final and r.get("step") == step and same_settings(r, settings):
@@ -410,9 +438,13 @@ def find_eval_result(run_dir: Path | str, benchmark: str, settings: dict[str, An
 def eval_metric(run_dir: Path | str, benchmark: str, metric: str, step: int | None = None) -> float | None:
     """A metric of the final evaluation (or the one at `step`) of a benchmark; among several
     settings, the newest result that reports the metric."""
-    found = [r for r in read_eval_results(run_dir) if r["benchmark"] == benchmark
-             and (r["final"] if step is None else (not r["final"] and r.get("step") == step))
-             and (r.get("metrics") or {}).get(metric) is not None]
+    found = [
+        r
+        for r in read_eval_results(run_dir)
+        if r["benchmark"] == benchmark
+        and (r["final"] if step is None else (not r["final"] and r.get("step") == step))
+        and (r.get("metrics") or {}).get(metric) is not None
+    ]
     if not found:
         return None
     newest = max(found, key=lambda r: Path(r["path"]).stat().st_mtime)
@@ -441,13 +473,32 @@ def provenance(device: str | None = None) -> dict[str, Any]:
     if (root / ".git").exists() and (root / "pyproject.toml").is_file():
         try:
             git = ["git", "-C", str(root)]
-            commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20).stdout.strip() or None
-            dirty = bool(subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                        text=True, timeout=20).stdout.strip()) if commit else None
+            commit = (
+                subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20).stdout.strip()
+                or None
+            )
+            dirty = (
+                bool(
+                    subprocess.run(
+                        [*git, "status", "--porcelain", "--untracked-files=no"],
+                        capture_output=True,
+                        text=True,
+                        timeout=20,
+                    ).stdout.strip()
+                )
+                if commit
+                else None
+            )
         except (OSError, subprocess.TimeoutExpired):
             commit = dirty = None
-    return {"stare_lab": version("stare_lab"), "commit": commit, "dirty": dirty, "python": platform.python_version(),
-            "versions": {name: version(name) for name in PROVENANCE_PACKAGES}, "device": device}
+    return {
+        "stare_lab": version("stare_lab"),
+        "commit": commit,
+        "dirty": dirty,
+        "python": platform.python_version(),
+        "versions": {name: version(name) for name in PROVENANCE_PACKAGES},
+        "device": device,
+    }
 
 
 def code_version(status_or_provenance: dict[str, Any] | None) -> str | None:

@@ -8,13 +8,14 @@ after that checkpoint are dropped first so no step is logged twice. A run whose 
 become NaN/inf stops at that step with `NonFiniteError` (instead of failing a step later in the
 sampler).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
@@ -48,10 +49,12 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
     calls it (RANK/WORLD_SIZE exported by the worker); rank 0 alone writes the record."""
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / CONFIG_FILE)
-    processes = int(cfg.run.get("processes") or 1)    # a config written before the key existed: 1
+    processes = int(cfg.run.get("processes") or 1)  # a config written before the key existed: 1
     if processes != process_count():
-        raise ValueError(f"run.processes = {processes}, but this run has {process_count()} process(es): "
-                         "start it through `sweep run` with the launcher that expanded it")
+        raise ValueError(
+            f"run.processes = {processes}, but this run has {process_count()} process(es): "
+            "start it through `sweep run` with the launcher that expanded it"
+        )
     trained = (run_dir / FINAL_DIR / "config.json").is_file()
     if trained and not cfg.eval.enabled:
         return
@@ -98,8 +101,10 @@ def join_processes(cfg: DictConfig) -> None:
     from accelerate import PartialState
 
     if not dist.is_initialized():
-        PartialState(cpu=bool(cfg.trainer.use_cpu),
-                     timeout=datetime.timedelta(seconds=int(cfg.trainer.get("ddp_timeout_s") or 1800)))
+        PartialState(
+            cpu=bool(cfg.trainer.use_cpu),
+            timeout=datetime.timedelta(seconds=int(cfg.trainer.get("ddp_timeout_s") or 1800)),
+        )
 
 
 def build_grpo_config(cfg: DictConfig, output_dir: Path):
@@ -107,20 +112,43 @@ def build_grpo_config(cfg: DictConfig, output_dir: Path):
 
     t = cfg.trainer
     return GRPOConfig(
-        output_dir=str(output_dir), seed=int(cfg.seed), data_seed=int(cfg.seed),
-        max_steps=t.max_steps, learning_rate=t.learning_rate, lr_scheduler_type=t.lr_scheduler_type,
-        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
-        num_generations=t.num_generations, per_device_train_batch_size=t.per_device_train_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps, steps_per_generation=t.steps_per_generation,
-        num_iterations=t.num_iterations, max_completion_length=t.max_completion_length,
-        temperature=t.temperature, top_p=t.top_p, loss_type=t.loss_type, beta=t.beta,
-        epsilon=t.epsilon, epsilon_high=t.epsilon_high, scale_rewards=t.scale_rewards,
-        save_strategy="steps", save_steps=t.save_steps, save_total_limit=t.save_total_limit,
-        logging_steps=t.logging_steps, use_cpu=t.use_cpu, bf16=t.bf16,
-        gradient_checkpointing=t.gradient_checkpointing, use_vllm=t.use_vllm,
+        output_dir=str(output_dir),
+        seed=int(cfg.seed),
+        data_seed=int(cfg.seed),
+        max_steps=t.max_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler_type,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        num_generations=t.num_generations,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        steps_per_generation=t.steps_per_generation,
+        num_iterations=t.num_iterations,
+        max_completion_length=t.max_completion_length,
+        temperature=t.temperature,
+        top_p=t.top_p,
+        loss_type=t.loss_type,
+        beta=t.beta,
+        epsilon=t.epsilon,
+        epsilon_high=t.epsilon_high,
+        scale_rewards=t.scale_rewards,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        logging_steps=t.logging_steps,
+        use_cpu=t.use_cpu,
+        bf16=t.bf16,
+        gradient_checkpointing=t.gradient_checkpointing,
+        use_vllm=t.use_vllm,
         generation_kwargs=OmegaConf.to_container(t.generation_kwargs, resolve=True) or None,
-        report_to="none", disable_tqdm=True, log_completions=False, dataloader_num_workers=0,
-        ddp_timeout=int(t.get("ddp_timeout_s") or 1800), **engine_args(t.get("distributed") or "ddp"),
+        report_to="none",
+        disable_tqdm=True,
+        log_completions=False,
+        dataloader_num_workers=0,
+        ddp_timeout=int(t.get("ddp_timeout_s") or 1800),
+        **engine_args(t.get("distributed") or "ddp"),
     )
 
 
@@ -132,18 +160,32 @@ def engine_args(engine: str) -> dict:
     if engine == "fsdp":
         # FSDP2 (transformers 5's default), each decoder layer (the model's `_no_split_modules`) one
         # unit, parameters resharded after each forward; checkpoints and final/ hold full weights
-        return {"fsdp": True,
-                "fsdp_config": {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                                "reshard_after_forward": True, "state_dict_type": "FULL_STATE_DICT",
-                                "cpu_ram_efficient_loading": False}}
+        return {
+            "fsdp": True,
+            "fsdp_config": {
+                "version": 2,
+                "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "reshard_after_forward": True,
+                "state_dict_type": "FULL_STATE_DICT",
+                "cpu_ram_efficient_loading": False,
+            },
+        }
     stage = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}[engine]
     zero = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if stage == 3:  # final/ holds the whole model, gathered from the shards
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-    return {"deepspeed": {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
-                          "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-                          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-                          "zero_allow_untested_optimizer": True}}
+    return {
+        "deepspeed": {
+            "zero_optimization": zero,
+            "bf16": {"enabled": "auto"},
+            "fp16": {"enabled": "auto"},
+            "train_micro_batch_size_per_gpu": "auto",
+            "train_batch_size": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto",
+            "zero_allow_untested_optimizer": True,
+        }
+    }
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
@@ -159,22 +201,32 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
     task = build_task(cfg.task)
     m = cfg.model
     lora = OmegaConf.to_container(m.lora, resolve=True) if m.lora is not None else None
-    model, tokenizer = load_model_and_tokenizer(m.name_or_path, dtype=m.dtype, lora=lora,
-                                                attn_implementation=m.attn_implementation)
+    model, tokenizer = load_model_and_tokenizer(
+        m.name_or_path, dtype=m.dtype, lora=lora, attn_implementation=m.attn_implementation
+    )
     rule = get_method(cfg.method.name, **OmegaConf.to_container(cfg.method.params, resolve=True))
     t = cfg.trainer
     return TokenRuleGRPOTrainer(
-        model=model, reward_funcs=[task_reward(task)], args=build_grpo_config(cfg, run_dir / CHECKPOINT_DIR),
-        train_dataset=task.train_dataset(), processing_class=tokenizer, callbacks=list(callbacks),
-        rule=rule, rule_state=RuleState(seed=int(cfg.seed), total_steps=t.max_steps),
-        grad_geometry_every=t.grad_geometry_every, stats_chunk_tokens=t.stats_chunk_tokens,
-        attn_chunk_queries=t.attn_chunk_queries, js_chunk_positions=t.js_chunk_positions,
-        keep_batches_every=t.keep_batches_every, run_dir=run_dir,
+        model=model,
+        reward_funcs=[task_reward(task)],
+        args=build_grpo_config(cfg, run_dir / CHECKPOINT_DIR),
+        train_dataset=task.train_dataset(),
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+        rule=rule,
+        rule_state=RuleState(seed=int(cfg.seed), total_steps=t.max_steps),
+        grad_geometry_every=t.grad_geometry_every,
+        stats_chunk_tokens=t.stats_chunk_tokens,
+        attn_chunk_queries=t.attn_chunk_queries,
+        js_chunk_positions=t.js_chunk_positions,
+        keep_batches_every=t.keep_batches_every,
+        run_dir=run_dir,
     )
 
 
 def task_reward(task):
     """The task's verifier as a TRL reward function named `accuracy` (logged as rewards/accuracy/mean)."""
+
     def accuracy(completions, answer, **kwargs):
         return task.reward(completions, answer, **kwargs)
 
@@ -191,12 +243,14 @@ def resume_point(run_dir: Path) -> Path | None:
     problems: list[str] = []
     ckpt = last_checkpoint(run_dir, problems)
     if ckpt is not None and checkpoint_world_size(ckpt) != process_count():
-        raise ValueError(f"{ckpt.name} was written by {checkpoint_world_size(ckpt)} process(es) and this run has "
-                         f"{process_count()}: resume with the same processes (sharded optimizer state and per-rank "
-                         "RNG states do not reshard), or move checkpoints/ away to start over")
+        raise ValueError(
+            f"{ckpt.name} was written by {checkpoint_world_size(ckpt)} process(es) and this run has "
+            f"{process_count()}: resume with the same processes (sharded optimizer state and per-rank "
+            "RNG states do not reshard), or move checkpoints/ away to start over"
+        )
     if process_rank() != 0:  # rank 0 alone repairs the record; every rank resumes from the same checkpoint
         return ckpt
-    for bad, problem in zip(checkpoints(run_dir), problems):
+    for bad, problem in zip(checkpoints(run_dir), problems, strict=True):
         bad.rename(bad.with_name(f"corrupt-{bad.name}"))
         print(f"{run_dir.name}: {problem}; resuming from {ckpt.name if ckpt else 'the start'}", flush=True)
     metrics = run_dir / "metrics.jsonl"
@@ -223,9 +277,13 @@ def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
     rows = read_metrics(run_dir) + [metrics_row(int(e["step"]), e, when) for e in missing]
     from stare_lab.utils import atomic_write_text
 
-    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"])))
-    print(f"{run_dir.name}: restored metrics of step(s) {', '.join(str(e['step']) for e in missing)} "
-          f"from {ckpt.name}", flush=True)
+    atomic_write_text(
+        run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"]))
+    )
+    print(
+        f"{run_dir.name}: restored metrics of step(s) {', '.join(str(e['step']) for e in missing)} from {ckpt.name}",
+        flush=True,
+    )
 
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] = (), wandb_run=None) -> None:
@@ -236,7 +294,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     from stare_lab.tracking import MetricsLogger, StepPrinter
 
     ckpt = resume_point(run_dir)
-    main = process_rank() == 0               # one record per run: rank 0 writes metrics and W&B
+    main = process_rank() == 0  # one record per run: rank 0 writes metrics and W&B
     if ckpt is not None and process_count() > 1:
         print(f"{run_dir.name}: rank {process_rank()} resumes from {ckpt.name}", flush=True)
     all_callbacks = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
@@ -246,11 +304,11 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     trainer = build_trainer(cfg, run_dir, all_callbacks)
     trainer.remove_callback(PrinterCallback)
     if ckpt is not None:
-        trainer.load_rule_state(ckpt)    # every rank: the rule state is the same on all of them
+        trainer.load_rule_state(ckpt)  # every rank: the rule state is the same on all of them
     trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
     final = run_dir / FINAL_DIR
     tmp = run_dir / (FINAL_DIR + ".tmp")
-    trainer.save_model(str(tmp))         # every rank: FSDP and ZeRO-3 gather the shards to save
+    trainer.save_model(str(tmp))  # every rank: FSDP and ZeRO-3 gather the shards to save
     if main:
         trainer.processing_class.save_pretrained(str(tmp))
         if final.exists():
@@ -265,8 +323,11 @@ class FiniteGuard(TrainerCallback):
     samples from a NaN policy (torch's sampler would fail a step later without saying why)."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        bad = [f"{k}={logs[k]}" for k in FINITE_KEYS
-               if isinstance((logs or {}).get(k), (int, float)) and not math.isfinite(logs[k])]
+        bad = [
+            f"{k}={logs[k]}"
+            for k in FINITE_KEYS
+            if isinstance((logs or {}).get(k), (int, float)) and not math.isfinite(logs[k])
+        ]
         if bad:
             raise NonFiniteError(f"step {state.global_step}: {', '.join(bad)} became non-finite; run stopped")
         return control
@@ -278,6 +339,7 @@ class FiniteGuard(TrainerCallback):
         if params and not bool(torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).all()):
             names = [n for n, p in params if not bool(torch.isfinite(p.detach()).all())]
             more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            raise NonFiniteError(f"step {state.global_step}: the model weights became non-finite "
-                                 f"({names[0]}{more}); run stopped")
+            raise NonFiniteError(
+                f"step {state.global_step}: the model weights became non-finite ({names[0]}{more}); run stopped"
+            )
         return control

@@ -9,6 +9,7 @@ declares the names it reads (`register(..., needs=...)`), the registry validates
 `STATISTICS`, and the statistics pass (`signals.token_statistics`) computes each declared name
 from its `source`. Adding a statistic is one field here plus its computation in `signals/`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -28,8 +29,8 @@ SOURCES = ("vocab", "group", "attention", "batch")
 class Statistic:
     name: str
     meaning: str
-    source: str               # one of SOURCES
-    key: str | None = None    # TRL's batch key, for source "batch"
+    source: str  # one of SOURCES
+    key: str | None = None  # TRL's batch key, for source "batch"
     shape: str = "[B, T]"
 
 
@@ -45,21 +46,27 @@ def statistic(meaning: str, source: str, key: str | None = None, *, required: bo
 class TokenStats:
     """One generation batch. Every statistic is a [B, T] float tensor (shape in `STATISTICS`)."""
 
-    logp: Tensor = statistic("log π(a_t) of the sampled token at the sampling temperature "
-                             "(NaN where the rule did not declare it)", "vocab", required=True)
-    mask: Tensor                      # [B, T] 1 on valid completion tokens, 0 on padding
-    advantages: Tensor                # [B] or [B, T] group-normalised advantage
-    group: Tensor                     # [B] int: prompt index of each row
+    logp: Tensor = statistic(
+        "log π(a_t) of the sampled token at the sampling temperature (NaN where the rule did not declare it)",
+        "vocab",
+        required=True,
+    )
+    mask: Tensor  # [B, T] 1 on valid completion tokens, 0 on padding
+    advantages: Tensor  # [B] or [B, T] group-normalised advantage
+    group: Tensor  # [B] int: prompt index of each row
     entropy: Tensor | None = statistic("predictive entropy H = -Σ_v p_v log p_v", "vocab")
     p2: Tensor | None = statistic("collision probability Σ_v p_v²", "vocab")
     p2logp: Tensor | None = statistic("Σ_v p_v² log p_v (OPEFO's full flow, methods/opefo.py)", "vocab")
     js: Tensor | None = statistic("JS(p_i,t ‖ P̄_t) to the mean over the group's live rollouts", "group")
-    attn_entropy: Tensor | None = statistic("normalised attention entropy AE ∈ [0, 1] at the rule's layers",
-                                            "attention")
-    old_logp: Tensor | None = statistic("log π_old(a_t); equals logp when TRL computed none (on-policy)",
-                                        "batch", "old_per_token_logps")
-    ref_logp: Tensor | None = statistic("log π_ref(a_t) (TRL computes it only with a KL term, beta > 0)",
-                                        "batch", "ref_per_token_logps")
+    attn_entropy: Tensor | None = statistic(
+        "normalised attention entropy AE ∈ [0, 1] at the rule's layers", "attention"
+    )
+    old_logp: Tensor | None = statistic(
+        "log π_old(a_t); equals logp when TRL computed none (on-policy)", "batch", "old_per_token_logps"
+    )
+    ref_logp: Tensor | None = statistic(
+        "log π_ref(a_t) (TRL computes it only with a KL term, beta > 0)", "batch", "ref_per_token_logps"
+    )
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 2:

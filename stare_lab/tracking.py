@@ -4,6 +4,7 @@ Analysis reads metrics.jsonl (through stare_lab.record), never the W&B API (STYL
 offline (files under <run_dir>/wandb) unless WANDB_API_KEY is set; its run id is the stare_lab
 run id, so a resumed run continues the same W&B run.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,9 +36,16 @@ def init_wandb(cfg, run_dir: Path):
 
     os.environ.setdefault("WANDB_SILENT", "true")
     return wandb.init(
-        project=cfg.logger.project, entity=cfg.logger.entity, group=cfg.run.sweep, name=cfg.run.label or cfg.run.id,
-        tags=[cfg.method.name, f"seed={cfg.seed}"], config=OmegaConf.to_container(cfg, resolve=True),
-        id=cfg.run.id, resume="allow", dir=str(run_dir), mode=wandb_mode(cfg.logger.mode),
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        group=cfg.run.sweep,
+        name=cfg.run.label or cfg.run.id,
+        tags=[cfg.method.name, f"seed={cfg.seed}"],
+        config=OmegaConf.to_container(cfg, resolve=True),
+        id=cfg.run.id,
+        resume="allow",
+        dir=str(run_dir),
+        mode=wandb_mode(cfg.logger.mode),
         settings=wandb.Settings(console="off", x_disable_stats=True),
     )
 
@@ -72,8 +80,11 @@ class MetricsLogger(TrainerCallback):
         append_metrics(self.run_dir, row)
         if self.wandb_run is not None:
             # committed at once: evaluation points logged into the same run later get rows of their own
-            self.wandb_run.log({k: v for k, v in row.items() if k not in ("step", "time") and v is not None},
-                               step=state.global_step, commit=True)
+            self.wandb_run.log(
+                {k: v for k, v in row.items() if k not in ("step", "time") and v is not None},
+                step=state.global_step,
+                commit=True,
+            )
         return control
 
 
@@ -90,7 +101,9 @@ class StepPrinter(TrainerCallback):
         for key, short in (("entropy", "H"), ("tokens/selected_frac", "sel"), ("tokens/weight_mean", "w")):
             if key in logs:
                 parts.append(f"{short}={logs[key]:.3f}")
-        parts += [f"{k[5:]}={v:.3g}" for k, v in logs.items() if k.startswith("rule/") and isinstance(v, (int, float))][:3]
+        parts += [f"{k[5:]}={v:.3g}" for k, v in logs.items() if k.startswith("rule/") and isinstance(v, (int, float))][
+            :3
+        ]
         if "step_time" in logs:
             parts.append(f"{logs['step_time']:.2f}s/step")
         print("  ".join(parts), flush=True)

@@ -16,6 +16,7 @@ Besides these, `_save_checkpoint` writes the rule state into each checkpoint bef
 marks it complete, so a resumed run continues the rule's memory.
 The trainer never names a rule: it asks the registry (`stare_lab.methods`).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,10 @@ from trl import GRPOTrainer
 
 from stare_lab import distributed
 from stare_lab.methods import Rule, RuleState, TrainerValues
+from stare_lab.methods.microbatch import check_microbatch_scope, defer_to_loss, microbatch_weights
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
 from stare_lab.signals.generation import record_generation
-from stare_lab.methods.microbatch import check_microbatch_scope, defer_to_loss, microbatch_weights
 from stare_lab.signals.paths import generation_needs, ride_old_logp_forward, stats_path
 from stare_lab.stats import TokenStats
 from stare_lab.utils import atomic_write_json
@@ -39,17 +40,31 @@ NORMALIZE_CODES = ("valid", "selected", "loss_type")
 
 
 class TokenRuleGRPOTrainer(GRPOTrainer):
-    def __init__(self, *args, rule: Rule, rule_state: RuleState | None = None, grad_geometry_every: int = 0,
-                 stats_chunk_tokens: int = 1024, attn_chunk_queries: int = 128, js_chunk_positions: int = 64,
-                 keep_batches_every: int = 0, run_dir: str | Path | None = None, stats_at_generation: bool = True,
-                 **kwargs):
+    def __init__(
+        self,
+        *args,
+        rule: Rule,
+        rule_state: RuleState | None = None,
+        grad_geometry_every: int = 0,
+        stats_chunk_tokens: int = 1024,
+        attn_chunk_queries: int = 128,
+        js_chunk_positions: int = 64,
+        keep_batches_every: int = 0,
+        run_dir: str | Path | None = None,
+        stats_at_generation: bool = True,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         _check_supported(self)
         self.rule = rule
         # the values this trainer uses (TRL resolved epsilon_high=None to epsilon): rules read these
-        self.trainer_values = TrainerValues(epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
-                                            beta=self.beta, loss_type=self.loss_type,
-                                            num_generations=self.num_generations)
+        self.trainer_values = TrainerValues(
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            loss_type=self.loss_type,
+            num_generations=self.num_generations,
+        )
         rule.check_trainer(self.trainer_values)
         self.rule_state = rule_state or RuleState(seed=self.args.seed)
         self.rule_state.trainer = self.trainer_values
@@ -103,8 +118,15 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         if keep:
             from stare_lab.viewer.collect import collect_for_trainer
 
-            collect_for_trainer(self, out, stats, run_dir=self.run_dir, every=self.keep_batches_every,
-                                rule_state=state_before, trained_weights=weights)
+            collect_for_trainer(
+                self,
+                out,
+                stats,
+                run_dir=self.run_dir,
+                every=self.keep_batches_every,
+                rule_state=state_before,
+                trained_weights=weights,
+            )
         entropy_mean = self._global_mean(rollout_entropy, local.mask) if rollout_entropy is not None else None
         self._log_rule_metrics(mode, stats, weights, selected.float(), result.metrics, entropy_mean)
         return out
@@ -137,10 +159,20 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     def _statistics(self, batch, needs, group, given=None) -> dict[str, torch.Tensor]:
         G = self.num_generations
         return token_statistics(
-            self.accelerator.unwrap_model(self.model), batch, needs, num_generations=G, temperature=self.temperature,
-            attn_layers=self.rule.attn_layers, rows_per_forward=max(G, (self.args.per_device_train_batch_size // G) * G),
-            chunk_tokens=self.stats_chunk_tokens, chunk_queries=self.attn_chunk_queries,
-            chunk_positions=self.js_chunk_positions, group=group, accelerator=self.accelerator, given=given)
+            self.accelerator.unwrap_model(self.model),
+            batch,
+            needs,
+            num_generations=G,
+            temperature=self.temperature,
+            attn_layers=self.rule.attn_layers,
+            rows_per_forward=max(G, (self.args.per_device_train_batch_size // G) * G),
+            chunk_tokens=self.stats_chunk_tokens,
+            chunk_queries=self.attn_chunk_queries,
+            chunk_positions=self.js_chunk_positions,
+            group=group,
+            accelerator=self.accelerator,
+            given=given,
+        )
 
     # ---- where the statistics come from (docs/pitfalls_signals.md, "Statistics paths") ------------
     def stats_path(self) -> str:
@@ -155,10 +187,15 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             return super()._generate_single_turn(*args, **kwargs)
         # JS at generation time only in one process: the pass's JS of groups split over ranks is a collective
         one_process = self.accelerator.num_processes == 1
-        with record_generation(self.model, generation_needs(self), temperature=self.temperature,
-                               attn_layers=self.rule.attn_layers, chunk_queries=self.attn_chunk_queries,
-                               js_group=self.num_generations if one_process else None,
-                               eos_ids=self.eos_token_ids) as rec:
+        with record_generation(
+            self.model,
+            generation_needs(self),
+            temperature=self.temperature,
+            attn_layers=self.rule.attn_layers,
+            chunk_queries=self.attn_chunk_queries,
+            js_group=self.num_generations if one_process else None,
+            eos_ids=self.eos_token_ids,
+        ) as rec:
             result = super()._generate_single_turn(*args, **kwargs)
         self._record = rec
         return result
@@ -169,8 +206,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             self._ride_armed = False
             return ride_old_logp_forward(self, input_ids, attention_mask, logits_to_keep, kwargs)
         logp, entropies, aux = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        if self._loss_inputs is not None and entropies is not None:   # scope "microbatch": select from this forward
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
+        if self._loss_inputs is not None and entropies is not None:  # scope "microbatch": select from this forward
             inputs, self._loss_inputs = self._loss_inputs, None
             self._microbatch_weights(inputs, entropies, logp)
         return logp, entropies, aux
@@ -181,8 +219,10 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         try:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             if self._loss_inputs is not None:
-                raise RuntimeError("scope 'microbatch': _compute_loss made no forward with entropies, so no weights "
-                                   "were selected for this micro-batch")
+                raise RuntimeError(
+                    "scope 'microbatch': _compute_loss made no forward with entropies, so no weights "
+                    "were selected for this micro-batch"
+                )
             return loss
         finally:
             self._loss_inputs = None
@@ -218,8 +258,13 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         def weights():  # read when TRL reaches the slot: a "microbatch" rule has just written them
             return trl_loss.loss_weights(self, inputs, NORMALIZE_CODES[int(inputs["token_normalize"])])
 
-        loss = trl_loss.trl_loss(self, model, inputs, weights,
-                                 on_entropies=lambda entropies, mask: seen.update(entropies=entropies.detach(), mask=mask))
+        loss = trl_loss.trl_loss(
+            self,
+            model,
+            inputs,
+            weights,
+            on_entropies=lambda entropies, mask: seen.update(entropies=entropies.detach(), mask=mask),
+        )
         if mode == "train" and self._geometry_due():
             self._log_gradient_geometry(model, inputs, loss)
         self._log_loss_metrics(mode, seen["entropies"], seen["mask"], inputs)
@@ -242,8 +287,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     def _log_loss_metrics(self, mode, entropies, mask, inputs) -> None:
         """TRL logs entropy, clip ratios, KL, aux loss; ours: the entropy of the rule's selected tokens."""
         selected = inputs["token_selected"] * mask
-        totals = self.accelerator.reduce(torch.stack([(entropies * selected).sum(), selected.sum().float()]),
-                                         reduction="sum")
+        totals = self.accelerator.reduce(
+            torch.stack([(entropies * selected).sum(), selected.sum().float()]), reduction="sum"
+        )
         self._metrics[mode]["tokens/entropy_selected"].append((totals[0] / totals[1].clamp(min=1.0)).item())
 
     # ---- rule state in checkpoints ----------------------------------------------------------
@@ -263,8 +309,10 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         """Continue the rule state saved in `checkpoint_dir`; a checkpoint without one is refused."""
         path = Path(checkpoint_dir) / RULE_STATE_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint_dir} has no {RULE_STATE_FILE}: its rule state was never "
-                                    f"saved, so resuming from it would restart the rule's memory")
+            raise FileNotFoundError(
+                f"checkpoint {checkpoint_dir} has no {RULE_STATE_FILE}: its rule state was never "
+                f"saved, so resuming from it would restart the rule's memory"
+            )
         self.rule_state = RuleState.from_dict(json.loads(path.read_text()))
         self.rule_state.trainer = self.trainer_values
 

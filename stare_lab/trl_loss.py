@@ -22,10 +22,11 @@ Because the weights multiply the per-token loss before aggregation, normalize="v
 sums in the loss type's denominator; `selected_scale` expresses that as a constant factor on the
 weights (per generation batch, micro-batch or row, depending on the loss type).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -45,8 +46,7 @@ def loss_mask(inputs: dict) -> Tensor:
     return mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
 
 
-def selected_scale(loss_type: str, weights: Tensor, mask: Tensor, num_items: Tensor,
-                   weight_total: Tensor) -> Tensor:
+def selected_scale(loss_type: str, weights: Tensor, mask: Tensor, num_items: Tensor, weight_total: Tensor) -> Tensor:
     """Factor c with TRL's denominator(mask) / c = the same denominator with counts replaced by weight sums.
 
     weights, mask: [B, T] of one micro-batch; num_items: the generation batch's valid-token count over
@@ -75,8 +75,9 @@ def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str) -> Tensor:
         return weights
     if normalize != "selected":
         raise ValueError(f"normalize={normalize!r} is not one of valid, selected, loss_type")
-    scale = selected_scale(trainer.loss_type, weights, loss_mask(inputs), inputs["num_items_in_batch"],
-                           inputs["token_weight_total"])
+    scale = selected_scale(
+        trainer.loss_type, weights, loss_mask(inputs), inputs["num_items_in_batch"], inputs["token_weight_total"]
+    )
     return weights * scale
 
 
@@ -84,8 +85,9 @@ Weights = Tensor | Callable[[], Tensor]
 
 
 @contextmanager
-def weight_slot(trainer: GRPOTrainer, weights: Weights,
-                on_entropies: Callable[[Tensor, Tensor], None] | None = None) -> Iterator[None]:
+def weight_slot(
+    trainer: GRPOTrainer, weights: Weights, on_entropies: Callable[[Tensor, Tensor], None] | None = None
+) -> Iterator[None]:
     """For the calls inside, TRL's per-token mask slot returns `weights` [B, T].
 
     The instance attribute shadows `get_high_entropy_mask` and `top_entropy_quantile` < 1 arms the
@@ -112,8 +114,13 @@ def weight_slot(trainer: GRPOTrainer, weights: Weights,
         trainer.top_entropy_quantile = quantile
 
 
-def trl_loss(trainer: GRPOTrainer, model, inputs: dict, weights: Weights,
-             on_entropies: Callable[[Tensor, Tensor], None] | None = None) -> Tensor:
+def trl_loss(
+    trainer: GRPOTrainer,
+    model,
+    inputs: dict,
+    weights: Weights,
+    on_entropies: Callable[[Tensor, Tensor], None] | None = None,
+) -> Tensor:
     """TRL's `_compute_loss` on `inputs` with `weights` [B, T] multiplying its per-token loss."""
     with weight_slot(trainer, weights, on_entropies):
         return GRPOTrainer._compute_loss(trainer, model, inputs)
@@ -132,7 +139,7 @@ def side_effects_undone(trainer: GRPOTrainer) -> Iterator[None]:
                 if k not in lengths[mode]:
                     del rows[k]
                 else:
-                    del rows[k][lengths[mode][k]:]
+                    del rows[k][lengths[mode][k] :]
         trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = controller
 
 
@@ -149,8 +156,12 @@ def gradient_geometry(trainer: GRPOTrainer, model, inputs: dict, weighted_loss: 
     g_w = torch.autograd.grad(weighted_loss, params, retain_graph=True, allow_unused=True)
     g_f = torch.autograd.grad(full_loss, params, allow_unused=True)
     # float64: a float32 cosine of two equal million-entry vectors is off by ~1e-4
-    flat_w = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_w, params)])
-    flat_f = torch.cat([(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_f, params)])
+    flat_w = torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_w, params, strict=True)]
+    )
+    flat_f = torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).double().flatten() for g, p in zip(g_f, params, strict=True)]
+    )
     norm_f = flat_f.norm()
     if norm_f == 0:
         return float("nan"), float("nan")
@@ -161,9 +172,10 @@ def refusals(trainer: GRPOTrainer) -> list[str]:
     """TRL features that do not compose with token weights, each with its one-line reason."""
     problems = []
     if trainer.top_entropy_quantile < 1.0:
-        problems.append("top_entropy_quantile < 1: its mask slot carries the token weights "
-                        "(use method=top_entropy)")
+        problems.append("top_entropy_quantile < 1: its mask slot carries the token weights (use method=top_entropy)")
     if getattr(trainer, "tools", None):
-        problems.append("tools: the statistics pass does not yet apply TRL's tool_mask, so a rule would "
-                        "select tool-output tokens and count them in the 'selected' denominator")
+        problems.append(
+            "tools: the statistics pass does not yet apply TRL's tool_mask, so a rule would "
+            "select tool-output tokens and count them in the 'selected' denominator"
+        )
     return problems

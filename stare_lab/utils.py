@@ -1,11 +1,13 @@
 """Small shared helpers: atomic writes."""
+
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def atomic_write(path: Path | str, write: Callable[[str], None]) -> None:

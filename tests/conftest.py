@@ -1,4 +1,5 @@
 """Shared test settings: no network, quiet libraries, deterministic threads."""
+
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -7,6 +7,7 @@ out_dir, *args)` in each. Workers write their results with torch.save under out_
 reads them. Every worker also computes the one-process reference itself, with the same thread
 count, so the comparison is bit for bit.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,15 +31,25 @@ def spawn(fn, world_size: int, tmp_dir: Path, *args) -> None:
     tmp_dir.mkdir(parents=True, exist_ok=True)
     # FileStore needs a file no earlier group used: a fresh name per call
     init_file = Path(tempfile.mkdtemp(prefix="rdzv-", dir=tmp_dir)) / "store"
-    mp.start_processes(_entry, args=(fn, world_size, str(init_file), str(tmp_dir), args), nprocs=world_size,
-                       join=True, start_method="spawn")
+    mp.start_processes(
+        _entry,
+        args=(fn, world_size, str(init_file), str(tmp_dir), args),
+        nprocs=world_size,
+        join=True,
+        start_method="spawn",
+    )
 
 
 def _entry(rank: int, fn, world_size: int, init_file: str, out_dir: str, args) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=GLOO_TIMEOUT_S),
+    )
     try:
         fn(rank, world_size, Path(out_dir), *args)
         dist.barrier()
@@ -48,14 +59,15 @@ def _entry(rank: int, fn, world_size: int, init_file: str, out_dir: str, args) -
 
 # ---- a global generation batch and each rank's share of it ------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class BatchSpec:
-    rows_per_rank: tuple[int, ...]   # B_local of each rank (TRL: all equal)
-    G: int                           # rollouts per prompt
-    T: int                           # longest completion of the global batch
-    old_logp_alias: bool = False     # old_logp is logp (TRL computed no old log-probs)
-    token_advantages: bool = False   # advantages [B, T] instead of [B]
-    logp_nan: bool = False           # logp all NaN (no declared statistic yields it)
+    rows_per_rank: tuple[int, ...]  # B_local of each rank (TRL: all equal)
+    G: int  # rollouts per prompt
+    T: int  # longest completion of the global batch
+    old_logp_alias: bool = False  # old_logp is logp (TRL computed no old log-probs)
+    token_advantages: bool = False  # advantages [B, T] instead of [B]
+    logp_nan: bool = False  # logp all NaN (no declared statistic yields it)
 
 
 def make_global_batch(spec: BatchSpec, seed: int) -> tuple[TokenStats, torch.Tensor]:
@@ -74,9 +86,9 @@ def make_global_batch(spec: BatchSpec, seed: int) -> tuple[TokenStats, torch.Ten
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     mask[torch.rand(B, generator=g) < 0.1] = 0.0
     rewards = torch.randint(0, 2, (B,), generator=g).float()
-    rewards[:G] = 1.0                    # group 0: zero variance
+    rewards[:G] = 1.0  # group 0: zero variance
     if B // G > 2:
-        rewards[2 * G: 3 * G] = 0.0      # group 2: zero variance
+        rewards[2 * G : 3 * G] = 0.0  # group 2: zero variance
     r = rewards.view(-1, G)
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).view(-1)
     if spec.token_advantages:
@@ -93,9 +105,16 @@ def make_global_batch(spec: BatchSpec, seed: int) -> tuple[TokenStats, torch.Ten
     entropy[0, 0] = 0.0
     p2 = stat(0.05, 1.0)
     fields = dict(
-        logp=torch.full((B, T), float("nan")) if spec.logp_nan else logp, mask=mask, advantages=adv,
-        group=torch.arange(B) // G, entropy=entropy, attn_entropy=stat(0.0, 1.0), js=stat(0.0, math.log(2.0)),
-        p2=p2, p2logp=p2 * stat(-4.0, 0.0), ref_logp=logp + 0.1 * stat(-1.0, 1.0),
+        logp=torch.full((B, T), float("nan")) if spec.logp_nan else logp,
+        mask=mask,
+        advantages=adv,
+        group=torch.arange(B) // G,
+        entropy=entropy,
+        attn_entropy=stat(0.0, 1.0),
+        js=stat(0.0, math.log(2.0)),
+        p2=p2,
+        p2logp=p2 * stat(-4.0, 0.0),
+        ref_logp=logp + 0.1 * stat(-1.0, 1.0),
     )
     fields["old_logp"] = fields["logp"] if spec.old_logp_alias else logp + 0.3 * stat(-1.0, 1.0)
     names = {f.name for f in dataclasses.fields(TokenStats)}
@@ -134,8 +153,12 @@ SPECS = {
 GENERIC_VARIANTS = {"scope": ("batch", "group", "sequence"), "ties": ("quantile",)}
 EXTRA_VARIANTS = {
     "random": [{"match": "position"}, {"match": "position", "reference": "top_entropy"}],
-    "stare": [{"H_tgt": 5.0}, {"variant": "C2", "H_tgt": 5.0},
-              {"adaptive": True, "H_tgt": 1.0}, {"adaptive": True, "variant": "C2", "H_tgt": 0.9}],
+    "stare": [
+        {"H_tgt": 5.0},
+        {"variant": "C2", "H_tgt": 5.0},
+        {"adaptive": True, "H_tgt": 1.0},
+        {"adaptive": True, "variant": "C2", "H_tgt": 0.9},
+    ],
     "opefo": [{"flow": "full"}],
     "ict": [{"warmup_steps": 1}, {"warmup_steps": 0}],
     "gmts": [{"mode": "zero_advantage"}, {"rho": 0.5}],
@@ -187,8 +210,13 @@ def _out_record(out, rows=None):
     def part(x):
         return None if x is None else (local_rows(x, rows) if rows is not None else x).clone()
 
-    return {"weights": part(out.weights), "selected": part(out.selected), "normalize": out.normalize,
-            "metrics": dict(out.metrics), "weight_total": out.weights.sum()}
+    return {
+        "weights": part(out.weights),
+        "selected": part(out.selected),
+        "normalize": out.normalize,
+        "metrics": dict(out.metrics),
+        "weight_total": out.weights.sum(),
+    }
 
 
 def rules_worker(rank: int, world_size: int, out_dir: Path) -> None:
@@ -207,11 +235,13 @@ def rules_worker(rank: int, world_size: int, out_dir: Path) -> None:
             gathered.append((g, row_slice))
             results[(spec_name, "stats", len(gathered) - 1)] = {
                 "global": {f.name: getattr(g, f.name) for f in dataclasses.fields(TokenStats)},
-                "row_slice": row_slice, "old_logp_is_logp": g.old_logp is g.logp}
+                "row_slice": row_slice,
+                "old_logp_is_logp": g.old_logp is g.logp,
+            }
         for name, params in rule_variants():
             rule = get_method(name, **params)
             state_n, state_1 = rule_state(spec.G), rule_state(spec.G)
-            for step, ((stats, _), (g, row_slice)) in enumerate(zip(batches, gathered)):
+            for step, ((stats, _), (g, row_slice)) in enumerate(zip(batches, gathered, strict=True)):
                 state_n.step = state_1.step = step
                 with deterministic():  # as the trainer calls it
                     out_n = rule(g, state_n)
@@ -220,9 +250,12 @@ def rules_worker(rank: int, world_size: int, out_dir: Path) -> None:
                 state_local.step = step
                 local_only = rule(local_share(stats, batches[step][1], rows), state_local)
                 results[(spec_name, name, repr(params), step)] = {
-                    "n": _out_record(out_n, row_slice), "one": _out_record(out_1),
+                    "n": _out_record(out_n, row_slice),
+                    "one": _out_record(out_1),
                     "local_only_weights": local_only.weights,
-                    "rows": rows, "memory_n": dict(state_n.memory), "memory_1": dict(state_1.memory),
+                    "rows": rows,
+                    "memory_n": dict(state_n.memory),
+                    "memory_1": dict(state_1.memory),
                     "identical_on_ranks": same_on_all_ranks(out_n.weights) and same_on_all_ranks(state_n.memory),
                 }
     torch.save(results, out_dir / f"rules_rank{rank}.pt")
@@ -230,8 +263,10 @@ def rules_worker(rank: int, world_size: int, out_dir: Path) -> None:
 
 # ---- JS to the group mean with groups split over ranks ---------------------------------------
 
-JS_SPECS = {"trl_split": BatchSpec(rows_per_rank=(6, 6), G=4, T=9),
-            "wide_group": BatchSpec(rows_per_rank=(4, 12), G=8, T=6)}  # group 0 spans both ranks 4:4
+JS_SPECS = {
+    "trl_split": BatchSpec(rows_per_rank=(6, 6), G=4, T=9),
+    "wide_group": BatchSpec(rows_per_rank=(4, 12), G=8, T=6),
+}  # group 0 spans both ranks 4:4
 JS_H, JS_V, JS_CHUNK = 16, 40, 4
 
 
@@ -262,23 +297,35 @@ def js_worker(rank: int, world_size: int, out_dir: Path) -> None:
         js = torch.zeros(live_loc.shape)
         whole = ~split
         if whole.any():
-            js[whole] = chunked_js_to_group_mean(h_loc[whole], project, group_loc[whole], live_loc[whole],
-                                                 chunk_positions=JS_CHUNK)
-        js[split] = js_for_split_groups(h_loc[split], live_loc[split], group_loc[split], project,
-                                        chunk_positions=JS_CHUNK)
+            js[whole] = chunked_js_to_group_mean(
+                h_loc[whole], project, group_loc[whole], live_loc[whole], chunk_positions=JS_CHUNK
+            )
+        js[split] = js_for_split_groups(
+            h_loc[split], live_loc[split], group_loc[split], project, chunk_positions=JS_CHUNK
+        )
         local = local_share(stats, lengths, rows)
         local.js = js
         gathered, _ = global_token_stats(local)
         naive = chunked_js_to_group_mean(h_loc, project, group_loc, live_loc, chunk_positions=JS_CHUNK)
-        results[name] = {"js": js, "reference": reference[rows, :T_r], "split_rows": int(split.sum()),
-                         "global_js": gathered.js, "global_reference": reference, "naive": naive}
+        results[name] = {
+            "js": js,
+            "reference": reference[rows, :T_r],
+            "split_rows": int(split.sum()),
+            "global_js": gathered.js,
+            "global_reference": reference,
+            "naive": naive,
+        }
     torch.save(results, out_dir / f"js_rank{rank}.pt")
 
 
 # ---- loss and gradients of a tiny model: DDP over 2 ranks vs one process ---------------------
 
-LOSS_CASES = [("dapo", "selected", "top_entropy"), ("dapo", "valid", "stare"), ("grpo", "selected", "top_entropy"),
-              ("grpo", "valid", "opefo")]
+LOSS_CASES = [
+    ("dapo", "selected", "top_entropy"),
+    ("dapo", "valid", "stare"),
+    ("grpo", "selected", "top_entropy"),
+    ("grpo", "valid", "opefo"),
+]
 PROMPT_LEN = 5
 
 
@@ -286,15 +333,16 @@ def _tiny_model():
     from stare_lab.models.builtin import build_model, build_tokenizer
 
     torch.manual_seed(0)
-    return build_model(build_tokenizer(), hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                       intermediate_size=64)
+    return build_model(
+        build_tokenizer(), hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
+    )
 
 
 def _token_logp(model, prompt, completion, mask):
     """[B, T] log π(a_t) of each completion token under `model` (a plain forward, float32)."""
     ids = torch.cat([prompt, completion], dim=1)
     attn = torch.cat([torch.ones_like(prompt), mask.long()], dim=1)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, PROMPT_LEN - 1: -1].float()
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, PROMPT_LEN - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
 
 
@@ -303,8 +351,9 @@ def _loss(model, prompt, completion, stats, weights, agg, normalize, num_items, 
 
     logp = _token_logp(model, prompt, completion, stats.mask)
     per_token, _ = objective.clipped_surrogate(logp, logp.detach(), stats.advantages, 0.2, 0.28)
-    return objective.aggregate(per_token, weights, stats.mask, agg, normalize=normalize, num_items=num_items,
-                               weight_total=weight_total)
+    return objective.aggregate(
+        per_token, weights, stats.mask, agg, normalize=normalize, num_items=num_items, weight_total=weight_total
+    )
 
 
 def loss_worker(rank: int, world_size: int, out_dir: Path) -> None:
@@ -338,26 +387,30 @@ def loss_worker(rank: int, world_size: int, out_dir: Path) -> None:
         gstats, row_slice = global_token_stats(local)
         out = rule(gstats, rule_state(spec.G))
         w_local = local_rows(out.weights, row_slice)
-        num_items = gstats.mask.sum()          # TRL: gather(completion_mask.sum()).sum()
-        weight_total = out.weights.sum()       # the generation batch's weight sum, from the global weights
+        num_items = gstats.mask.sum()  # TRL: gather(completion_mask.sum()).sum()
+        weight_total = out.weights.sum()  # the generation batch's weight sum, from the global weights
         model = DDP(_tiny_model())
         agg = objective.Aggregation(loss_type=loss_type, num_processes=world_size)
         T_r = local.shape[1]
-        loss = _loss(model, prompt[rows], completion[rows, :T_r], local, w_local, agg, normalize, num_items,
-                     weight_total)
-        loss.backward()                        # DDP averages the gradients over ranks
+        loss = _loss(
+            model, prompt[rows], completion[rows, :T_r], local, w_local, agg, normalize, num_items, weight_total
+        )
+        loss.backward()  # DDP averages the gradients over ranks
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
         results[(loss_type, normalize, rule_name)] = {
-            "loss_one": loss_one.detach(), "loss_mean_over_ranks": mean_loss / world_size,
+            "loss_one": loss_one.detach(),
+            "loss_mean_over_ranks": mean_loss / world_size,
             "grads_one": [p.grad.clone() for p in one.parameters()],
             "grads_ddp": [p.grad.clone() for p in model.module.parameters()],
-            "weight_total_one": w_one.sum(), "weight_total": weight_total,
+            "weight_total_one": w_one.sum(),
+            "weight_total": weight_total,
         }
     torch.save(results, out_dir / f"loss_rank{rank}.pt")
 
 
 # ---- bad input: one clear error on every rank, no hang ---------------------------------------
+
 
 def errors_worker(rank: int, world_size: int, out_dir: Path) -> None:
     from stare_lab.distributed import global_token_stats

@@ -7,16 +7,16 @@ global row = process_index · B_local + local row (docs/distributed.md §1). Bot
 on the same global batches; the optimizer is plain SGD (see tests/test_distributed_train.py for
 why not Adam).
 """
+
 from __future__ import annotations
 
 import zlib
 from pathlib import Path
 
 import torch
-
 from dist_worker_trl import completion_reward
 
-G, ROWS, STEPS, MAX_LEN, LR = 4, 12, 2, 6, 0.05   # 12 rows per generation batch: 6 per rank on 2 ranks
+G, ROWS, STEPS, MAX_LEN, LR = 4, 12, 2, 6, 0.05  # 12 rows per generation batch: 6 per rank on 2 ranks
 
 
 def rollout_func(prompts: list, trainer) -> dict:
@@ -39,26 +39,45 @@ def train(rule: str | None, out_dir: Path, world_size: int, **rule_params) -> li
     """Parameters after STEPS optimizer steps; rule None = plain TRL GRPOTrainer."""
     import os
 
-    from trl import GRPOConfig, GRPOTrainer
-
     from transformers import Qwen2ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
 
     from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
     from stare_lab.tasks.arithmetic import ArithmeticTask
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    args = GRPOConfig(output_dir=str(out_dir / f"run-{rule}"), per_device_train_batch_size=ROWS // world_size // 2,
-                      gradient_accumulation_steps=2, num_generations=G, max_completion_length=MAX_LEN,
-                      max_steps=STEPS, learning_rate=LR, optim="sgd", lr_scheduler_type="constant", use_cpu=True,
-                      bf16=False, report_to="none", seed=0, save_strategy="no", disable_tqdm=True, logging_steps=1,
-                      epsilon_high=0.28)
+    args = GRPOConfig(
+        output_dir=str(out_dir / f"run-{rule}"),
+        per_device_train_batch_size=ROWS // world_size // 2,
+        gradient_accumulation_steps=2,
+        num_generations=G,
+        max_completion_length=MAX_LEN,
+        max_steps=STEPS,
+        learning_rate=LR,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        epsilon_high=0.28,
+    )
     torch.manual_seed(0)
     tok = build_tokenizer()
     # the shipped, trained model: its next-token entropies vary from token to token, so a top-k by
     # entropy has no near-ties that float noise between the two layouts could flip
     model = Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR)
-    kwargs = dict(model=model, reward_funcs=[completion_reward], args=args, processing_class=tok,
-                  train_dataset=ArithmeticTask(train_size=48, heldout_size=4).train_dataset(), rollout_func=rollout_func)
+    kwargs = dict(
+        model=model,
+        reward_funcs=[completion_reward],
+        args=args,
+        processing_class=tok,
+        train_dataset=ArithmeticTask(train_size=48, heldout_size=4).train_dataset(),
+        rollout_func=rollout_func,
+    )
     if rule is None:
         trainer = GRPOTrainer(**kwargs)
     else:
@@ -71,8 +90,14 @@ def train(rule: str | None, out_dir: Path, world_size: int, **rule_params) -> li
     return [p.detach().clone() for p in trainer.model.parameters()]
 
 
-RUNS = [(None, {}), ("full", {}), ("top_entropy", {}), ("gmts", {}), ("stare", {"H_tgt": 10.0}),
-        ("ict", {"warmup_steps": 0, "rho": 0.3})]   # ict: JS of group 1, split over the ranks
+RUNS = [
+    (None, {}),
+    ("full", {}),
+    ("top_entropy", {}),
+    ("gmts", {}),
+    ("stare", {"H_tgt": 10.0}),
+    ("ict", {"warmup_steps": 0, "rho": 0.3}),
+]  # ict: JS of group 1, split over the ranks
 
 
 def train_worker(rank: int, world_size: int, out_dir: Path) -> None:

@@ -6,6 +6,7 @@ MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK in the environment, as
 created by GRPOConfig, initialises torch.distributed (gloo on CPU). Each rank records what its
 `_generate_and_score_completions` received and returned.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,21 +16,31 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-G, B_LOCAL = 4, 6   # 12 rows per generation batch: group 1 has rows 4-5 on rank 0 and 6-7 on rank 1
+G, B_LOCAL = 4, 6  # 12 rows per generation batch: group 1 has rows 4-5 on rank 0 and 6-7 on rank 1
 
 
 def spawn_env(fn, world_size: int, out_dir: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_entry, args=(fn, world_size, port, str(out_dir)), nprocs=world_size, join=True,
-                       start_method="spawn")
+    mp.start_processes(
+        _entry, args=(fn, world_size, port, str(out_dir)), nprocs=world_size, join=True, start_method="spawn"
+    )
 
 
 def _entry(rank: int, fn, world_size: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), TOKENIZERS_PARALLELISM="false",
-                      WANDB_MODE="disabled", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        TOKENIZERS_PARALLELISM="false",
+        WANDB_MODE="disabled",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+    )
     torch.set_num_threads(1)
     fn(rank, world_size, Path(out_dir))
 
@@ -56,24 +67,53 @@ def trl_layout_worker(rank: int, world_size: int, out_dir: Path) -> None:
             texts = self.processing_class.batch_decode(out["completion_ids"], skip_special_tokens=True)
             B, T = out["completion_ids"].shape
             group = (self.accelerator.process_index * B + torch.arange(B)) // self.num_generations
-            local = TokenStats(logp=torch.full((B, T), float("nan")), mask=out["completion_mask"],
-                               advantages=out["advantages"], group=group)
+            local = TokenStats(
+                logp=torch.full((B, T), float("nan")),
+                mask=out["completion_mask"],
+                advantages=out["advantages"],
+                group=group,
+            )
             gathered, rows = global_token_stats(local, self.accelerator)
-            records.append({"prompts": [x["prompt"] for x in inputs], "completions": texts,
-                            "advantages": out["advantages"].clone(), "process_index": self.accelerator.process_index,
-                            "num_processes": self.accelerator.num_processes, "global_group": gathered.group,
-                            "global_advantages": gathered.advantages, "rows": rows})
+            records.append(
+                {
+                    "prompts": [x["prompt"] for x in inputs],
+                    "completions": texts,
+                    "advantages": out["advantages"].clone(),
+                    "process_index": self.accelerator.process_index,
+                    "num_processes": self.accelerator.num_processes,
+                    "global_group": gathered.group,
+                    "global_advantages": gathered.advantages,
+                    "rows": rows,
+                }
+            )
             return out
 
-    args = GRPOConfig(output_dir=str(out_dir / "trl"), per_device_train_batch_size=B_LOCAL, num_generations=G,
-                      gradient_accumulation_steps=1, max_completion_length=6, max_steps=2, learning_rate=1e-3,
-                      use_cpu=True, bf16=False, report_to="none", seed=0, save_strategy="no", disable_tqdm=True,
-                      logging_steps=1)
+    args = GRPOConfig(
+        output_dir=str(out_dir / "trl"),
+        per_device_train_batch_size=B_LOCAL,
+        num_generations=G,
+        gradient_accumulation_steps=1,
+        max_completion_length=6,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+    )
     torch.manual_seed(0)
     tok = build_tokenizer()
     model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    trainer = Recording(model=model, reward_funcs=[completion_reward], args=args,
-                        train_dataset=ArithmeticTask(train_size=48, heldout_size=4).train_dataset(), processing_class=tok)
+    trainer = Recording(
+        model=model,
+        reward_funcs=[completion_reward],
+        args=args,
+        train_dataset=ArithmeticTask(train_size=48, heldout_size=4).train_dataset(),
+        processing_class=tok,
+    )
     trainer.train()
     torch.save(records, out_dir / f"trl_rank{rank}.pt")
     dist.barrier()

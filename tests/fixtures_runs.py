@@ -12,6 +12,7 @@ Intermediate evaluations (eval/step-50/) carry a different value (0.99) so a tab
 them would show. Training metrics: reward = REWARD_BASE[rule] + 0.01·step + 0.001·seed at steps
 10..50.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,31 @@ AVG = {
     ("rsi_band", "[0.5,1]", 2): {"arithmetic": 0.50, "aime24": 0.35},
 }
 SETTINGS = {
-    "arithmetic": {"n": 32, "temperature": 1.0, "top_p": 0.7, "max_tokens": 256, "verifier": "exact",
-                   "num_problems": 4},
-    "aime24": {"n": 32, "temperature": 1.0, "top_p": 0.7, "max_tokens": 4096, "verifier": "math_verify",
-               "num_problems": 30},
+    "arithmetic": {
+        "n": 32,
+        "temperature": 1.0,
+        "top_p": 0.7,
+        "max_tokens": 256,
+        "verifier": "exact",
+        "num_problems": 4,
+    },
+    "aime24": {
+        "n": 32,
+        "temperature": 1.0,
+        "top_p": 0.7,
+        "max_tokens": 4096,
+        "verifier": "math_verify",
+        "num_problems": 30,
+    },
 }
 KS = (1, 2, 4, 8, 16, 32)
 REWARD_BASE = {"full": 0.3, "stare": 0.4, "rsi_band": 0.2, "ict": 0.25}
-RULE_METRICS = {"full": {}, "ict": {}, "stare": {"rule/gate": 0.5}, "rsi_band": {"rule/kept_frac": 0.6, "rule/low_frac": 0.1,
-                                                                       "rule/high_frac": 0.3}}
+RULE_METRICS = {
+    "full": {},
+    "ict": {},
+    "stare": {"rule/gate": 0.5},
+    "rsi_band": {"rule/kept_frac": 0.6, "rule/low_frac": 0.1, "rule/high_frac": 0.3},
+}
 
 
 def run_id(method: str, variant: str | None, seed: int) -> str:
@@ -64,14 +81,34 @@ def _write_eval(eval_dir: Path, benchmark: str, avg: float, step: int, settings:
     record = {"benchmark": benchmark, "step": step, **settings, "metrics": metrics}
     (eval_dir / f"{benchmark}.json").write_text(json.dumps(record))
     correct = round(avg * n * num)
-    rows = [{"problem_id": str(p), "sample_index": s, "answer": "\\boxed{1}", "extracted": "1", "gold": "1",
-             "correct": p * n + s < correct, "length": 10} for p in range(num) for s in range(n)]
+    rows = [
+        {
+            "problem_id": str(p),
+            "sample_index": s,
+            "answer": "\\boxed{1}",
+            "extracted": "1",
+            "gold": "1",
+            "correct": p * n + s < correct,
+            "length": 10,
+        }
+        for p in range(num)
+        for s in range(n)
+    ]
     pd.DataFrame(rows).to_parquet(eval_dir / f"{benchmark}.parquet")
 
 
-def write_run(root: Path, method: str, variant: str | None, seed: int, *, state: str = "finished",
-              evals: dict[str, float] | None = None, settings: dict | None = None,
-              truncate_metrics: bool = False, extra_config: dict | None = None) -> Path:
+def write_run(
+    root: Path,
+    method: str,
+    variant: str | None,
+    seed: int,
+    *,
+    state: str = "finished",
+    evals: dict[str, float] | None = None,
+    settings: dict | None = None,
+    truncate_metrics: bool = False,
+    extra_config: dict | None = None,
+) -> Path:
     """One run directory; `evals=None` writes no eval/ (a run not yet evaluated)."""
     rid = run_id(method, variant, seed)
     run_dir = root / SWEEP / rid
@@ -83,8 +120,12 @@ def write_run(root: Path, method: str, variant: str | None, seed: int, *, state:
         "method": {"name": method, "params": params},
         "trainer": {"learning_rate": 1e-6, "output_dir": str(run_dir), "seed": seed},
         "logger": {"project": "stare_lab"},
-        "run": {"sweep": SWEEP, "id": rid, "label": f"method={method} seed={seed}",
-                **({"variant": variant} if variant else {})},
+        "run": {
+            "sweep": SWEEP,
+            "id": rid,
+            "label": f"method={method} seed={seed}",
+            **({"variant": variant} if variant else {}),
+        },
     }
     for key, value in (extra_config or {}).items():
         node = config
@@ -96,9 +137,14 @@ def write_run(root: Path, method: str, variant: str | None, seed: int, *, state:
     (run_dir / "status.json").write_text(json.dumps({"state": state, "attempts": 1, "error": None}))
     lines = []
     for step in STEPS:
-        row = {"step": step, "time": 1.7e9 + step, "reward": REWARD_BASE[method] + 0.01 * step + 0.001 * seed,
-               "entropy": 1.0 - 0.01 * step, "tokens/selected_frac": 0.2 if method != "full" else 1.0,
-               **{k: v + 0.001 * step for k, v in RULE_METRICS[method].items()}}
+        row = {
+            "step": step,
+            "time": 1.7e9 + step,
+            "reward": REWARD_BASE[method] + 0.01 * step + 0.001 * seed,
+            "entropy": 1.0 - 0.01 * step,
+            "tokens/selected_frac": 0.2 if method != "full" else 1.0,
+            **{k: v + 0.001 * step for k, v in RULE_METRICS[method].items()},
+        }
         lines.append(json.dumps(row))
     text = "\n".join(lines) + "\n"
     if truncate_metrics:

@@ -1,5 +1,6 @@
 """Helpers of the multi-process tests (tests/test_multiproc_*.py): the real runner with a rank
 killed or slowed at a given step, picklable by module name for submitit's workers."""
+
 from __future__ import annotations
 
 import os
@@ -10,10 +11,17 @@ from pathlib import Path
 import yaml
 
 # A 2-process run of the built-in model: 6 rows per rank, G = 4, so group 1 spans both ranks.
-TWO_PROCESS = {"trainer.max_steps": 3, "trainer.save_steps": 1, "trainer.per_device_train_batch_size": 6,
-               "trainer.num_generations": 4, "trainer.gradient_accumulation_steps": 1,
-               "trainer.max_completion_length": 8, "trainer.ddp_timeout_s": 60,
-               "task.train_size": 64, "task.heldout_size": 8}
+TWO_PROCESS = {
+    "trainer.max_steps": 3,
+    "trainer.save_steps": 1,
+    "trainer.per_device_train_batch_size": 6,
+    "trainer.num_generations": 4,
+    "trainer.gradient_accumulation_steps": 1,
+    "trainer.max_completion_length": 8,
+    "trainer.ddp_timeout_s": 60,
+    "task.train_size": 64,
+    "task.heldout_size": 8,
+}
 KILLED_MARK = "killed-rank.json"
 
 
@@ -57,6 +65,7 @@ if __name__ == "__main__":  # the sweep driver with `slow_steps` as the runner (
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import multiproc_fixtures  # pickled by module name: workers can not import this __main__
+
     from stare_lab.sweep.cli import main
 
     sys.exit(main(sys.argv[1:], execute=multiproc_fixtures.slow_steps))

@@ -4,6 +4,7 @@ Plain Python over tokens: no vectorisation and no stare_lab.methods.select. A re
 None means "either answer is right" (a tie at a top-k boundary, or a score within rounding of a
 quantile threshold); the tests compare every other token exactly and check top-k counts apart.
 """
+
 from __future__ import annotations
 
 import math
@@ -155,12 +156,14 @@ def opefo_ref(stats, p) -> tuple[list[list], dict]:
     d = lists(stats)
     flows = {(b, t): opefo_flow(d, p.flow, b, t) for b, t in d["cells"]}
     f_pos, f_neg = {}, {}
-    for (b, t), f in flows.items():
+    for (b, _t), f in flows.items():
         u = unit_of(d, b, p.scope)
         f_pos[u] = f_pos.get(u, 0.0) + (f if f > 0 else 0.0)
         f_neg[u] = f_neg.get(u, 0.0) + (-f if f < 0 else 0.0)
-    lam = {u: (max(-1.0, min(1.0, (f_neg[u] - f_pos[u]) / (f_neg[u] + f_pos[u]))) if f_neg[u] + f_pos[u] > 0 else 0.0)
-           for u in f_pos}
+    lam = {
+        u: (max(-1.0, min(1.0, (f_neg[u] - f_pos[u]) / (f_neg[u] + f_pos[u]))) if f_neg[u] + f_pos[u] > 0 else 0.0)
+        for u in f_pos
+    }
     w = empty_weights(d)
     for (b, t), f in flows.items():
         u = unit_of(d, b, p.scope)

@@ -1,8 +1,10 @@
 """Slow, obviously correct loop references for random, top_entropy, low_entropy, anchor, explorer,
-attn_soft and rsi_band (docs/pitfalls.md and each rule's docstring). Plain Python lists and loops; no torch, no select.py.
+attn_soft and rsi_band (docs/pitfalls.md and each rule's docstring). Plain Python lists and loops; no torch, no
+select.py.
 
 Inputs are nested lists: score[b][t], valid[b][t] (bool), group[b] (int). Outputs likewise.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,8 +81,10 @@ def ref_rank_normalise(score, valid, group, scope):
 def ref_attn_soft(ae, valid, group, scope, kappa, progress):
     """w = 1 + κ(2u-1)(2λ-1) on valid tokens, then mean 1 over valid tokens; 0 on padding."""
     u = ref_rank_normalise(ae, valid, group, scope)
-    w = [[(1 + kappa * (2 * u[b][t] - 1) * (2 * progress - 1)) if valid[b][t] else 0.0
-          for t in range(len(valid[b]))] for b in range(len(valid))]
+    w = [
+        [(1 + kappa * (2 * u[b][t] - 1) * (2 * progress - 1)) if valid[b][t] else 0.0 for t in range(len(valid[b]))]
+        for b in range(len(valid))
+    ]
     n = sum(v for row in valid for v in row)
     total = sum(sum(row) for row in w)
     if n:

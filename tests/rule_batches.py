@@ -5,6 +5,7 @@ distributions (groups of G contiguous rows, a fully masked row, an all-equal-rew
 the ones a rule declares (`needs=`, as the invariant suite does). The assertions compare weights with
 the loop references of ref_rules_advantage.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,9 +25,17 @@ SHAPES = [(B, T) for B in (4, 8) for T in (1, 5, 9)]
 SEEDS = (0, 1, 2)
 
 
-def make_stats(seed: int, B: int, T: int, *, entropy_scale: float | None = None, V: int = 6,
-               pad_value: float | None = None, lengths: list[int] | None = None,
-               needs: Iterable[str] | None = None) -> TokenStats:
+def make_stats(
+    seed: int,
+    B: int,
+    T: int,
+    *,
+    entropy_scale: float | None = None,
+    V: int = 6,
+    pad_value: float | None = None,
+    lengths: list[int] | None = None,
+    needs: Iterable[str] | None = None,
+) -> TokenStats:
     """Random batch drawn from real categorical distributions: groups of G contiguous rows, row 1
     fully masked, group 1 (B = 8) with all-equal rewards (A = 0), random lengths (or `lengths`),
     finite garbage (or pad_value) on padding. `needs`: only these statistics (logp NaN otherwise)."""
@@ -44,15 +53,21 @@ def make_stats(seed: int, B: int, T: int, *, entropy_scale: float | None = None,
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     group = torch.arange(B) // G
     rewards = torch.randint(0, 2, (B,), generator=g).float()
-    rewards[0], rewards[2] = 1.0, 0.0        # group 0 mixed (row 1 of it fully masked)
-    rewards[G:2 * G] = 1.0                    # group 1 (when B = 8) all equal: A = 0
+    rewards[0], rewards[2] = 1.0, 0.0  # group 0 mixed (row 1 of it fully masked)
+    rewards[G : 2 * G] = 1.0  # group 1 (when B = 8) all equal: A = 0
     mean = torch.stack([rewards[group == k].mean() for k in group])
     std = torch.stack([rewards[group == k].std() for k in group])
     adv = (rewards - mean) / (std + 1e-4)
-    fields = dict(logp=logp, entropy=entropy, js=torch.rand(B, T, generator=g).double() * math.log(2),
-                  old_logp=logp + 0.3 * torch.randn(B, T, generator=g), ref_logp=logp + 0.3 * torch.randn(B, T, generator=g),
-                  p2=(probs ** 2).sum(-1), p2logp=(probs ** 2 * probs.log()).sum(-1),
-                  attn_entropy=torch.rand(B, T, generator=g).double())  # drawn last: earlier draws unchanged
+    fields = dict(
+        logp=logp,
+        entropy=entropy,
+        js=torch.rand(B, T, generator=g).double() * math.log(2),
+        old_logp=logp + 0.3 * torch.randn(B, T, generator=g),
+        ref_logp=logp + 0.3 * torch.randn(B, T, generator=g),
+        p2=(probs**2).sum(-1),
+        p2logp=(probs**2 * probs.log()).sum(-1),
+        attn_entropy=torch.rand(B, T, generator=g).double(),
+    )  # drawn last: earlier draws unchanged
     fields = {k: v.float() for k, v in fields.items()}
     if pad_value is not None:
         fields = {k: torch.where(mask > 0, v, torch.full_like(v, pad_value)) for k, v in fields.items()}
@@ -84,8 +99,9 @@ def assert_basic(out, stats: TokenStats) -> None:
     assert (out.weights[~stats.valid] == 0).all()
 
 
-def assert_topk_counts(selected: torch.Tensor, stats: TokenStats, candidates: torch.Tensor, rho: float, scope: str,
-                       count: str = "ceil"):
+def assert_topk_counts(
+    selected: torch.Tensor, stats: TokenStats, candidates: torch.Tensor, rho: float, scope: str, count: str = "ceil"
+):
     ids = scope_ids(stats.valid, stats.group, scope)
     for u in ids[candidates].unique().tolist():
         unit = candidates & (ids == u)

@@ -6,14 +6,15 @@ did not declare fails (an undeclared statistic is None, an undeclared logp NaN).
 `tests/test_rule_invariants.py` runs every check over `list_methods()`; a rule's own test file
 calls `check_all` for non-default parameters.
 """
+
 from __future__ import annotations
 
 import math
 
-import torch
-
 import rule_batches
+import torch
 from rule_batches import TRAINER
+
 from stare_lab.methods import Rule, RuleState, TrainerValues
 from stare_lab.methods.registry import NORMALIZE
 from stare_lab.objective import Aggregation, aggregate
@@ -22,13 +23,23 @@ from stare_lab.stats import STATISTICS, TokenStats
 PADDING = (float("nan"), float("inf"), -float("inf"), 1e3, -1e3)
 
 
-def make_stats(rule: Rule, B: int = 8, T: int = 6, seed: int = 0, *, entropy_scale: float | None = None,
-               lengths: list[int] | None = None, pad: float | None = None, trainer: TrainerValues = TRAINER) -> TokenStats:
+def make_stats(
+    rule: Rule,
+    B: int = 8,
+    T: int = 6,
+    seed: int = 0,
+    *,
+    entropy_scale: float | None = None,
+    lengths: list[int] | None = None,
+    pad: float | None = None,
+    trainer: TrainerValues = TRAINER,
+) -> TokenStats:
     """Exactly the statistics `rule` declares under `trainer` (the one factory, tests/rule_batches.py):
     an undeclared statistic is None, an undeclared logp NaN; `pad` on every padding position
     (None: the drawn values stay there)."""
-    return rule_batches.make_stats(seed, B, T, entropy_scale=entropy_scale, pad_value=pad, lengths=lengths,
-                                   needs=rule.needs_for(trainer))
+    return rule_batches.make_stats(
+        seed, B, T, entropy_scale=entropy_scale, pad_value=pad, lengths=lengths, needs=rule.needs_for(trainer)
+    )
 
 
 def state(step: int = 20, trainer: TrainerValues = TRAINER) -> RuleState:
@@ -101,11 +112,19 @@ def check_split_independent(rule: Rule) -> None:
     w, mask = out.weights.double(), stats.mask.double()
     totals = dict(num_items=mask.sum(), weight_total=w.sum())
     for loss_type in ("dapo", "grpo", "dr_grpo"):
+
         def split(k: int) -> float:
             agg = Aggregation(loss_type=loss_type, grad_accum=k, steps_per_generation=k, max_completion_length=6)
             rows = 8 // k
-            return sum(float(aggregate(loss[i:i + rows], w[i:i + rows], mask[i:i + rows], agg,
-                                       normalize=out.normalize, **totals)) for i in range(0, 8, rows))
+            return sum(
+                float(
+                    aggregate(
+                        loss[i : i + rows], w[i : i + rows], mask[i : i + rows], agg, normalize=out.normalize, **totals
+                    )
+                )
+                for i in range(0, 8, rows)
+            )
+
         assert math.isclose(split(1), split(2), rel_tol=1e-12, abs_tol=1e-12), (rule, loss_type)
         assert math.isclose(split(1), split(4), rel_tol=1e-12, abs_tol=1e-12), (rule, loss_type)
 
@@ -117,8 +136,15 @@ def check_declarations(rule: Rule) -> None:
         assert rule.attn_layers is None, "attention layers declared by a rule that reads no attention entropy"
 
 
-CHECKS = (check_declarations, check_padding_ignored, check_finite, check_all_padding, check_one_valid_token,
-          check_declared_normalisation, check_split_independent)
+CHECKS = (
+    check_declarations,
+    check_padding_ignored,
+    check_finite,
+    check_all_padding,
+    check_one_valid_token,
+    check_declared_normalisation,
+    check_split_independent,
+)
 
 
 def check_all(rule: Rule) -> None:

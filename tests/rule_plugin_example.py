@@ -7,6 +7,7 @@ statistic (`logp`), a trainer value, and the "selected" normalisation:
 
     w_t = (1 + ε_high) · 1[s_t > mean_row(s)]  on valid tokens;  normalize = "selected".
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,5 +32,9 @@ def plugin_example(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput
     s = torch.where(valid, stats.surprisal, torch.zeros_like(stats.surprisal))
     n = valid.sum(-1, keepdim=True).clamp(min=1)
     above = valid & (s > s.sum(-1, keepdim=True) / n)
-    return RuleOutput(weights=above.float() * (1 + p.eps_high), normalize=p.normalize,
-                      metrics={"rule/kept_frac": float(above.sum()) / max(int(valid.sum()), 1)}, selected=above)
+    return RuleOutput(
+        weights=above.float() * (1 + p.eps_high),
+        normalize=p.normalize,
+        metrics={"rule/kept_frac": float(above.sum()) / max(int(valid.sum()), 1)},
+        selected=above,
+    )

@@ -12,6 +12,7 @@
 Run as a script, this file is the `sweep` command line with an optional stand-in runner:
 `python tests/sweep_fixtures.py [--standin SECONDS_PER_STEP] run FILE ...`.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,16 @@ from stare_lab.config import CONF_DIR
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_CONF = Path(os.environ.get("STARE_LAB_SLURM_DIR", "/tmp/stare_lab_slurm")) / "slurm.conf"
 # The tiny real-runner settings: a few seconds per run on the built-in model.
-TINY = {"trainer.max_steps": 2, "trainer.save_steps": 1, "trainer.per_device_train_batch_size": 8,
-        "trainer.num_generations": 4, "trainer.gradient_accumulation_steps": 1, "trainer.max_completion_length": 8,
-        "task.train_size": 64, "task.heldout_size": 16}
+TINY = {
+    "trainer.max_steps": 2,
+    "trainer.save_steps": 1,
+    "trainer.per_device_train_batch_size": 8,
+    "trainer.num_generations": 4,
+    "trainer.gradient_accumulation_steps": 1,
+    "trainer.max_completion_length": 8,
+    "task.train_size": 64,
+    "task.heldout_size": 16,
+}
 # Small task splits where conf/task/arithmetic.yaml declares them (a sweep can only set declared keys).
 _TASK_KEYS = yaml.safe_load((CONF_DIR / "task" / "arithmetic.yaml").read_text()) or {}
 TINY = {k: v for k, v in TINY.items() if not k.startswith("task.") or k.split(".", 1)[1] in _TASK_KEYS}
@@ -50,8 +58,13 @@ def _slurm_problem(conf: Path) -> str | None:
     env = {**os.environ, "SLURM_CONF": str(conf)}
     try:
         nodes = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=20)
-        acct = subprocess.run(["sacct", "-n", "-X", "-o", "JobID", "-S", "now-1minutes"], env=env,
-                              capture_output=True, text=True, timeout=20)
+        acct = subprocess.run(
+            ["sacct", "-n", "-X", "-o", "JobID", "-S", "now-1minutes"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"the Slurm cluster does not answer: {e}"
     if nodes.returncode != 0 or not any(s.strip("*~#") in ("idle", "mix", "alloc") for s in nodes.stdout.split()):
@@ -81,9 +94,13 @@ def slurm_cluster():
 
 def write_sweep(tmp_path: Path, name: str = "s", overrides: dict | None = None, **fields) -> Path:
     """A sweep file: built-in model, logger none, tiny trainer settings, eval n=2, output tmp_path/runs."""
-    data = {"name": name,
-            "base": {"model": "builtin", "logger": "none", "overrides": {**TINY, **(overrides or {})}},
-            "seeds": [0], "eval": {"n": 2}, "output": str(tmp_path / "runs")}
+    data = {
+        "name": name,
+        "base": {"model": "builtin", "logger": "none", "overrides": {**TINY, **(overrides or {})}},
+        "seeds": [0],
+        "eval": {"n": 2},
+        "output": str(tmp_path / "runs"),
+    }
     data.update(fields)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -92,8 +109,11 @@ def write_sweep(tmp_path: Path, name: str = "s", overrides: dict | None = None, 
 
 def sweep_env(**extra: str) -> dict[str, str]:
     """Environment of a `python -m stare_lab.sweep` subprocess (tests dir importable for the stand-in)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
-           "WANDB_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+        "WANDB_MODE": "disabled",
+    }
     env.update(extra)
     return env
 
@@ -103,8 +123,9 @@ def sweep_cli(*args: str, env: dict | None = None, standin: float | None = None,
     cmd = [sys.executable, "-m", "stare_lab.sweep", *args]
     if standin is not None:
         cmd = [sys.executable, str(Path(__file__)), "--standin", str(standin), *args]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env or sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **popen)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env or sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
 
 
 def read_json(path: Path) -> dict:
@@ -143,6 +164,7 @@ def running_past_checkpoint(tmp_path: Path, name: str, step: int = 2):
 
 # -- the stand-in runner ----------------------------------------------------------------------
 
+
 def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0, only: str | None = None) -> None:
     """Steps of `step_s` seconds; the runner's checkpoint/resume/metrics contract. `fail_at`: crash
     at that step (in runs of method `only`, when given)."""
@@ -153,8 +175,11 @@ def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0, only:
     t = cfg["trainer"]
     if cfg["task"]["name"] not in ("arithmetic", "math"):
         raise ValueError(f"task.name: unknown task {cfg['task']['name']!r}")
-    ckpts = [int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("checkpoint-*")
-             if (p / "trainer_state.json").is_file()]
+    ckpts = [
+        int(p.name.split("-")[1])
+        for p in (run_dir / "checkpoints").glob("checkpoint-*")
+        if (p / "trainer_state.json").is_file()
+    ]
     last = max(ckpts, default=0)
     metrics = run_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []

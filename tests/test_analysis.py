@@ -2,6 +2,7 @@
 
 The expected numbers are worked out by hand in tests/fixtures_runs.py's docstring.
 """
+
 from __future__ import annotations
 
 import io
@@ -23,7 +24,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 import fixtures_runs as fx  # noqa: E402
 
 from stare_lab.analysis import (  # noqa: E402
-    collect_runs, collect_training, passk_table, plot_passk, plot_training, results_table, run_states,
+    collect_runs,
+    collect_training,
+    passk_table,
+    plot_passk,
+    plot_training,
+    results_table,
+    run_states,
 )
 from stare_lab.analysis.collect import rule_label  # noqa: E402
 
@@ -73,8 +80,19 @@ def test_rule_label():
 
 def test_collect_runs_reads_final_and_intermediate(sweep):
     df = collect_runs(sweep)
-    for col in ["sweep", "run", "label", "rule", "seed", "step", "benchmark", "metric", "value",
-                "cfg.method.params.low", "cfg.trainer.learning_rate"]:
+    for col in [
+        "sweep",
+        "run",
+        "label",
+        "rule",
+        "seed",
+        "step",
+        "benchmark",
+        "metric",
+        "value",
+        "cfg.method.params.low",
+        "cfg.trainer.learning_rate",
+    ]:
         assert col in df.columns, col
     assert set(df["arm"]) == {"full", "stare", RSI}
     assert set(df.loc[df["arm"] == RSI, "rule"]) == {"rsi_band"}
@@ -118,8 +136,7 @@ def test_empty_and_missing_files(tmp_path):
 
 def test_runs_differing_beyond_seed_are_separate_arms(tmp_path):
     fx.write_run(tmp_path, "stare", None, 1, evals={"arithmetic": 0.5})
-    fx.write_run(tmp_path, "stare", None, 2, evals={"arithmetic": 0.6},
-                 extra_config={"trainer.learning_rate": 2e-6})
+    fx.write_run(tmp_path, "stare", None, 2, evals={"arithmetic": 0.6}, extra_config={"trainer.learning_rate": 2e-6})
     arms = set(collect_runs(tmp_path)["arm"])
     assert arms == {"stare trainer.learning_rate=1e-06", "stare trainer.learning_rate=2e-06"}
 
@@ -151,8 +168,10 @@ def test_markdown(table):
 
 
 def test_settings_line(table):
-    assert ("Evaluation: T=1.0, top-p=0.7, n=32; max tokens: aime24 4096, arithmetic 256; "
-            "verifier: aime24 math_verify, arithmetic exact.") in table.notes
+    assert (
+        "Evaluation: T=1.0, top-p=0.7, n=32; max tokens: aime24 4096, arithmetic 256; "
+        "verifier: aime24 math_verify, arithmetic exact."
+    ) in table.notes
     assert not any(n.startswith(("missing", "Settings disagree")) for n in table.notes)
 
 
@@ -161,9 +180,12 @@ def test_settings_disagreement_is_stated(tmp_path):
     hot = {**fx.SETTINGS, "arithmetic": {**fx.SETTINGS["arithmetic"], "temperature": 0.6}}
     fx.write_run(tmp_path, "full", None, 2, evals={"arithmetic": 0.6}, settings=hot)
     df = collect_runs(tmp_path)
-    with pytest.raises(SettingsMismatch, match=r"^arithmetic: runs were evaluated with different settings "
-                       r"\(n=32, T=0.6, top-p=0.7, max tokens 256, exact: 1 runs; n=32, T=1.0, .*: 1 runs\)"):
-        results_table(df)                                   # one column would mix T=0.6 and T=1.0
+    with pytest.raises(
+        SettingsMismatch,
+        match=r"^arithmetic: runs were evaluated with different settings "
+        r"\(n=32, T=0.6, top-p=0.7, max tokens 256, exact: 1 runs; n=32, T=1.0, .*: 1 runs\)",
+    ):
+        results_table(df)  # one column would mix T=0.6 and T=1.0
     notes = results_table(df, mix_settings=True).notes
     assert "Settings disagree: T on arithmetic: 0.6 (runs full-s2); 1.0 (runs full-s1)." in notes
     only = results_table(df, where={"temperature": 0.6})
@@ -175,14 +197,22 @@ def test_a_run_evaluated_under_two_settings_shows_the_common_one_and_names_the_o
     for seed, avg in ((1, 0.5), (2, 0.6)):
         fx.write_run(tmp_path, "full", None, seed, evals={"arithmetic": avg})
     run = tmp_path / fx.SWEEP / fx.run_id("full", None, 2)
-    extra = {"benchmark": "arithmetic", "step": 50, "final": True, **fx.SETTINGS["arithmetic"], "n": 64,
-             "metrics": {"avg@64": 0.9}}
+    extra = {
+        "benchmark": "arithmetic",
+        "step": 50,
+        "final": True,
+        **fx.SETTINGS["arithmetic"],
+        "n": 64,
+        "metrics": {"avg@64": 0.9},
+    }
     (run / "eval" / "arithmetic").mkdir()
     (run / "eval" / "arithmetic" / "step-50_n64_t1_p0.7_m256_exact.json").write_text(json.dumps(extra))
     table = results_table(collect_runs(tmp_path))
-    assert table.cells.set_index("rule").loc["full", "mean"] == pytest.approx(0.55)     # n=32 for both runs
-    assert ("arithmetic: also evaluated with n=64, T=1.0, top-p=0.7, max tokens 256, exact (1 runs); "
-            "not shown (choose with --where).") in table.notes
+    assert table.cells.set_index("rule").loc["full", "mean"] == pytest.approx(0.55)  # n=32 for both runs
+    assert (
+        "arithmetic: also evaluated with n=64, T=1.0, top-p=0.7, max tokens 256, exact (1 runs); "
+        "not shown (choose with --where)."
+    ) in table.notes
 
 
 def test_csv_round_trip(table):
@@ -221,8 +251,13 @@ def test_latex_is_valid(table, tmp_path):
         pytest.skip("pdflatex not on PATH: structure checked, compilation skipped")
     doc = tmp_path / "t.tex"
     doc.write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n" + tex + "\\end{document}\n")
-    proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", doc.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:]
 
 
@@ -279,9 +314,17 @@ def _png_size(path: Path) -> tuple[int, int]:
 def test_plot_training(incomplete, tmp_path):
     paths = plot_training(collect_training(incomplete), tmp_path)
     names = sorted(p.name for p in paths)
-    assert names == sorted(["train_reward.png", "train_entropy.png", "train_tokens_selected_frac.png",
-                            "train_rule_gate.png", "train_rule_kept_frac.png", "train_rule_low_frac.png",
-                            "train_rule_high_frac.png"])
+    assert names == sorted(
+        [
+            "train_reward.png",
+            "train_entropy.png",
+            "train_tokens_selected_frac.png",
+            "train_rule_gate.png",
+            "train_rule_kept_frac.png",
+            "train_rule_low_frac.png",
+            "train_rule_high_frac.png",
+        ]
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == names
     assert all(_png_size(p) == (640, 400) for p in paths)
     with pytest.raises(ValueError, match="no training metric nope"):

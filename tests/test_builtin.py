@@ -18,19 +18,23 @@ def builtin():
 
 # --- task ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("completion, answer, ok", [
-    ("48*2=96;37+96=133#", "133", True),       # the reference format
-    ("48*2=96;37+96=133#133", "133", True),    # text after '#' is ignored
-    ("37+96=133#", "133", True),               # skipping the first step is not penalised
-    ("48*2=96;37+96=0133#", "133", True),      # numeric comparison
-    ("48*2=96;37+96=134#", "133", False),      # wrong answer
-    ("48*2=96;37+96=133", "133", False),       # no terminating '#'
-    ("133#", "133", False),                    # no '=' before the answer
-    ("48*2=96;37+96=#133", "133", False),      # empty answer
-    ("48*2=96;37+96=13 3#", "133", False),     # not a number
-    ("48*2=133;37+96=96#", "133", False),      # the right number in the wrong place
-    ("", "133", False),
-])
+
+@pytest.mark.parametrize(
+    "completion, answer, ok",
+    [
+        ("48*2=96;37+96=133#", "133", True),  # the reference format
+        ("48*2=96;37+96=133#133", "133", True),  # text after '#' is ignored
+        ("37+96=133#", "133", True),  # skipping the first step is not penalised
+        ("48*2=96;37+96=0133#", "133", True),  # numeric comparison
+        ("48*2=96;37+96=134#", "133", False),  # wrong answer
+        ("48*2=96;37+96=133", "133", False),  # no terminating '#'
+        ("133#", "133", False),  # no '=' before the answer
+        ("48*2=96;37+96=#133", "133", False),  # empty answer
+        ("48*2=96;37+96=13 3#", "133", False),  # not a number
+        ("48*2=133;37+96=96#", "133", False),  # the right number in the wrong place
+        ("", "133", False),
+    ],
+)
 def test_verifier_by_hand(completion, answer, ok):
     assert ArithmeticTask.verify(completion, answer) is ok
 
@@ -40,9 +44,14 @@ def test_extract_and_reward():
     assert task.extract("48*2=96;37+96=133#") == "133"
     assert task.extract("48*2=96;37+96=133") is None
     # TRL's calling convention: keyword arguments, extra columns and state passed through.
-    rewards = task.reward(prompts=["37+48*2="] * 3, completions=["48*2=96;37+96=133#", "x", "=134#"],
-                          answer=["133"] * 3, completion_ids=[[1]] * 3, trainer_state=None,
-                          problem_id=["37+48*2"] * 3)
+    rewards = task.reward(
+        prompts=["37+48*2="] * 3,
+        completions=["48*2=96;37+96=133#", "x", "=134#"],
+        answer=["133"] * 3,
+        completion_ids=[[1]] * 3,
+        trainer_state=None,
+        problem_id=["37+48*2"] * 3,
+    )
     assert rewards == [1.0, 0.0, 0.0]
 
 
@@ -76,6 +85,7 @@ def test_splits_disjoint_and_deterministic():
 
 # --- built-in model -------------------------------------------------------------------------
 
+
 def test_builtin_is_small_qwen2_with_gqa(builtin):
     model, tokenizer = builtin
     size = sum(f.stat().st_size for f in BUILTIN_DIR.iterdir() if f.is_file())
@@ -99,7 +109,7 @@ def test_builtin_generation_stops_at_eos(builtin):
     model, tokenizer = builtin
     enc = tokenizer(["37+48*2=", "5+10*3="], return_tensors="pt", padding=True)
     out = model.generate(**enc, do_sample=False, max_new_tokens=24)
-    new = out[:, enc["input_ids"].shape[1]:]
+    new = out[:, enc["input_ids"].shape[1] :]
     assert (new == tokenizer.eos_token_id).any(dim=1).all()
     text = tokenizer.batch_decode(new, skip_special_tokens=True)
     assert all(t.endswith("#") for t in text), text
@@ -116,8 +126,9 @@ def test_tokenizer_round_trips(builtin, text):
 
 
 def test_lora_wraps_with_fewer_trainable_params():
-    model, _ = load_model_and_tokenizer("builtin", lora={"r": 4, "alpha": 8, "dropout": 0.0,
-                                                        "target_modules": ["q_proj", "v_proj"]})
+    model, _ = load_model_and_tokenizer(
+        "builtin", lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    )
     from peft import PeftModel
 
     assert isinstance(model, PeftModel)

@@ -1,4 +1,5 @@
 """Bad input on the command line: one clear line on stderr, exit code 2, nothing written."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,16 +7,19 @@ import pytest
 from stare_lab.cli import main
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["method=nope"], "unknown method option 'nope'; valid: anchor, attn_soft"),
-    (["method=stare", "method.params.Q=1"], "unknown parameter 'Q' for rule 'stare'; valid parameters:"),
-    (["method=top_entropy", "method.params.rho=1.5"], "rho=1.5 is out of range"),
-    (["method=rsi_band", "method.params.low=3", "method.params.high=2"], "low"),
-    (["trainer.max_stepz=3"], "unknown config key 'trainer.max_stepz'; valid keys under trainer:"),
-    (["trainer.max_steps=abc"], "trainer.max_steps"),
-    (["task=math"], "missing value for task.train_source"),
-    (["model=gpt5"], "unknown model option 'gpt5'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["method=nope"], "unknown method option 'nope'; valid: anchor, attn_soft"),
+        (["method=stare", "method.params.Q=1"], "unknown parameter 'Q' for rule 'stare'; valid parameters:"),
+        (["method=top_entropy", "method.params.rho=1.5"], "rho=1.5 is out of range"),
+        (["method=rsi_band", "method.params.low=3", "method.params.high=2"], "low"),
+        (["trainer.max_stepz=3"], "unknown config key 'trainer.max_stepz'; valid keys under trainer:"),
+        (["trainer.max_steps=abc"], "trainer.max_steps"),
+        (["task=math"], "missing value for task.train_source"),
+        (["model=gpt5"], "unknown model option 'gpt5'"),
+    ],
+)
 def test_train_bad_input_is_one_line_exit_2_and_writes_nothing(args, needle, tmp_path, capsys):
     rc = main(["train", *args, f"run.root={tmp_path}"])
     err = capsys.readouterr().err.strip()
@@ -54,9 +58,19 @@ def test_train_writes_a_complete_run_record(tmp_path, capsys):
 
     from stare_lab.config import load_config
 
-    args = ["method=stare", "seed=1", "trainer.max_steps=2", "trainer.save_steps=1", "trainer.num_generations=4",
-            "trainer.per_device_train_batch_size=8", "trainer.gradient_accumulation_steps=1", "logger=none",
-            "task.heldout_size=8", "eval.n=2", f"run.root={tmp_path}"]
+    args = [
+        "method=stare",
+        "seed=1",
+        "trainer.max_steps=2",
+        "trainer.save_steps=1",
+        "trainer.num_generations=4",
+        "trainer.per_device_train_batch_size=8",
+        "trainer.gradient_accumulation_steps=1",
+        "logger=none",
+        "task.heldout_size=8",
+        "eval.n=2",
+        f"run.root={tmp_path}",
+    ]
     assert main(["train", *args]) == 0
     (run_dir,) = list((tmp_path / "train").iterdir())
     cfg = load_config(run_dir / "config.yaml")

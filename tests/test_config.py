@@ -1,6 +1,7 @@
 """Each config value lives once: dataclasses hold types, YAML files hold values (a comment above
 each), a GPU config is a base plus its differences, every shipped YAML composes, and the
 `method` group is the rule registry."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,17 +12,22 @@ from pathlib import Path
 import pytest
 import yaml
 from omegaconf import MISSING, OmegaConf
+from sweep_fixtures import ROOT
 
 from stare_lab import config
 from stare_lab.config import CONF_DIR, LAUNCHER_SCHEMAS, Config, ConfigError, compose, group_options
 from stare_lab.methods import list_methods
 from stare_lab.sweep.expand import expand_sweep
 from stare_lab.sweep.schema import launcher_defaults, load_sweep
-from sweep_fixtures import ROOT
 
 # config group → its schema (the task group is free-form: the task's builder checks it)
-SCHEMAS = {"model": config.ModelConfig, "trainer": config.TrainerConfig, "logger": config.LoggerConfig,
-           "eval": config.EvalConfig, **{f"launcher/{k}": v for k, v in LAUNCHER_SCHEMAS.items()}}
+SCHEMAS = {
+    "model": config.ModelConfig,
+    "trainer": config.TrainerConfig,
+    "logger": config.LoggerConfig,
+    "eval": config.EvalConfig,
+    **{f"launcher/{k}": v for k, v in LAUNCHER_SCHEMAS.items()},
+}
 
 
 def _leaf_fields(schema: type, prefix: str = ""):
@@ -96,14 +102,18 @@ def test_gpu_configs_are_the_base_plus_differences():
     cfg = compose(["trainer=gpu_stare", "model=qwen2_5_math_7b"])
     base = compose([])
     assert cfg.trainer.max_steps == 500 and cfg.trainer.bf16 is True and cfg.model.dtype == "bfloat16"
-    assert cfg.trainer.epsilon_high == base.trainer.epsilon_high == 0.28     # inherited, written once
+    assert cfg.trainer.epsilon_high == base.trainer.epsilon_high == 0.28  # inherited, written once
     assert cfg.model.name_or_path == "Qwen/Qwen2.5-Math-7B" and cfg.model.lora is None
 
 
-YAML_WITH_SCHEMA = [p for g in ("model", "trainer", "logger", "eval", "launcher", "task") for p in sorted((CONF_DIR / g).glob("*.yaml"))]
+YAML_WITH_SCHEMA = [
+    p for g in ("model", "trainer", "logger", "eval", "launcher", "task") for p in sorted((CONF_DIR / g).glob("*.yaml"))
+]
 
 
-@pytest.mark.parametrize("path", YAML_WITH_SCHEMA + [CONF_DIR / "config.yaml"], ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize(
+    "path", YAML_WITH_SCHEMA + [CONF_DIR / "config.yaml"], ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
 def test_every_value_has_a_comment_above_it(path):
     lines = path.read_text().splitlines()
     in_defaults = False
@@ -116,13 +126,16 @@ def test_every_value_has_a_comment_above_it(path):
             continue
         if not m.group(1):
             in_defaults = False
-        if in_defaults or m.group(3) is None:          # list of defaults, or a block header (run:)
+        if in_defaults or m.group(3) is None:  # list of defaults, or a block header (run:)
             continue
         assert lines[i - 1].strip().startswith("#"), f"{path}:{i + 1}: no comment above {m.group(2)!r}"
 
 
-COMPOSE_CASES = [[f"{g}={o}"] + (["task.train_source=x.jsonl"] if o == "math" and g == "task" else [])
-                 for g in ("model", "task", "trainer", "logger", "eval") for o in group_options(g)]
+COMPOSE_CASES = [
+    [f"{g}={o}"] + (["task.train_source=x.jsonl"] if o == "math" and g == "task" else [])
+    for g in ("model", "task", "trainer", "logger", "eval")
+    for o in group_options(g)
+]
 
 
 @pytest.mark.parametrize("overrides", COMPOSE_CASES, ids=lambda o: o[0])
@@ -191,8 +204,7 @@ THROWAWAY = "throwaway_rule"
 def throwaway_rule():
     from hydra.core.config_store import ConfigStore
 
-    from stare_lab.methods import RuleOutput, register
-    from stare_lab.methods import registry
+    from stare_lab.methods import RuleOutput, register, registry
 
     @register(THROWAWAY, ThrowawayParams)
     def throwaway(stats, state, p):
@@ -208,7 +220,7 @@ def test_a_new_rule_reaches_configs_and_the_demo_sweep_by_itself(throwaway_rule,
     cfg = compose([f"method={throwaway_rule}", "method.params.rho=0.25"])
     assert cfg.method.name == throwaway_rule and cfg.method.params == {"rho": 0.25}
     spec = load_sweep(ROOT / "sweeps" / "demo.yaml", output=tmp_path)
-    assert spec.grid["method"] == list_methods()                      # registration order
+    assert spec.grid["method"] == list_methods()  # registration order
     runs = expand_sweep(spec)
     mine = [r for r in runs if r.config["method"]["name"] == throwaway_rule]
     assert [r.label for r in mine] == [f"{throwaway_rule} seed=0", f"{throwaway_rule} seed=1"]
@@ -225,11 +237,11 @@ def test_sweeps_are_found_by_path_or_by_packaged_name(tmp_path, monkeypatch):
     from stare_lab.sweep.schema import SweepError
 
     assert CONF_DIR == PACKAGE_DIR / "conf" and SWEEP_DIR == PACKAGE_DIR / "sweeps"
-    assert (ROOT / "conf").resolve() == CONF_DIR and (ROOT / "sweeps").resolve() == SWEEP_DIR   # documented layout
+    assert (ROOT / "conf").resolve() == CONF_DIR and (ROOT / "sweeps").resolve() == SWEEP_DIR  # documented layout
     monkeypatch.chdir(tmp_path)
     assert sweep_path("demo") == SWEEP_DIR / "demo.yaml"
     assert load_sweep("demo").path == SWEEP_DIR / "demo.yaml"
-    (tmp_path / "demo").mkdir()                                      # a path that exists wins over the name
+    (tmp_path / "demo").mkdir()  # a path that exists wins over the name
     assert sweep_path("demo") == Path("demo")
     assert sweep_path("sweeps/demo.yaml") == Path("sweeps/demo.yaml")
     with pytest.raises(SweepError, match=r"^nope: no such sweep file \(or packaged sweep name: anchor_explorer, demo,"):
@@ -241,7 +253,7 @@ def test_the_scheduler_choices_are_transformers_own():
 
     from stare_lab.config_schema import LR_SCHEDULERS
 
-    needs_eval = {"reduce_lr_on_plateau", "greedy"}            # the GRPO trainer runs no evaluation strategy
+    needs_eval = {"reduce_lr_on_plateau", "greedy"}  # the GRPO trainer runs no evaluation strategy
     assert set(LR_SCHEDULERS) == {s.value for s in SchedulerType} - needs_eval
 
 

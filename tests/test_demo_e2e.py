@@ -1,4 +1,5 @@
 """The demo end to end, reduced (2 rules, 1 seed, 2 steps, n = 4): sweep → eval → table and plots."""
+
 from __future__ import annotations
 
 import struct
@@ -12,10 +13,20 @@ from stare_lab.cli import main
 def test_reduced_demo_produces_table_and_plots(tmp_path, capsys):
     sweep = {
         "name": "demo_ci",
-        "base": {"model": "builtin", "task": "arithmetic", "trainer": "cpu_small", "logger": "wandb_offline",
-                 "overrides": {"trainer.max_steps": 2, "trainer.save_steps": 1, "task.heldout_size": 16,
-                               "trainer.per_device_train_batch_size": 8, "trainer.num_generations": 4,
-                               "trainer.gradient_accumulation_steps": 1}},
+        "base": {
+            "model": "builtin",
+            "task": "arithmetic",
+            "trainer": "cpu_small",
+            "logger": "wandb_offline",
+            "overrides": {
+                "trainer.max_steps": 2,
+                "trainer.save_steps": 1,
+                "task.heldout_size": 16,
+                "trainer.per_device_train_batch_size": 8,
+                "trainer.num_generations": 4,
+                "trainer.gradient_accumulation_steps": 1,
+            },
+        },
         "grid": {"method": ["full", "stare"]},
         "seeds": [0],
         "eval": {"benchmarks": ["arithmetic"], "n": 4, "batch_size": 256},

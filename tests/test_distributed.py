@@ -6,6 +6,7 @@ Layouts: TRL's (B_local = 6, G = 4: group 1 spans both ranks), uneven shares wit
 1:3, and G = 8 spanning both ranks; rank 0's completions are shorter than rank 1's (TRL pads
 each rank to its own longest), and the one-process batch holds huge values in its padding.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dist_worker_stats import (JS_SPECS, LOSS_CASES, SPECS, STEPS, all_workers, local_share,  # noqa: E402
-                               make_global_batch, rank_rows, rule_variants, spawn)
+from dist_worker_stats import (
+    JS_SPECS,
+    LOSS_CASES,
+    SPECS,
+    STEPS,
+    all_workers,
+    local_share,  # noqa: E402
+    make_global_batch,
+    rank_rows,
+    rule_variants,
+    spawn,
+)
 
 from stare_lab import distributed  # noqa: E402
 from stare_lab.methods import list_methods  # noqa: E402
@@ -30,8 +41,10 @@ WORLD = 2
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     spawn(all_workers, WORLD, out)
-    return {kind: [torch.load(out / f"{kind}_rank{r}.pt", weights_only=False) for r in range(WORLD)]
-            for kind in ("rules", "js", "loss", "errors")}
+    return {
+        kind: [torch.load(out / f"{kind}_rank{r}.pt", weights_only=False) for r in range(WORLD)]
+        for kind in ("rules", "js", "loss", "errors")
+    }
 
 
 def _same_metrics(a: dict, b: dict) -> bool:
@@ -76,8 +89,17 @@ def test_gathered_statistics_equal_the_one_process_batch(results):
                 assert rec["row_slice"] == (rank_rows(spec, rank), slice(0, int(lengths[rank_rows(spec, rank)].max())))
                 valid = stats.mask > 0
                 assert torch.equal(g["mask"], stats.mask) and torch.equal(g["group"], stats.group)
-                for name in ("logp", "old_logp", "ref_logp", "entropy", "attn_entropy", "js", "p2", "p2logp",
-                             "advantages"):
+                for name in (
+                    "logp",
+                    "old_logp",
+                    "ref_logp",
+                    "entropy",
+                    "attn_entropy",
+                    "js",
+                    "p2",
+                    "p2logp",
+                    "advantages",
+                ):
                     if name not in g:
                         continue
                     got, want = g[name], getattr(stats, name)
@@ -85,7 +107,8 @@ def test_gathered_statistics_equal_the_one_process_batch(results):
                         assert torch.equal(got, want), name
                     else:
                         assert torch.equal(got[valid], want[valid]) or (
-                            spec.logp_nan and name in ("logp", "old_logp") and got.isnan().all()), (spec_name, name)
+                            spec.logp_nan and name in ("logp", "old_logp") and got.isnan().all()
+                        ), (spec_name, name)
                 assert rec["old_logp_is_logp"] == spec.old_logp_alias
                 # rank 0's rows are shorter: behind its own length the gathered batch holds zeros, not its padding
                 r0 = rank_rows(spec, 0)
@@ -133,8 +156,19 @@ def test_the_comparison_can_fail(results):
             mine = rec["n"]["weights"]
             if not torch.equal(rec["local_only_weights"], mine):
                 differs.add(key[1])
-    batch_scope = {"random", "top_entropy", "low_entropy", "anchor", "explorer", "attn_soft", "stare", "ict",
-                   "gmts", "opefo", "stapo"}
+    batch_scope = {
+        "random",
+        "top_entropy",
+        "low_entropy",
+        "anchor",
+        "explorer",
+        "attn_soft",
+        "stare",
+        "ict",
+        "gmts",
+        "opefo",
+        "stapo",
+    }
     assert batch_scope & set(list_methods()) <= differs
 
 
@@ -171,9 +205,9 @@ def test_loss_and_gradients_equal_one_process(results, case):
         assert torch.allclose(rec["loss_mean_over_ranks"], rec["loss_one"], rtol=1e-6, atol=1e-7)
         scale = max(g.abs().max() for g in rec["grads_one"])
         assert scale > 0
-        for g1, gd in zip(rec["grads_one"], rec["grads_ddp"]):
+        for g1, gd in zip(rec["grads_one"], rec["grads_ddp"], strict=True):
             assert torch.allclose(gd, g1, rtol=0, atol=1e-6 * float(scale))
-    for a, b in zip(results["loss"][0][case]["grads_ddp"], results["loss"][1][case]["grads_ddp"]):
+    for a, b in zip(results["loss"][0][case]["grads_ddp"], results["loss"][1][case]["grads_ddp"], strict=True):
         assert torch.equal(a, b)
 
 

@@ -11,6 +11,7 @@ turns ulp-level noise on near-zero gradient entries into differences of order lr
 Plain TRL, rule `full`, and the rules that read the batch (top_entropy, gmts, STARE with its gate
 open): the trainer computes statistics and weights on the global batch (docs/distributed.md §4).
 """
+
 from __future__ import annotations
 
 import sys
@@ -48,11 +49,11 @@ def runs(tmp_path_factory):
 def test_two_processes_train_like_one(runs, rule, params):
     one, two, init, _ = runs
     key = (rule, repr(params))
-    for a, b in zip(two[0][key], two[1][key]):
-        assert torch.equal(a, b)                     # DDP keeps the ranks identical
-    moved = max((p - p0).abs().max().item() for p, p0 in zip(one[key], init))
+    for a, b in zip(two[0][key], two[1][key], strict=True):
+        assert torch.equal(a, b)  # DDP keeps the ranks identical
+    moved = max((p - p0).abs().max().item() for p, p0 in zip(one[key], init, strict=True))
     assert moved > 1e-3, "two SGD steps must move the parameters"
-    diff = max((p1 - p2).abs().max().item() for p1, p2 in zip(one[key], two[0][key]))
+    diff = max((p1 - p2).abs().max().item() for p1, p2 in zip(one[key], two[0][key], strict=True))
     assert diff <= ATOL, f"{rule}: parameters differ by {diff:.3g} between 1 and 2 processes"
 
 

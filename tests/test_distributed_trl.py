@@ -6,6 +6,7 @@ global rows r·B_local … (r+1)·B_local − 1, a prompt's G rollouts are conse
 (group = global row // G) and may span both ranks, and TRL's advantages are group-normalised over
 exactly those rows. `global_token_stats`, given the accelerator, gathers them in that order.
 """
+
 from __future__ import annotations
 
 import sys
@@ -37,10 +38,10 @@ def test_rows_of_a_group_are_consecutive_global_rows_across_ranks(records):
         per_rank = [records[r][step] for r in range(WORLD)]
         assert [x["process_index"] for x in per_rank] == list(range(WORLD))
         assert all(x["num_processes"] == WORLD for x in per_rank)
-        prompts = [p for x in per_rank for p in x["prompts"]]        # global row order = rank order
+        prompts = [p for x in per_rank for p in x["prompts"]]  # global row order = rank order
         assert len(prompts) == WORLD * B_LOCAL
         for g in range(len(prompts) // G):
-            assert len(set(prompts[g * G:(g + 1) * G])) == 1, prompts
+            assert len(set(prompts[g * G : (g + 1) * G])) == 1, prompts
         assert len(set(prompts)) == len(prompts) // G
         assert per_rank[0]["prompts"][-1] == per_rank[1]["prompts"][0]  # B_local = 6, G = 4: group 1 is split
         # TRL's advantages: (r − mean) / (std + 1e-4) over global rows g·G … g·G + G − 1

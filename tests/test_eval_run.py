@@ -1,5 +1,6 @@
 """Evaluation of a run: intermediate checkpoints during training (curves), `stare-lab eval` on a run dir,
 each benchmark's own settings, and results under different settings side by side."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,17 @@ from stare_lab.evaluation import pass_at_k
 from stare_lab.record import read_eval_results
 from stare_lab.runner import execute
 
-TINY = ["trainer.per_device_train_batch_size=8", "trainer.num_generations=4", "trainer.gradient_accumulation_steps=1",
-        "trainer.max_steps=2", "trainer.save_steps=1", "logger=none", "task.heldout_size=12", "eval.n=4",
-        "eval.batch_size=64"]
+TINY = [
+    "trainer.per_device_train_batch_size=8",
+    "trainer.num_generations=4",
+    "trainer.gradient_accumulation_steps=1",
+    "trainer.max_steps=2",
+    "trainer.save_steps=1",
+    "logger=none",
+    "task.heldout_size=12",
+    "eval.n=4",
+    "eval.batch_size=64",
+]
 
 
 def results(d) -> dict[str, dict]:
@@ -31,7 +40,10 @@ def test_intermediate_and_final_evaluation_records(tmp_path, capsys):
     step1, final = f"step-1_n4_t1_p0.7_m{m}_exact", f"step-2_n4_t1_p0.7_m{m}_exact"
     found = results(d)
     assert set(found) == {step1, final}
-    assert (found[step1]["step"], found[step1]["final"]) == (1, False) and (found[final]["step"], found[final]["final"]) == (2, True)
+    assert (found[step1]["step"], found[step1]["final"]) == (1, False) and (
+        found[final]["step"],
+        found[final]["final"],
+    ) == (2, True)
     for key in (step1, final):
         result = found[key]
         rows = pd.read_parquet(d / "eval" / "arithmetic" / f"{key}.parquet")
@@ -66,13 +78,13 @@ def test_benchmark_settings_apply_unless_overridden_and_results_coexist(tmp_path
     n4 = d / "eval" / "arithmetic" / f"step-2_n4_t1_p0.9_m{m}_exact.json"
     assert "avg@4" in json.loads(n4.read_text())["metrics"] and "top-p=0.9" in capsys.readouterr().out
     stamps = {p: p.stat().st_mtime_ns for p in (own, n4)}
-    assert main(["eval", str(d), "--n", "4", "--top-p", "0.9"]) == 0              # already there: not redone
+    assert main(["eval", str(d), "--n", "4", "--top-p", "0.9"]) == 0  # already there: not redone
     assert {p: p.stat().st_mtime_ns for p in (own, n4)} == stamps
-    assert main(["eval", str(d), "--n", "4", "--top-p", "0.9", "--force"]) == 0   # replaces only that one
+    assert main(["eval", str(d), "--n", "4", "--top-p", "0.9", "--force"]) == 0  # replaces only that one
     assert own.stat().st_mtime_ns == stamps[own] and n4.stat().st_mtime_ns > stamps[n4]
     assert json.loads(own.read_text()) == first
 
     capsys.readouterr()
-    assert main(["eval", str(d), "--n", "0"]) == 2                                # bad value: one line
+    assert main(["eval", str(d), "--n", "0"]) == 2  # bad value: one line
     assert capsys.readouterr().err.strip() == "stare-lab: error: --n 0: expected a value ≥ 1"
     assert len(list((d / "eval" / "arithmetic").glob("*.json"))) == 2

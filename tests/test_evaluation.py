@@ -1,4 +1,5 @@
 """pass@k against brute force, avg@n / maj@n / bootstrap by hand, and an end-to-end evaluation."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -10,8 +11,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stare_lab.evaluation import (PARQUET_COLUMNS, avg_at_n, bootstrap_ci, evaluate_benchmark, generate_samples,
-                                  list_benchmarks, load_benchmark, maj_at_k, pass_at_k, summarize)
+from stare_lab.evaluation import (
+    PARQUET_COLUMNS,
+    avg_at_n,
+    bootstrap_ci,
+    evaluate_benchmark,
+    generate_samples,
+    list_benchmarks,
+    load_benchmark,
+    maj_at_k,
+    pass_at_k,
+    summarize,
+)
 
 
 # ----------------------------------------------------------------------------------- pass@k
@@ -49,11 +60,13 @@ def _records(correct_counts=(4, 2, 0), n=4):
     # problem p0: "5" ×4 (all right); p1: 8 7 7 9 (the two 7s right); p2: 1 1 - 2 (all wrong)
     extracted = {"p0": ["5"] * 4, "p1": ["8", "7", "7", "9"], "p2": ["1", "1", None, "2"]}
     rows = []
-    for (pid, answers), c in zip(extracted.items(), correct_counts):
+    for (pid, answers), c in zip(extracted.items(), correct_counts, strict=True):
         right = [a == "5" for a in answers] if pid == "p0" else [a == "7" for a in answers]
         assert sum(right) == c
-        rows += [{"problem_id": pid, "sample_index": j, "extracted": a, "correct": r}
-                 for j, (a, r) in enumerate(zip(answers, right))]
+        rows += [
+            {"problem_id": pid, "sample_index": j, "extracted": a, "correct": r}
+            for j, (a, r) in enumerate(zip(answers, right, strict=True))
+        ]
     return pd.DataFrame(rows)
 
 
@@ -69,9 +82,15 @@ def test_avg_at_n_matrix_and_records():
 
 def test_maj_at_k_votes_and_ties():
     assert maj_at_k(_records(), 4) == pytest.approx(2 / 3)  # p0 "5" right, p1 "7" right, p2 "1" wrong
-    df = pd.DataFrame({"problem_id": ["q"] * 4, "sample_index": [0, 1, 2, 3],
-                       "extracted": ["7", "8", "8 ", "8"], "correct": [True, False, False, False]})
-    assert maj_at_k(df) == 0.0       # majority "8" (whitespace ignored) is wrong
+    df = pd.DataFrame(
+        {
+            "problem_id": ["q"] * 4,
+            "sample_index": [0, 1, 2, 3],
+            "extracted": ["7", "8", "8 ", "8"],
+            "correct": [True, False, False, False],
+        }
+    )
+    assert maj_at_k(df) == 0.0  # majority "8" (whitespace ignored) is wrong
     assert maj_at_k(df, k=1) == 1.0  # only sample 0 votes
     assert maj_at_k(df, k=2) == 1.0  # a 1-1 tie goes to the answer seen first
 
@@ -112,16 +131,29 @@ def tiny_lm():
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         eos_token_id=1, pad_token_id=0, bos_token_id=None)
+    config = Qwen2Config(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        eos_token_id=1,
+        pad_token_id=0,
+        bos_token_id=None,
+    )
     return Qwen2ForCausalLM(config), tokenizer
 
 
 def test_generate_samples_shapes_and_seed(tiny_lm):
     model, tok = tiny_lm
-    a = generate_samples(model, tok, ["1+1=", "22+3="], n=3, temperature=1.0, top_p=0.7, max_tokens=5, batch_size=4, seed=1)
-    b = generate_samples(model, tok, ["1+1=", "22+3="], n=3, temperature=1.0, top_p=0.7, max_tokens=5, batch_size=4, seed=1)
+    a = generate_samples(
+        model, tok, ["1+1=", "22+3="], n=3, temperature=1.0, top_p=0.7, max_tokens=5, batch_size=4, seed=1
+    )
+    b = generate_samples(
+        model, tok, ["1+1=", "22+3="], n=3, temperature=1.0, top_p=0.7, max_tokens=5, batch_size=4, seed=1
+    )
     assert a == b and [len(s) for s in a] == [3, 3]
     assert all(isinstance(t, str) and 1 <= L <= 5 for s in a for t, L in s)
     assert tok.padding_side == "right"  # restored
@@ -150,9 +182,22 @@ def test_generate_samples_length_stops_at_eos(tiny_lm):
 def test_evaluate_benchmark_writes_run_record(tiny_lm, tmp_path):
     model, tok = tiny_lm
     records = [{"problem_id": f"p{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(3)]
-    result = evaluate_benchmark(model, tok, "math_verify", records, n=4, temperature=1.0, top_p=0.7, max_tokens=6,
-                                batch_size=5, seed=0, out_dir=tmp_path, step=7, name="toy")
-    key = "step-7_n4_t1_p0.7_m6_math_verify"     # the settings, readable, in the file name
+    result = evaluate_benchmark(
+        model,
+        tok,
+        "math_verify",
+        records,
+        n=4,
+        temperature=1.0,
+        top_p=0.7,
+        max_tokens=6,
+        batch_size=5,
+        seed=0,
+        out_dir=tmp_path,
+        step=7,
+        name="toy",
+    )
+    key = "step-7_n4_t1_p0.7_m6_math_verify"  # the settings, readable, in the file name
     assert result["settings_key"] == key
     df = pd.read_parquet(tmp_path / "eval" / "toy" / f"{key}.parquet")
     assert tuple(df.columns) == PARQUET_COLUMNS and len(df) == 12
@@ -161,9 +206,26 @@ def test_evaluate_benchmark_writes_run_record(tiny_lm, tmp_path):
     assert set(df["gold"]) == {"1", "2", "3"}
     written = json.loads((tmp_path / "eval" / "toy" / f"{key}.json").read_text())
     assert written == result
-    assert list(written) == ["benchmark", "step", "final", "n", "temperature", "top_p", "max_tokens", "verifier",
-                             "num_problems", "metrics", "settings_key"]
-    assert (written["benchmark"], written["step"], written["n"], written["verifier"], written["num_problems"]) == ("toy", 7, 4, "math_verify", 3)
+    assert list(written) == [
+        "benchmark",
+        "step",
+        "final",
+        "n",
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "verifier",
+        "num_problems",
+        "metrics",
+        "settings_key",
+    ]
+    assert (written["benchmark"], written["step"], written["n"], written["verifier"], written["num_problems"]) == (
+        "toy",
+        7,
+        4,
+        "math_verify",
+        3,
+    )
     assert written["metrics"] == summarize(df, 4)  # floats survive the JSON round trip exactly
     assert not list((tmp_path / "eval").rglob(".*tmp*"))
 
@@ -180,11 +242,28 @@ def test_evaluate_benchmark_uses_task_verify(tiny_lm, tmp_path):
         def verify(self, text, answer):
             return len(text) % 2 == 0
 
-    records = [{"problem_id": "a", "prompt": "12+3=", "answer": "15"}, {"problem_id": "b", "prompt": "4+4=", "answer": "8"}]
-    result = evaluate_benchmark(model, tok, EvenLength(), records, n=4, max_tokens=5, batch_size=8, seed=2,
-                                out_dir=tmp_path, step=3, name="stub", intermediate=True)
+    records = [
+        {"problem_id": "a", "prompt": "12+3=", "answer": "15"},
+        {"problem_id": "b", "prompt": "4+4=", "answer": "8"},
+    ]
+    result = evaluate_benchmark(
+        model,
+        tok,
+        EvenLength(),
+        records,
+        n=4,
+        max_tokens=5,
+        batch_size=8,
+        seed=2,
+        out_dir=tmp_path,
+        step=3,
+        name="stub",
+        intermediate=True,
+    )
     df = pd.read_parquet(tmp_path / "eval" / "stub" / f"{result['settings_key']}.parquet")
-    assert result["verifier"] == "exact" and result["final"] is False and result["settings_key"].startswith("step-3_n4_")
+    assert (
+        result["verifier"] == "exact" and result["final"] is False and result["settings_key"].startswith("step-3_n4_")
+    )
     assert df["correct"].tolist() == [len(t) % 2 == 0 for t in df["answer"]]
     assert result["metrics"]["avg@4"] == pytest.approx(df["correct"].mean())
 
@@ -211,12 +290,21 @@ def test_load_benchmark_with_local_override(tmp_path):
     name, records, settings = load_benchmark("gsm8k", source_override=str(path))
     assert name == "gsm8k" and settings["verifier"] == "math_verify" and settings["source"] == str(path)
     assert records == [{"problem": "How many?", "answer": "1000", "problem_id": "0"}]
-    name, records, settings = load_benchmark({"name": "t", "source": str(path), "n": 4, "verifier": "math_verify",
-                                              "fields": {"problem": "question", "answer": "answer"}})
+    name, records, settings = load_benchmark(
+        {
+            "name": "t",
+            "source": str(path),
+            "n": 4,
+            "verifier": "math_verify",
+            "fields": {"problem": "question", "answer": "answer"},
+        }
+    )
     assert records[0]["answer"].endswith("#### 1,000") and settings["n"] == 4
 
 
-@pytest.mark.skipif(importlib.util.find_spec("stare_lab.tasks.arithmetic") is None, reason="arithmetic task not built yet")
+@pytest.mark.skipif(
+    importlib.util.find_spec("stare_lab.tasks.arithmetic") is None, reason="arithmetic task not built yet"
+)
 def test_load_benchmark_builtin_arithmetic():
     name, records, settings = load_benchmark("arithmetic")
     assert name == "arithmetic" and settings["verifier"] == "exact" and settings["n"] == 32

@@ -1,4 +1,5 @@
 """benchmarks/gpu_check.py runs end to end with tiny shapes on the CPU and prints its JSON summary last."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_check_tiny_prints_a_complete_summary_last():
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny"], cwd=REPO,
-                         capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["device"] == "cpu" and set(summary["steps"]) == {"16", "32"}
@@ -37,31 +43,59 @@ def test_gpu_check_without_cuda_says_so_in_one_line():
 
     if torch.cuda.is_available():
         return
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py")], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode != 0 and run.stderr.strip() == "gpu_check: no CUDA device (use --tiny for the CPU smoke test)"
 
 
 def test_gpu_check_budget_skips_step_arms_but_keeps_the_required_measurements(tmp_path):
     """--budget-s 0: every step arm is named as skipped; the AE and recording measurements and the JSON file stay."""
     out = tmp_path / "summary.json"
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--tiny", "--budget-s", "0",
-                          "--rules", "stare", "--json", str(out)], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "gpu_check.py"),
+            "--tiny",
+            "--budget-s",
+            "0",
+            "--rules",
+            "stare",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text()) == summary
-    assert summary["steps"] == {"16": {}, "32": {}} and "attention_entropy" in summary and "generation_recording" in summary
+    assert (
+        summary["steps"] == {"16": {}, "32": {}}
+        and "attention_entropy" in summary
+        and "generation_recording" in summary
+    )
     assert "16: stare" in summary["skipped"] and "generation@8: plain TRL" in summary["skipped"]
 
 
 def test_gpu_profile_tiny_times_each_piece_and_profiles_both_arms():
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_profile.py"), "--tiny", "--rule", "anchor"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_profile.py"), "--tiny", "--rule", "anchor"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.splitlines()
     for piece in ("trl_fused_logp_entropy", "our_decoder_forward", "our_vocab_stats", "our_token_statistics"):
-        ms = [float(l.split(": ")[1].split()[0]) for l in lines if l.startswith(piece + ":")]
+        ms = [float(line.split(": ")[1].split()[0]) for line in lines if line.startswith(piece + ":")]
         assert len(ms) == 1 and ms[0] > 0, piece
-    heads = [l for l in lines if l.startswith("== ")]
+    heads = [line for line in lines if line.startswith("== ")]
     assert [h.split(",")[0] for h in heads] == ["== plain TRL", "== anchor"]

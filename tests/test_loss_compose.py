@@ -5,19 +5,20 @@ For each feature: with rule `full` the loss, the gradients and TRL's metrics equ
 (weights 0/1 and fractional, normalize "valid" and "selected") the loss equals the slow loop
 reference of the documented composition (test_loss_compose_reference.py).
 """
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
+from test_loss_compose_reference import reference_loss
 from trl import GRPOConfig, GRPOTrainer
 
 from stare_lab.methods import get_method
 from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import NORMALIZE_CODES, TokenRuleGRPOTrainer
-from test_loss_compose_reference import reference_loss
 
 G = 4
 
@@ -39,10 +40,12 @@ FEATURES = {
     "entropy_bonus": dict(entropy_coef=0.1),
     "entropy_bonus_sapo": dict(loss_type="sapo", entropy_coef=0.1),
     "adaptive_entropy": dict(use_adaptive_entropy=True, entropy_coef=0.1, entropy_target=100.0),
-    "kl_bias_corrected_gspo": dict(beta=0.04, use_bias_correction_kl=True, importance_sampling_level="sequence",
-                                   ref=True),
-    "everything_dapo": dict(beta=0.04, entropy_coef=0.05, off_policy_mask_threshold=0.02, vllm="token_truncate",
-                            ref=True),
+    "kl_bias_corrected_gspo": dict(
+        beta=0.04, use_bias_correction_kl=True, importance_sampling_level="sequence", ref=True
+    ),
+    "everything_dapo": dict(
+        beta=0.04, entropy_coef=0.05, off_policy_mask_threshold=0.02, vllm="token_truncate", ref=True
+    ),
 }
 
 
@@ -75,19 +78,38 @@ def make_pair(setup, tmp_path, feature, rule="full"):
     tok, model, saved, task = setup
     kw = dict(FEATURES[feature] if isinstance(feature, str) else feature)
     vllm, ref = kw.pop("vllm", None), kw.pop("ref", False)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=G,
-                      gradient_accumulation_steps=2, max_completion_length=12, max_steps=2, learning_rate=1e-3,
-                      use_cpu=True, bf16=False, report_to="none", seed=0, save_strategy="no", disable_tqdm=True,
-                      **{"epsilon_high": 0.28, **kw})
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=G,
+        gradient_accumulation_steps=2,
+        max_completion_length=12,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        save_strategy="no",
+        disable_tqdm=True,
+        **{"epsilon_high": 0.28, **kw},
+    )
     ds = task.train_dataset()
 
     def model_arg():
         return saved if ref else copy.deepcopy(model)
 
-    plain = GRPOTrainer(model=model_arg(), reward_funcs=[length_reward], args=args, train_dataset=ds,
-                        processing_class=tok)
-    ours = TokenRuleGRPOTrainer(model=model_arg(), reward_funcs=[length_reward], args=args, train_dataset=ds,
-                                processing_class=tok, rule=get_method(rule))
+    plain = GRPOTrainer(
+        model=model_arg(), reward_funcs=[length_reward], args=args, train_dataset=ds, processing_class=tok
+    )
+    ours = TokenRuleGRPOTrainer(
+        model=model_arg(),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        rule=get_method(rule),
+    )
     batch = generation_batch(ours, ds, vllm)
     for t in (plain, ours):
         t.model.train()
@@ -123,11 +145,28 @@ def current_logps(trainer, batch):
     """Log-probs, entropies and MoE aux loss of the training forward, as TRL's loss computes them."""
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     am = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    extra = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "num_images", "token_type_ids",
-                                   "mm_token_type_ids", "image_sizes", "pixel_attention_mask") if k in batch}
+    extra = {
+        k: batch[k]
+        for k in (
+            "pixel_values",
+            "image_grid_thw",
+            "num_images",
+            "token_type_ids",
+            "mm_token_type_ids",
+            "image_sizes",
+            "pixel_attention_mask",
+        )
+        if k in batch
+    }
     return trainer._get_per_token_logps_and_entropies(
-        trainer.model, ids, am, batch["completion_ids"].size(1), compute_entropy=True,
-        compute_aux_loss=trainer.aux_loss_enabled, **extra)
+        trainer.model,
+        ids,
+        am,
+        batch["completion_ids"].size(1),
+        compute_entropy=True,
+        compute_aux_loss=trainer.aux_loss_enabled,
+        **extra,
+    )
 
 
 def loss_and_grads(trainer, batch):
@@ -137,8 +176,11 @@ def loss_and_grads(trainer, batch):
     loss = trainer._compute_loss(trainer.model, batch)
     loss.backward()
     grads = [p.grad.clone() if p.grad is not None else None for p in trainer.model.parameters()]
-    rows = {k: [x if x == x else "nan" for x in v[before.get(k, 0):]] for k, v in trainer._metrics["train"].items()
-            if not k.startswith(("tokens/", "geometry/")) and len(v) > before.get(k, 0)}
+    rows = {
+        k: [x if x == x else "nan" for x in v[before.get(k, 0) :]]
+        for k, v in trainer._metrics["train"].items()
+        if not k.startswith(("tokens/", "geometry/")) and len(v) > before.get(k, 0)
+    }
     return loss.detach(), grads, rows
 
 
@@ -146,7 +188,7 @@ def assert_full_equals_plain(plain, ours, batch):
     l_plain, g_plain, m_plain = loss_and_grads(plain, batch)
     l_ours, g_ours, m_ours = loss_and_grads(ours, batch)
     assert torch.equal(l_plain, l_ours), (l_plain.item(), l_ours.item())
-    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(g_plain, g_ours))
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(g_plain, g_ours, strict=True))
     assert any(g is not None and g.abs().sum() > 0 for g in g_ours), "the batch must give a gradient"
     assert m_plain == m_ours and "entropy" in m_ours
     return l_ours
@@ -176,15 +218,20 @@ def selecting_weights(mask, kind, seed):
 def test_selecting_rule_equals_loop_reference(setup, tmp_path, feature, kind, normalize):
     _, ours, batch = make_pair(setup, tmp_path, feature)
     w = selecting_weights(batch["completion_mask"], kind, seed=len(feature))
-    batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float(),
-                 token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)))
+    batch.update(
+        token_weights=w,
+        token_weight_total=w.sum(),
+        token_selected=(w > 0).float(),
+        token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)),
+    )
     logp, entropies, aux = current_logps(ours, batch)
     expected = reference_loss(ours, batch, logp, entropies, w, normalize, aux)
     loss = ours._compute_loss(ours.model, batch)
     assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-7)
     valid_selected = (w > 0) & (batch["completion_mask"] > 0)
     assert ours._metrics["train"]["tokens/entropy_selected"][-1] == pytest.approx(
-        entropies[valid_selected].mean().item(), rel=1e-5)
+        entropies[valid_selected].mean().item(), rel=1e-5
+    )
 
 
 def test_selected_equals_valid_over_selected_mass_for_dapo(setup, tmp_path):
@@ -226,11 +273,24 @@ def test_gradient_geometry_leaves_trl_state_alone(setup, tmp_path):
 
 def test_top_entropy_quantile_is_refused_with_its_reason(setup, tmp_path):
     tok, model, _, task = setup
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=G, use_cpu=True,
-                      bf16=False, report_to="none", top_entropy_quantile=0.2)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=G,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        top_entropy_quantile=0.2,
+    )
     with pytest.raises(ValueError, match="top_entropy_quantile.*method=top_entropy"):
-        TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
-                             train_dataset=task.train_dataset(), processing_class=tok, rule=get_method("full"))
+        TokenRuleGRPOTrainer(
+            model=copy.deepcopy(model),
+            reward_funcs=[length_reward],
+            args=args,
+            train_dataset=task.train_dataset(),
+            processing_class=tok,
+            rule=get_method("full"),
+        )
 
 
 def test_weight_slot_is_disarmed_after_an_error(setup, tmp_path):

@@ -8,39 +8,57 @@
   completion tokens carry weights (image tokens sit in the prompt, outside the [B, T] weights).
 No downloads: both models are built from configs with the built-in character tokenizer.
 """
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
+from test_loss_compose import (
+    assert_full_equals_plain,
+    current_logps,
+    length_reward,
+    make_pair,  # noqa: F401
+    selecting_weights,
+)
+from test_loss_compose_reference import reference_loss
+from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from stare_lab.methods import get_method
 from stare_lab.models.builtin import build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from stare_lab.trainer import NORMALIZE_CODES, TokenRuleGRPOTrainer
-from test_loss_compose import (assert_full_equals_plain, current_logps, length_reward, make_pair,  # noqa: F401
-                               one_thread, selecting_weights)
-from test_loss_compose_reference import reference_loss
-
 
 
 @pytest.fixture(scope="module")
 def moe_setup(tmp_path_factory):
     torch.manual_seed(0)
     tok = build_tokenizer()
-    config = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=4,
-                            num_experts_per_tok=2, router_aux_loss_coef=0.01, max_position_embeddings=128,
-                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.01,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     return tok, Qwen3MoeForCausalLM(config), None, ArithmeticTask(train_size=64, heldout_size=16)
 
 
-MOE_FEATURES = {"dapo": dict(loss_type="dapo"),
-                "gspo_bonus": dict(loss_type="grpo", importance_sampling_level="sequence", entropy_coef=0.1)}
+MOE_FEATURES = {
+    "dapo": dict(loss_type="dapo"),
+    "gspo_bonus": dict(loss_type="grpo", importance_sampling_level="sequence", entropy_coef=0.1),
+}
 
 
 @pytest.mark.parametrize("feature", list(MOE_FEATURES))
@@ -57,8 +75,12 @@ def test_moe_full_equals_plain_trl_with_aux_loss(moe_setup, tmp_path, feature):
 def test_moe_selecting_rule_equals_loop_reference(moe_setup, tmp_path, normalize):
     _, ours, batch = make_pair(moe_setup, tmp_path, MOE_FEATURES["gspo_bonus"])
     w = selecting_weights(batch["completion_mask"], "fractional", seed=5)
-    batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float(),
-                 token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)))
+    batch.update(
+        token_weights=w,
+        token_weight_total=w.sum(),
+        token_selected=(w > 0).float(),
+        token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)),
+    )
     logp, entropies, aux = current_logps(ours, batch)
     assert aux is not None and aux.item() > 0
     expected = reference_loss(ours, batch, logp, entropies, w, normalize, aux)
@@ -76,14 +98,18 @@ def vlm_batch(B=4, T=6, seed=0):
     completion_mask = (torch.arange(T)[None] < lengths[:, None]).long()
     mm_types = torch.cat([(prompt_ids == IMAGE).long(), torch.zeros(B, T, dtype=torch.long)], 1)
     return {
-        "prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids),
-        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
         "pixel_values": torch.randn(B * 16, 3 * 2 * 4 * 4, generator=gen),
-        "image_grid_thw": torch.tensor([[1, 4, 4]] * B), "num_images": [1] * B,
+        "image_grid_thw": torch.tensor([[1, 4, 4]] * B),
+        "num_images": [1] * B,
         "mm_token_type_ids": mm_types,
         "advantages": torch.tensor([1.0, -0.5, 0.8, -1.2]),
         "num_items_in_batch": completion_mask.sum(),
-        "token_weights": completion_mask.clone(), "token_weight_total": completion_mask.sum(),
+        "token_weights": completion_mask.clone(),
+        "token_weight_total": completion_mask.sum(),
         "token_normalize": torch.tensor(NORMALIZE_CODES.index("loss_type")),
         "token_selected": completion_mask.float(),
     }
@@ -94,14 +120,30 @@ def vlm_pair(tmp_path_factory):
     torch.manual_seed(0)
     tok = build_tokenizer()
     model = tiny_qwen2_vl()
-    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("vlm")), per_device_train_batch_size=4, num_generations=4,
-                      gradient_accumulation_steps=2, max_completion_length=6, use_cpu=True, bf16=False,
-                      report_to="none", entropy_coef=0.05, epsilon_high=0.28)
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("vlm")),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        gradient_accumulation_steps=2,
+        max_completion_length=6,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        entropy_coef=0.05,
+        epsilon_high=0.28,
+    )
     ds = ArithmeticTask(train_size=8, heldout_size=4).train_dataset()
-    plain = GRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args, train_dataset=ds,
-                        processing_class=tok)
-    ours = TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
-                                train_dataset=ds, processing_class=tok, rule=get_method("full"))
+    plain = GRPOTrainer(
+        model=copy.deepcopy(model), reward_funcs=[length_reward], args=args, train_dataset=ds, processing_class=tok
+    )
+    ours = TokenRuleGRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        rule=get_method("full"),
+    )
     for t in (plain, ours):
         t.model.train()
         t.current_gradient_accumulation_steps = 2
@@ -130,8 +172,13 @@ def test_vlm_selecting_rule_equals_loop_reference(vlm_pair, normalize):
     _, ours, batch = vlm_pair
     w = selecting_weights(batch["completion_mask"], "binary", seed=6)
     w[1, 0] = 1.0  # rows 1-3 keep at least one token
-    batch = dict(batch, token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float(),
-                 token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)))
+    batch = dict(
+        batch,
+        token_weights=w,
+        token_weight_total=w.sum(),
+        token_selected=(w > 0).float(),
+        token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)),
+    )
     assert w.shape == batch["completion_ids"].shape  # weights exist for completion tokens only
     logp, entropies, _ = current_logps(ours, batch)
     expected = reference_loss(ours, batch, logp, entropies, w, normalize)

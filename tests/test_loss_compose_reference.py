@@ -1,4 +1,5 @@
-"""A slow loop reference of TRL 1.16's GRPO loss with token weights (the composition of docs/trl_parity.md); no tests here.
+"""A slow loop reference of TRL 1.16's GRPO loss with token weights (the composition of docs/trl_parity.md); no tests
+here.
 
 Plain Python over rows and tokens, written from the documented composition, not from
 stare_lab.trl_loss: the weights multiply each token's policy term after the loss type's term and
@@ -6,6 +7,7 @@ the off-policy mask and before the vLLM importance-sampling ratio; β·KL stays 
 token; "selected" replaces the policy term's token counts by weight sums; the entropy bonus is a
 mean over the weighted tokens; the MoE aux loss is added for every rule.
 """
+
 from __future__ import annotations
 
 import math
@@ -96,6 +98,7 @@ def reference_loss(trainer, batch, logp, entropies, weights, normalize, aux_loss
 
     def aggregate(per_token, weighted_denominator):
         """The loss type's aggregation; weighted_denominator: weight sums replace token counts."""
+
         def den(x, total_weight):
             return (total_weight if total_weight > 0 else 1.0) if weighted_denominator else max(x, 1.0)
 
@@ -134,7 +137,7 @@ def reference_loss(trainer, batch, logp, entropies, weights, normalize, aux_loss
 
 
 def _selected_slot(trainer, batch, m, w):
-    """The weights as TRL's slot carries them under "selected": w times count / weight sum of the denominator's scope."""
+    """The weights as TRL's slot carries them under "selected": w × count / weight sum of the denominator's scope."""
     lt = trainer.loss_type
     B, T = len(m), len(m[0])
 

@@ -1,4 +1,5 @@
 r"""Loaders, `\boxed{}` extraction, and math_reward on the real benchmark answers."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ from stare_lab.tasks import build_task, extract_boxed, load_records, math_reward
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, repair_latex_escapes
 
 
-
 def _benchmark_dir() -> Path | None:
     """The benchmark copies shipped in the package (the same files as ../shared/data/benchmarks,
     checked by sha256 in tests/test_wheel.py); $STARE_LAB_BENCHMARKS points elsewhere."""
@@ -25,7 +25,9 @@ def _benchmark_dir() -> Path | None:
 
 
 BENCH = _benchmark_dir()
-needs_bench = pytest.mark.skipif(BENCH is None, reason=f"benchmark files absent: {BENCHMARK_DATA_DIR} (or $STARE_LAB_BENCHMARKS)")
+needs_bench = pytest.mark.skipif(
+    BENCH is None, reason=f"benchmark files absent: {BENCHMARK_DATA_DIR} (or $STARE_LAB_BENCHMARKS)"
+)
 
 
 def _rows(name: str) -> list[dict]:
@@ -73,21 +75,27 @@ def test_load_records_missing_file_names_path(tmp_path):
 
 
 # -------------------------------------------------------------------------------- extraction
-@pytest.mark.parametrize("text, expected", [
-    (r"first \boxed{1} then \boxed{\frac{a}{b^{2}}}.", r"\frac{a}{b^{2}}"),
-    (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\left( 3, \frac{\pi}{2} \right)"),
-    (r"answer: \fbox{42}", "42"),
-    (r"so $\boxed 7$", "7"),
-    (r"truncated \boxed{\frac{1}{2}", None),
-    (r"empty \boxed{}", None),
-    ("no box at all: 5", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"first \boxed{1} then \boxed{\frac{a}{b^{2}}}.", r"\frac{a}{b^{2}}"),
+        (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\left( 3, \frac{\pi}{2} \right)"),
+        (r"answer: \fbox{42}", "42"),
+        (r"so $\boxed 7$", "7"),
+        (r"truncated \boxed{\frac{1}{2}", None),
+        (r"empty \boxed{}", None),
+        ("no box at all: 5", None),
+    ],
+)
 def test_extract_boxed(text, expected):
     assert extract_boxed(text) == expected
 
 
 def test_prompt_template_and_aime25_repair():
-    assert build_prompt("What is 1+1?") == "What is 1+1?\nPlease reason step by step, and put your final answer within \\boxed{}."
+    assert (
+        build_prompt("What is 1+1?")
+        == "What is 1+1?\nPlease reason step by step, and put your final answer within \\boxed{}."
+    )
     broken = "Find $\x0crac{m}{n}$ in $\triangle DEF$; code:\n{\n\treturn x;\n} have\tequal"
     fixed = repair_latex_escapes(broken)
     assert fixed == "Find $\\frac{m}{n}$ in $\\triangle DEF$; code:\n{\n\treturn x;\n} have\tequal"
@@ -99,8 +107,14 @@ def test_math_reward_hand_cases():
     golds = [r"\frac{14}{3}", r"\frac{14}{3}", r"\frac{14}{3}", r"\frac{14}{3}", r"\text{(C)}", r"\text{(C)}"]
     assert math_reward(completions, golds) == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
     # MATH-500 money answers hold an escaped dollar: it must not be read as a math delimiter
-    assert math_reward([r"\boxed{36}", r"\boxed{37}", r"\boxed{32348}"], [r"\$36", r"\$36", r"\$32,\!348"]) == [1.0, 0.0, 1.0]
-    assert math_reward([r"\boxed{\frac{1}{0}", None, [{"role": "assistant", "content": r"\boxed{3}"}]], ["x", "1", "3"]) == [0.0, 0.0, 1.0]
+    assert math_reward([r"\boxed{36}", r"\boxed{37}", r"\boxed{32348}"], [r"\$36", r"\$36", r"\$32,\!348"]) == [
+        1.0,
+        0.0,
+        1.0,
+    ]
+    assert math_reward(
+        [r"\boxed{\frac{1}{0}", None, [{"role": "assistant", "content": r"\boxed{3}"}]], ["x", "1", "3"]
+    ) == [0.0, 0.0, 1.0]
 
 
 def _perturb(answer: str, others: list[str], i: int) -> str:
@@ -120,8 +134,8 @@ def test_math_reward_on_real_gold_answers(name):
     wrong = [_perturb(g, golds, i) for i, g in enumerate(golds)]
     wrong_scores = math_reward([f"\\boxed{{{w}}}" for w in wrong], golds)
     unboxed = math_reward([f"The answer is {g}." for g in golds], golds)
-    failures = [(i, g) for i, (g, s) in enumerate(zip(golds, right)) if s != 1.0]
-    false_pos = [(i, g, w) for i, (g, w, s) in enumerate(zip(golds, wrong, wrong_scores)) if s != 0.0]
+    failures = [(i, g) for i, (g, s) in enumerate(zip(golds, right, strict=True)) if s != 1.0]
+    false_pos = [(i, g, w) for i, (g, w, s) in enumerate(zip(golds, wrong, wrong_scores, strict=True)) if s != 0.0]
     assert len(failures) <= 0.02 * len(golds), f"{name}: boxed gold answers not verified: {failures}"
     assert not false_pos, f"{name}: perturbed answers verified: {false_pos}"
     assert sum(unboxed) == 0.0
@@ -129,7 +143,9 @@ def test_math_reward_on_real_gold_answers(name):
 
 def test_math_reward_off_main_thread():
     result = {}
-    worker = threading.Thread(target=lambda: result.update(r=math_reward([r"\boxed{\frac{1}{2}}", r"\boxed{3}"], ["0.5", "4"])))
+    worker = threading.Thread(
+        target=lambda: result.update(r=math_reward([r"\boxed{\frac{1}{2}}", r"\boxed{3}"], ["0.5", "4"]))
+    )
     worker.start()
     worker.join(timeout=30)
     assert result.get("r") == [1.0, 0.0]
@@ -137,8 +153,14 @@ def test_math_reward_off_main_thread():
 
 # ---------------------------------------------------------------------------------- the task
 def test_math_task_from_files(files):
-    task = build_task({"name": "math", "train_source": str(files[0]), "heldout_source": str(files[1]),
-                       "fields": {"problem": "question", "answer": "sol", "id": "uid"}})
+    task = build_task(
+        {
+            "name": "math",
+            "train_source": str(files[0]),
+            "heldout_source": str(files[1]),
+            "fields": {"problem": "question", "answer": "sol", "id": "uid"},
+        }
+    )
     assert isinstance(task, MathTask) and task.name == "math"
     train = task.train_dataset()
     assert train.column_names == ["prompt", "answer", "problem_id"]

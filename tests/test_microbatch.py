@@ -8,6 +8,7 @@
   that reads what the loss forward does not give is refused in one line.
 The shipped trained model: entropies without near-ties that float noise could flip.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,19 +35,42 @@ def length_reward(completions, **kwargs):
 
 @pytest.fixture(scope="module")
 def setup():
-    return build_tokenizer(), Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR), ArithmeticTask(train_size=64,
-                                                                                             heldout_size=8)
+    return (
+        build_tokenizer(),
+        Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR),
+        ArithmeticTask(train_size=64, heldout_size=8),
+    )
 
 
 def _trainer(setup, tmp_path, rule, **kw):
     tok, model, task = setup
-    args = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=G,
-                gradient_accumulation_steps=2, max_completion_length=16, max_steps=2, learning_rate=1e-2,
-                use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1, save_strategy="no",
-                disable_tqdm=True, epsilon_high=0.28, temperature=TAU)
+    args = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=G,
+        gradient_accumulation_steps=2,
+        max_completion_length=16,
+        max_steps=2,
+        learning_rate=1e-2,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        epsilon_high=0.28,
+        temperature=TAU,
+    )
     args.update(kw)
-    return TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=GRPOConfig(**args),
-                                train_dataset=task.train_dataset(), processing_class=tok, rule=rule)
+    return TokenRuleGRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=GRPOConfig(**args),
+        train_dataset=task.train_dataset(),
+        processing_class=tok,
+        rule=rule,
+    )
 
 
 def _plain_entropy(model, inputs):
@@ -55,7 +79,7 @@ def _plain_entropy(model, inputs):
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
     T = inputs["completion_ids"].size(1)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, -T - 1:-1].float() / TAU
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -T - 1 : -1].float() / TAU
     logp = logits.log_softmax(-1)
     return -(logp.exp() * logp).sum(-1)
 
@@ -65,10 +89,15 @@ def test_microbatch_equals_a_loop_reference_per_micro_batch(setup, tmp_path):
     weights_fn, seen = trainer._microbatch_weights, []
 
     def spy(inputs, entropies, logp):
-        reference_entropy = _plain_entropy(trainer.model, inputs)     # the current policy, right now
+        reference_entropy = _plain_entropy(trainer.model, inputs)  # the current policy, right now
         weights_fn(inputs, entropies, logp)
-        seen.append((reference_entropy, {k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()},
-                     trainer.rule_state.step))
+        seen.append(
+            (
+                reference_entropy,
+                {k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()},
+                trainer.rule_state.step,
+            )
+        )
 
     trainer._microbatch_weights = spy
     trainer.train()
@@ -77,21 +106,33 @@ def test_microbatch_equals_a_loop_reference_per_micro_batch(setup, tmp_path):
     for entropy, inputs, step in seen:
         mask = inputs["completion_mask"]
         B = mask.size(0)
-        stats = TokenStats(logp=torch.full(mask.shape, float("nan")), mask=mask, advantages=inputs["advantages"],
-                           group=torch.arange(B), entropy=entropy)
+        stats = TokenStats(
+            logp=torch.full(mask.shape, float("nan")),
+            mask=mask,
+            advantages=inputs["advantages"],
+            group=torch.arange(B),
+            entropy=entropy,
+        )
         expected = reference_rule(stats, RuleState(step=step, seed=0)).weights
         assert 0 < int(expected.sum()) < int(mask.sum())
         assert torch.equal(inputs["token_weights"], expected)
         assert inputs["token_weight_total"].item() == expected.sum().item() * trainer.args.steps_per_generation
 
 
-@pytest.mark.parametrize("name,params", [("top_entropy", {"rho": 0.3}), ("stare", {"H_tgt": 10.0}),
-                                         ("low_entropy", {})])
+@pytest.mark.parametrize(
+    "name,params", [("top_entropy", {"rho": 0.3}), ("stare", {"H_tgt": 10.0}), ("low_entropy", {})]
+)
 def test_one_micro_batch_holding_the_batch_equals_scope_batch(setup, tmp_path, name, params):
-    batch_scope = _trainer(setup, tmp_path, get_method(name, **params), per_device_train_batch_size=8,
-                           gradient_accumulation_steps=1)
-    micro = _trainer(setup, tmp_path, get_method(name, scope="microbatch", **params),
-                     per_device_train_batch_size=8, gradient_accumulation_steps=1)
+    batch_scope = _trainer(
+        setup, tmp_path, get_method(name, **params), per_device_train_batch_size=8, gradient_accumulation_steps=1
+    )
+    micro = _trainer(
+        setup,
+        tmp_path,
+        get_method(name, scope="microbatch", **params),
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+    )
     assert micro.stats_path() == "microbatch" and micro.args.steps_per_generation == 1
     ds = batch_scope.train_dataset
     rows = [ds[i] for i in range(2) for _ in range(G)]
@@ -104,16 +145,17 @@ def test_one_micro_batch_holding_the_batch_equals_scope_batch(setup, tmp_path, n
     assert bool(out["token_weights"].isnan().all()), "placeholders until the loss"
     ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
-    with torch.no_grad():   # the loss forward's own statistics (TRL's fused head), here without grad
-        logp, entropies, _ = micro._get_per_token_logps_and_entropies(micro.model, ids, mask, ids.size(1) - out[
-            "prompt_ids"].size(1), compute_entropy=True)
+    with torch.no_grad():  # the loss forward's own statistics (TRL's fused head), here without grad
+        logp, entropies, _ = micro._get_per_token_logps_and_entropies(
+            micro.model, ids, mask, ids.size(1) - out["prompt_ids"].size(1), compute_entropy=True
+        )
     micro._microbatch_weights(out, entropies, logp)
     assert not torch.equal(ref["token_selected"], ref["completion_mask"].float()), "the rule must select"
     assert torch.equal(out["token_weights"], ref["token_weights"])
     assert torch.equal(out["token_selected"], ref["token_selected"])
     assert torch.equal(out["token_normalize"], ref["token_normalize"])
     assert out["token_weight_total"].item() == ref["token_weight_total"].item()
-    assert micro.rule_state.memory == batch_scope.rule_state.memory   # e.g. STARE's W, M, gate
+    assert micro.rule_state.memory == batch_scope.rule_state.memory  # e.g. STARE's W, M, gate
 
 
 def test_stare_microbatch_trains_and_advances_per_micro_batch(setup, tmp_path):
@@ -124,7 +166,7 @@ def test_stare_microbatch_trains_and_advances_per_micro_batch(setup, tmp_path):
     trainer._microbatch_weights = lambda *a: (calls.append(1), weights_fn(*a))
     trainer.train()
     assert len(calls) == 4
-    assert max((p - q).abs().max().item() for p, q in zip(trainer.model.parameters(), before)) > 0
+    assert max((p - q).abs().max().item() for p, q in zip(trainer.model.parameters(), before, strict=True)) > 0
     assert "gate" in trainer.rule_state.memory
 
 

@@ -1,30 +1,35 @@
 """Multi-process settings before anything starts: bad input is one line and launches nothing;
 the world size and engine enter the run id only for several processes; `--dry-run` prints
 processes per run and GPUs; the engine's TrainingArguments; checkpoints of another world size."""
+
 from __future__ import annotations
 
 import pytest
+from sweep_fixtures import write_sweep
 
 from stare_lab.config import ConfigError, compose, run_id
 from stare_lab.sweep.cli import main
-from sweep_fixtures import write_sweep
 
-TWO = {"trainer.per_device_train_batch_size": 6, "trainer.num_generations": 4,
-       "trainer.gradient_accumulation_steps": 1}
+TWO = {"trainer.per_device_train_batch_size": 6, "trainer.num_generations": 4, "trainer.gradient_accumulation_steps": 1}
 
 
 def _refused(capsys, path, *extra) -> str:
     assert main(["sweep", "run", str(path), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("stare-lab: error: ") and "\n" not in err and "Traceback" not in err, err
-    assert not (path.parent / "runs").exists()                     # nothing launched, nothing written
+    assert not (path.parent / "runs").exists()  # nothing launched, nothing written
     return err
 
 
-@pytest.mark.parametrize("launcher, key", [({"name": "local", "processes": 0}, "launcher.processes"),
-                                           ({"name": "local", "processes": -2}, "launcher.processes"),
-                                           ({"name": "slurm", "nodes": 0}, "launcher.nodes"),
-                                           ({"name": "slurm", "tasks_per_node": 0}, "launcher.tasks_per_node")])
+@pytest.mark.parametrize(
+    "launcher, key",
+    [
+        ({"name": "local", "processes": 0}, "launcher.processes"),
+        ({"name": "local", "processes": -2}, "launcher.processes"),
+        ({"name": "slurm", "nodes": 0}, "launcher.nodes"),
+        ({"name": "slurm", "tasks_per_node": 0}, "launcher.tasks_per_node"),
+    ],
+)
 def test_processes_or_nodes_below_one_is_one_line(tmp_path, capsys, launcher, key):
     err = _refused(capsys, write_sweep(tmp_path, overrides=TWO, launcher=launcher))
     assert f"{key}: must be ≥ 1" in err
@@ -37,8 +42,11 @@ def test_tasks_per_node_other_than_one_per_gpu_is_refused(tmp_path, capsys):
 
 def test_a_batch_that_can_not_be_split_over_the_processes_is_one_line(tmp_path, capsys):
     # 3 rows × 1 micro-batch × 2 processes = 6 rollouts: not whole groups of 4
-    path = write_sweep(tmp_path, overrides={**TWO, "trainer.per_device_train_batch_size": 3},
-                       launcher={"name": "local", "processes": 2})
+    path = write_sweep(
+        tmp_path,
+        overrides={**TWO, "trainer.per_device_train_batch_size": 3},
+        launcher={"name": "local", "processes": 2},
+    )
     err = _refused(capsys, path)
     assert "trainer.num_generations" in err and "× processes" in err and "3 × 1 × 2 = 6" in err
 
@@ -59,8 +67,11 @@ def test_deepspeed_not_installed_is_one_line(tmp_path, capsys, engine):
 
     if importlib.util.find_spec("deepspeed") is not None:
         pytest.skip("DeepSpeed is installed here")
-    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": engine, "trainer.use_cpu": False},
-                       launcher={"name": "local", "processes": 2})
+    path = write_sweep(
+        tmp_path,
+        overrides={**TWO, "trainer.distributed": engine, "trainer.use_cpu": False},
+        launcher={"name": "local", "processes": 2},
+    )
     err = _refused(capsys, path)
     assert f"trainer.distributed: {engine} needs DeepSpeed" in err and "stare-lab[deepspeed]" in err
 
@@ -69,15 +80,20 @@ def test_fsdp_without_torch_distributed_is_one_line(tmp_path, capsys, monkeypatc
     import torch.distributed
 
     monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
-    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": "fsdp", "trainer.use_cpu": False},
-                       launcher={"name": "local", "processes": 2})
+    path = write_sweep(
+        tmp_path,
+        overrides={**TWO, "trainer.distributed": "fsdp", "trainer.use_cpu": False},
+        launcher={"name": "local", "processes": 2},
+    )
     assert "trainer.distributed: fsdp needs a torch build with torch.distributed" in _refused(capsys, path)
 
 
 def test_fsdp_on_cpu_processes_is_refused_not_silently_ddp(tmp_path, capsys):
-    path = write_sweep(tmp_path, overrides={**TWO, "trainer.distributed": "fsdp"}, launcher={"name": "local", "processes": 2})
+    path = write_sweep(
+        tmp_path, overrides={**TWO, "trainer.distributed": "fsdp"}, launcher={"name": "local", "processes": 2}
+    )
     assert "trainer.distributed: fsdp shards over GPUs only" in _refused(capsys, path)
-    one = write_sweep(tmp_path, "one", overrides={"trainer.distributed": "fsdp"})   # one process: the key is ignored
+    one = write_sweep(tmp_path, "one", overrides={"trainer.distributed": "fsdp"})  # one process: the key is ignored
     assert main(["sweep", "run", str(one), "--dry-run"]) == 0
 
 
@@ -92,7 +108,10 @@ def test_world_size_and_engine_enter_the_run_id_only_with_several_processes():
     two = compose(["run.processes=2", "trainer.per_device_train_batch_size=16"])
     assert two.run.id != run_id(compose(["trainer.per_device_train_batch_size=16"]))
     gpu = ["trainer.use_cpu=false", "trainer.per_device_train_batch_size=16"]
-    assert run_id(compose(["run.processes=2", *gpu, "trainer.distributed=fsdp"])) != compose(["run.processes=2", *gpu]).run.id
+    assert (
+        run_id(compose(["run.processes=2", *gpu, "trainer.distributed=fsdp"]))
+        != compose(["run.processes=2", *gpu]).run.id
+    )
     with pytest.raises(ConfigError, match="run.processes: must be ≥ 1"):
         compose(["run.processes=0"])
 
@@ -107,12 +126,22 @@ def test_dry_run_prints_processes_per_run_and_the_gpus_of_the_sweep(capsys):
 
 
 def test_dry_run_of_a_two_node_run(tmp_path, capsys):
-    path = write_sweep(tmp_path, overrides={"trainer.per_device_train_batch_size": 4, "trainer.num_generations": 8,
-                                            "trainer.gradient_accumulation_steps": 2}, seeds=[0, 1, 2],
-                       launcher={"name": "slurm", "nodes": 2, "gpus_per_node": 8, "array_parallelism": 2})
+    path = write_sweep(
+        tmp_path,
+        overrides={
+            "trainer.per_device_train_batch_size": 4,
+            "trainer.num_generations": 8,
+            "trainer.gradient_accumulation_steps": 2,
+        },
+        seeds=[0, 1, 2],
+        launcher={"name": "slurm", "nodes": 2, "gpus_per_node": 8, "array_parallelism": 2},
+    )
     assert main(["sweep", "run", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "processes per run: 16 (2 node(s) × 8); GPUs: 16 per run, 48 for the sweep (32 at once, 2 runs in parallel)" in out
+    assert (
+        "processes per run: 16 (2 node(s) × 8); GPUs: 16 per run, 48 for the sweep (32 at once, 2 runs in parallel)"
+        in out
+    )
 
 
 def test_slurm_executor_asks_for_one_task_per_gpu_and_kill_on_bad_exit(tmp_path):
@@ -125,7 +154,7 @@ def test_slurm_executor_asks_for_one_task_per_gpu_and_kill_on_bad_exit(tmp_path)
     assert p["srun_args"] == ["--kill-on-bad-exit=1"]
     one = load_sweep(write_sweep(tmp_path, "one", launcher={"name": "slurm"}))
     p = make_executor(one).parameters
-    assert (p["nodes"], p["ntasks_per_node"]) == (1, 1) and "srun_args" not in p   # one process: as before
+    assert (p["nodes"], p["ntasks_per_node"]) == (1, 1) and "srun_args" not in p  # one process: as before
     local = load_sweep(write_sweep(tmp_path, "loc", overrides=TWO, launcher={"name": "local", "processes": 2}))
     assert make_executor(local).parameters["tasks_per_node"] == 2
 
@@ -134,7 +163,7 @@ def test_engine_arguments(monkeypatch):
     from stare_lab.runner import engine_args
 
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert engine_args("fsdp") == {} == engine_args("deepspeed_zero3")        # one process: as before
+    assert engine_args("fsdp") == {} == engine_args("deepspeed_zero3")  # one process: as before
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert engine_args("ddp") == {}
     fsdp = engine_args("fsdp")
@@ -157,10 +186,12 @@ def test_a_checkpoint_of_another_world_size_is_refused_in_one_line(tmp_path, mon
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ValueError) as e:
         runner.resume_point(tmp_path)
-    assert str(e.value).startswith("checkpoint-4 was written by 2 process(es) and this run has 1") and "\n" not in str(e.value)
+    assert str(e.value).startswith("checkpoint-4 was written by 2 process(es) and this run has 1") and "\n" not in str(
+        e.value
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    assert runner.resume_point(tmp_path) == ckpt                         # rank 1: same checkpoint, no repairs
+    assert runner.resume_point(tmp_path) == ckpt  # rank 1: same checkpoint, no repairs
 
 
 def test_command_line_processes_and_nodes_override_the_file(tmp_path, capsys):

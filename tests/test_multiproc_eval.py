@@ -1,13 +1,13 @@
 """Evaluation of a multi-process run: sampling sharded over 2 gloo processes and gathered equals
 one process with the same seed, sample by sample (samples are seeded per unit of problems, not per
 rank: stare_lab.evaluation.sample_units), and rank 0 alone writes the result. ~25 s."""
+
 from __future__ import annotations
 
 import os
 import socket
 
 import pandas as pd
-import pytest
 import torch.multiprocessing as mp
 
 from stare_lab.evaluation import sample_units
@@ -41,8 +41,21 @@ def _evaluate(out_dir: str, n: int, batch_size: int) -> dict:
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer("builtin")
     records, verifier = _records()
-    return evaluate_benchmark(model, tok, verifier, records, n=n, temperature=1.0, top_p=0.9, max_tokens=6,
-                              batch_size=batch_size, seed=3, out_dir=out_dir, step=1, name="arithmetic")
+    return evaluate_benchmark(
+        model,
+        tok,
+        verifier,
+        records,
+        n=n,
+        temperature=1.0,
+        top_p=0.9,
+        max_tokens=6,
+        batch_size=batch_size,
+        seed=3,
+        out_dir=out_dir,
+        step=1,
+        name="arithmetic",
+    )
 
 
 def _rank(rank: int, port: int, out_dir: str, results) -> None:
@@ -77,9 +90,9 @@ def test_two_process_evaluation_equals_one_process(tmp_path):
     mp.spawn(_rank, args=(_free_port(), str(tmp_path / "two"), results), nprocs=2, join=True)
     assert [k for k, _ in results[0]] == [k for k, _ in results[1]] == list(single)
     for key, metrics in results[0]:
-        assert metrics == single[key] == dict(results[1])[key]               # avg@n, pass@k, maj@n
+        assert metrics == single[key] == dict(results[1])[key]  # avg@n, pass@k, maj@n
         one = pd.read_parquet(tmp_path / "one" / "eval" / "arithmetic" / f"{key}.parquet")
         two = pd.read_parquet(tmp_path / "two" / "eval" / "arithmetic" / f"{key}.parquet")
-        pd.testing.assert_frame_equal(one, two)                              # every sample, in order
+        pd.testing.assert_frame_equal(one, two)  # every sample, in order
         n = int(key.split("_n")[1].split("_")[0])
-        assert len(one) == 7 * n and one["answer"].nunique() > 1             # sampled, not all identical
+        assert len(one) == 7 * n and one["answer"].nunique() > 1  # sampled, not all identical

@@ -2,6 +2,7 @@
 without starting torch.distributed: rank 0 alone claims and records; the other ranks follow its
 go, never the claim; a dead rank's line (or its death) becomes the run's error; a requeue is not a
 failure. Seconds."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from stare_lab.record import RunClaim, read_status, write_status, new_status
+from stare_lab.record import RunClaim, new_status, read_status, write_status
 from stare_lab.sweep.ranks import RankGate, is_echo, latest_peer_failure
 from stare_lab.sweep.worker import run_one, run_rank
 
@@ -37,18 +38,20 @@ def test_peer_failure_prefers_the_first_error_line_then_a_dead_pid(tmp_path):
     zero, one, two = (RankGate(tmp_path, "k", r, 3) for r in range(3))
     for g in (zero, one, two):
         g.started()
-    assert zero.peer_failure(wait_s=0.2) is None                      # everyone alive and quiet
+    assert zero.peer_failure(wait_s=0.2) is None  # everyone alive and quiet
     one._write_rank({"host": __import__("socket").gethostname(), "pid": _dead_pid(), "error": None})
     dead = zero.peer_failure(wait_s=0.2)
     assert dead.startswith("rank 1 (pid ") and "died without an error line" in dead
-    assert zero.peer_failure(wait_s=0.2, count_dead=False) is None   # SIGTERM: a requeue, not a failure
+    assert zero.peer_failure(wait_s=0.2, count_dead=False) is None  # SIGTERM: a requeue, not a failure
     two.failed("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
     assert zero.peer_failure(wait_s=0.2) == "rank 2: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert latest_peer_failure(tmp_path) == "rank 2: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
 
 
 def test_echo_errors_are_the_peers_death_not_rank_0s_own():
-    assert is_echo("RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41858: Connection reset by peer")
+    assert is_echo(
+        "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:41858: Connection reset by peer"
+    )
     assert is_echo("DistBackendError: NCCL communicator was aborted on rank 0")
     assert not is_echo("NonFiniteError: step 3: loss=nan became non-finite; run stopped")
 
@@ -59,7 +62,10 @@ def test_rank_0_claims_and_records_the_others_follow_it(tmp_path):
     status = run_one(tmp_path, execute=lambda d: calls.append("rank0"), gate=RankGate(tmp_path, "k", 0, 2))
     assert status["state"] == "finished" and status["world_size"] == 2 and calls == ["rank0"]
     # the run is finished: rank 0 says no, rank 1 leaves without running anything
-    assert run_one(tmp_path, execute=lambda d: calls.append("again"), gate=RankGate(tmp_path, "k2", 0, 2))["state"] == "finished"
+    assert (
+        run_one(tmp_path, execute=lambda d: calls.append("again"), gate=RankGate(tmp_path, "k2", 0, 2))["state"]
+        == "finished"
+    )
     assert run_rank(tmp_path, 1, 2, "k2", execute=lambda d: calls.append("rank1")) == {"rank": 1, "skipped": "finished"}
     assert calls == ["rank0"]
 
@@ -100,4 +106,4 @@ def test_a_non_zero_rank_writes_its_first_error_line(tmp_path):
     with pytest.raises(RuntimeError):
         run_rank(tmp_path, 1, 2, "k", execute=boom)
     assert latest_peer_failure(tmp_path) == "rank 1: RuntimeError: missing shard"
-    assert read_status(tmp_path) is None                                  # rank 1 never writes status.json
+    assert read_status(tmp_path) is None  # rank 1 never writes status.json

@@ -8,6 +8,7 @@ each, where rank 1 of the seed-0 run is SIGKILLed at step 2. Checked:
 - `sweep run --retry-failed` resumes the failed run from checkpoint-1 on both ranks: every step
   logged exactly once, the same W&B run continued (run id = W&B id), no second claim refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,11 +16,11 @@ import time
 
 import pytest
 import yaml
-
 from multiproc_fixtures import KILLED_MARK, TWO_PROCESS, kill_rank_1_of_seed_0
-from stare_lab.sweep.cli import main
 from sweep_fixtures import metric_steps, read_json, run_dirs, write_sweep
 from test_sweep_local import in_process_env  # noqa: F401
+
+from stare_lab.sweep.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +34,13 @@ def _wandb_ids(run_dir):
     return sorted({p.name.rsplit("-", 1)[-1] for p in (run_dir / "wandb").glob("offline-run-*")})
 
 
-def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(tmp_path, in_process_env, monkeypatch, capsys):
+def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(
+    tmp_path, in_process_env, monkeypatch, capsys
+):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    path = write_sweep(tmp_path, "mp", overrides=TWO_PROCESS, seeds=[0, 1],
-                       launcher={"name": "local", "workers": 1, "processes": 2})
+    path = write_sweep(
+        tmp_path, "mp", overrides=TWO_PROCESS, seeds=[0, 1], launcher={"name": "local", "workers": 1, "processes": 2}
+    )
     data = yaml.safe_load(path.read_text())
     data["base"]["logger"] = "wandb_offline"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -56,7 +60,7 @@ def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(tmp
     s = read_json(other / "status.json")
     assert s["state"] == "finished" and s["world_size"] == 2 and s["attempts"] == 1
     assert metric_steps(other) == [1, 2, 3]
-    assert _wandb_ids(other) == [other.name]                              # one W&B run, rank 0's
+    assert _wandb_ids(other) == [other.name]  # one W&B run, rank 0's
     assert len(list((other / "wandb").glob("offline-run-*"))) == 1
     assert len(list((other / "eval" / "arithmetic").glob("step-3_*.parquet"))) == 1
 
@@ -65,11 +69,11 @@ def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(tmp
     assert "1 retry" in capsys.readouterr().out
     s = read_json(killed / "status.json")
     assert s["state"] == "finished" and s["attempts"] == 2 and s["world_size"] == 2
-    assert metric_steps(killed) == [1, 2, 3]                               # every step once
+    assert metric_steps(killed) == [1, 2, 3]  # every step once
     rows = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["time"] < kill["time"] < rows[1]["time"]                # resumed from checkpoint-1
-    assert _wandb_ids(killed) == [killed.name]                             # the same W&B run continued
-    assert read_json(other / "status.json")["attempts"] == 1               # the finished run was not redone
+    assert rows[0]["time"] < kill["time"] < rows[1]["time"]  # resumed from checkpoint-1
+    assert _wandb_ids(killed) == [killed.name]  # the same W&B run continued
+    assert read_json(other / "status.json")["attempts"] == 1  # the finished run was not redone
     logs = "".join(p.read_text() for p in (tmp_path / "runs" / "mp" / "submitit").rglob("*_log.out"))
-    for rank in (0, 1):                                                    # both ranks resumed from the checkpoint
+    for rank in (0, 1):  # both ranks resumed from the checkpoint
         assert f"{killed.name}: rank {rank} resumes from checkpoint-1" in logs

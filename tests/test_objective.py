@@ -1,4 +1,5 @@
 """The surrogate, the KL term and every loss aggregation against slow loop references, plus hand cases."""
+
 from __future__ import annotations
 
 import math
@@ -85,10 +86,23 @@ def test_aggregate_matches_loop(loss_type, normalize, seed):
     num_items, weight_total = torch.tensor(mask.sum().item() * 3), torch.tensor(w.sum().item() * 3)
     agg = Aggregation(loss_type=loss_type, grad_accum=3, steps_per_generation=3, max_completion_length=L)
     for beta in (0.0, 0.1):
-        got = aggregate(loss, w, mask, agg, normalize=normalize, num_items=num_items, weight_total=weight_total,
-                        kl=kl, beta=beta)
-        ref = ref_aggregate(loss.tolist(), w.tolist(), mask.tolist(), loss_type, normalize, num_items.item(),
-                            weight_total.item(), 3, 3, L, kl=kl.tolist() if beta else None, beta=beta)
+        got = aggregate(
+            loss, w, mask, agg, normalize=normalize, num_items=num_items, weight_total=weight_total, kl=kl, beta=beta
+        )
+        ref = ref_aggregate(
+            loss.tolist(),
+            w.tolist(),
+            mask.tolist(),
+            loss_type,
+            normalize,
+            num_items.item(),
+            weight_total.item(),
+            3,
+            3,
+            L,
+            kl=kl.tolist() if beta else None,
+            beta=beta,
+        )
         assert got.item() == pytest.approx(ref, rel=1e-12, abs=1e-14)
 
 
@@ -99,7 +113,9 @@ def test_aggregate_hand_case_dapo_selected():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     w = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
     agg = Aggregation(loss_type="dapo")
-    sel = aggregate(loss, w, mask, agg, normalize="selected", num_items=torch.tensor(3.0), weight_total=torch.tensor(2.0))
+    sel = aggregate(
+        loss, w, mask, agg, normalize="selected", num_items=torch.tensor(3.0), weight_total=torch.tensor(2.0)
+    )
     val = aggregate(loss, w, mask, agg, normalize="valid", num_items=torch.tensor(3.0), weight_total=torch.tensor(2.0))
     assert sel.item() == pytest.approx(2.0) and val.item() == pytest.approx(4 / 3)
 

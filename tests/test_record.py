@@ -1,5 +1,6 @@
 """The run record module: light imports, status/metrics/checkpoint readers on damaged files, the claim,
 and the one liveness policy shared by `sweep run` and `sweep status`."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "trl")
 
 
-@pytest.mark.parametrize("module", ["stare_lab.record", "stare_lab.sweep.status", "stare_lab.sweep.cli",
-                                    "stare_lab.analysis.collect", "stare_lab.analysis.tables",
-                                    "stare_lab.analysis.plots", "stare_lab.analysis"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "stare_lab.record",
+        "stare_lab.sweep.status",
+        "stare_lab.sweep.cli",
+        "stare_lab.analysis.collect",
+        "stare_lab.analysis.tables",
+        "stare_lab.analysis.plots",
+        "stare_lab.analysis",
+    ],
+)
 def test_record_status_and_analysis_import_no_torch(module):
     code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -40,12 +50,20 @@ def test_record_status_and_analysis_import_no_torch(module):
 
 def test_importing_the_runner_changes_no_process_settings():
     # libraries add filters of their own on import (sympy, transformers); ours is FutureWarning of transformers
-    code = ("import torch, warnings; n = torch.get_num_threads(); "
-            "import stare_lab.runner, stare_lab.sweep.worker; "
-            "ours = [f for f in warnings.filters if f[2] is FutureWarning and 'transformers' in str(f[3])]; "
-            "print(torch.get_num_threads() == n, not ours)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "STARE_LAB_THREADS": "1"})
+    code = (
+        "import torch, warnings; n = torch.get_num_threads(); "
+        "import stare_lab.runner, stare_lab.sweep.worker; "
+        "ours = [f for f in warnings.filters if f[2] is FutureWarning and 'transformers' in str(f[3])]; "
+        "print(torch.get_num_threads() == n, not ours)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "STARE_LAB_THREADS": "1"},
+    )
     assert out.stdout.split()[-2:] == ["True", "True"]
 
 
@@ -56,7 +74,7 @@ def test_a_garbled_status_is_reported_and_kept_never_read_as_missing(tmp_path):
     assert status["state"] == CORRUPT and "status.json: not JSON" in status["error"]
     (tmp_path / "status.json").write_text('{"state": "sleeping"}')
     assert read_status(tmp_path)["state"] == CORRUPT
-    update_status(tmp_path, state="pending")          # a new record, the bad one set aside
+    update_status(tmp_path, state="pending")  # a new record, the bad one set aside
     assert read_status(tmp_path)["state"] == "pending"
     (kept,) = tmp_path.glob("status.json.bad-*")
     assert kept.read_text() == '{"state": "sleeping"}'
@@ -68,9 +86,9 @@ def test_metrics_scan_names_bad_lines_and_truncation_keeps_damaged_files(tmp_pat
     rows, bad = scan_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 3] and [n for n, _ in bad] == [2, 4]
     dropped, kept = truncate_metrics(path, 3)
-    assert dropped == 0 and kept is not None and kept.read_text().count("\n") == 3   # the original, whole
+    assert dropped == 0 and kept is not None and kept.read_text().count("\n") == 3  # the original, whole
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 3]
-    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3')                          # only a torn last row
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3')  # only a torn last row
     assert truncate_metrics(path, 1) == (1, None)
     assert path.read_text() == '{"step": 1}\n'
 
@@ -101,8 +119,10 @@ def test_a_truncated_newest_checkpoint_is_named_and_skipped(tmp_path):
 
 
 def _holder(run_dir: Path) -> subprocess.Popen:
-    code = (f"import time; from stare_lab.record import RunClaim; c = RunClaim({str(run_dir)!r}); "
-            "print(c.acquire(0), flush=True); time.sleep(600)")
+    code = (
+        f"import time; from stare_lab.record import RunClaim; c = RunClaim({str(run_dir)!r}); "
+        "print(c.acquire(0), flush=True); time.sleep(600)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "True"
     return proc
@@ -128,19 +148,19 @@ def test_liveness_policy(tmp_path):
     live = Liveness(socket.gethostname(), slurm=None, launcher_alive=False)
     assert live.alive(tmp_path, {"state": "running", **me})
     assert not live.alive(tmp_path, {"state": "finished", **me})
-    assert not live.alive(tmp_path, {"state": "running", **me, "pid_start": "1"})      # a reused pid
+    assert not live.alive(tmp_path, {"state": "running", **me, "pid_start": "1"})  # a reused pid
     other_host = {"state": "running", "host": "elsewhere", "pid": os.getpid(), "pid_start": "1"}
-    assert not live.alive(tmp_path, other_host)               # no Slurm, no claim: its worker is gone
+    assert not live.alive(tmp_path, other_host)  # no Slurm, no claim: its worker is gone
     holder = _holder(tmp_path)
     try:
-        assert live.alive(tmp_path, other_host)               # ... unless it holds the run's claim
+        assert live.alive(tmp_path, other_host)  # ... unless it holds the run's claim
     finally:
         holder.kill()
         holder.wait()
     assert not live.alive(tmp_path, {"state": "pending"})
     assert Liveness("h", None, launcher_alive=True).alive(tmp_path, {"state": "pending"})
     job = {"state": "pending", "slurm_job_id": "7_1"}
-    assert Liveness("h", None, False).alive(tmp_path, job)    # Slurm did not answer: don't guess
+    assert Liveness("h", None, False).alive(tmp_path, job)  # Slurm did not answer: don't guess
     assert Liveness("h", {"7_1": "PENDING"}, False).alive(tmp_path, job)
     assert not Liveness("h", {"7_1": "COMPLETED"}, False).alive(tmp_path, job)
     assert not Liveness("h", {}, False).alive(tmp_path, job)

@@ -4,6 +4,7 @@ Real processes throughout: the sweep driver is `python -m stare_lab.sweep` in a 
 are submitit local jobs, runs use the real runner on the built-in model unless a test only needs
 the launcher (then the stand-in runner of sweep_fixtures, passed as the CLI's `execute`).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,16 +15,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sweep_fixtures import FailAt, metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
+from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.config import compose, save_config
 from stare_lab.record import read_metrics, read_status
 from stare_lab.runner import execute
 from stare_lab.sweep.cli import main as sweep_main
-from sweep_fixtures import FailAt, metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
-from test_sweep_local import in_process_env  # noqa: F401
 
-SMALL = ["trainer.per_device_train_batch_size=8", "trainer.num_generations=4", "trainer.gradient_accumulation_steps=1",
-         "trainer.save_steps=1", "trainer.save_total_limit=5", "logger=none", "eval.enabled=false"]
+SMALL = [
+    "trainer.per_device_train_batch_size=8",
+    "trainer.num_generations=4",
+    "trainer.gradient_accumulation_steps=1",
+    "trainer.save_steps=1",
+    "trainer.save_total_limit=5",
+    "logger=none",
+    "eval.enabled=false",
+]
 
 
 def wandb_ids(run_dir: Path) -> list[str]:
@@ -37,15 +45,21 @@ def _statuses(tmp_path: Path, name: str) -> list[dict]:
 
 def test_driver_sigkilled_six_times_trains_each_run_once(tmp_path):
     """SIGKILL only the driver (its workers live on) at six moments, re-running after each."""
-    path = write_sweep(tmp_path, "kills", overrides={"trainer.max_steps": 3}, grid={"method": ["full", "random"]},
-                       launcher={"name": "local", "workers": 1}, eval=False)
+    path = write_sweep(
+        tmp_path,
+        "kills",
+        overrides={"trainer.max_steps": 3},
+        grid={"method": ["full", "random"]},
+        launcher={"name": "local", "workers": 1},
+        eval=False,
+    )
     raw = path.read_text().replace("logger: none", "logger: wandb_offline")
     path.write_text(raw)
     env = sweep_env(WANDB_MODE="offline")
     moments = [
-        lambda: True,                                                                   # at once
+        lambda: True,  # at once
         lambda: any(s.get("state") == "pending" for s in _statuses(tmp_path, "kills")),  # queued
-        lambda: any(s.get("pid") for s in _statuses(tmp_path, "kills")),               # submitted
+        lambda: any(s.get("pid") for s in _statuses(tmp_path, "kills")),  # submitted
         lambda: any(s.get("state") == "running" for s in _statuses(tmp_path, "kills")),
         lambda: any((d / "checkpoints" / "checkpoint-1").is_dir() for d in run_dirs(tmp_path, "kills")),
         lambda: any(s.get("state") == "finished" for s in _statuses(tmp_path, "kills")),
@@ -53,7 +67,7 @@ def test_driver_sigkilled_six_times_trains_each_run_once(tmp_path):
     for moment in moments:
         driver = sweep_cli("run", str(path), env=env)
         wait_until(lambda: moment() or driver.poll() is not None, 120, "the moment to kill the driver", every=0.05)
-        driver.send_signal(signal.SIGKILL)          # the driver alone: its local jobs are orphaned, alive
+        driver.send_signal(signal.SIGKILL)  # the driver alone: its local jobs are orphaned, alive
         driver.wait()
     final = sweep_cli("run", str(path), env=env)
     out, _ = final.communicate(timeout=300)
@@ -62,17 +76,22 @@ def test_driver_sigkilled_six_times_trains_each_run_once(tmp_path):
     assert len(dirs) == 2
     for d in dirs:
         status = read_status(d)
-        assert status["state"] == "finished" and status["attempts"] == 1, (d.name, status)   # trained once
-        assert metric_steps(d) == [1, 2, 3]                                                 # no step twice
-        assert wandb_ids(d) == [f"run-{d.name}.wandb"]                                      # one W&B run
+        assert status["state"] == "finished" and status["attempts"] == 1, (d.name, status)  # trained once
+        assert metric_steps(d) == [1, 2, 3]  # no step twice
+        assert wandb_ids(d) == [f"run-{d.name}.wandb"]  # one W&B run
 
 
 def test_ctrl_c_ends_in_one_line_and_records_runs_interrupted(tmp_path):
-    path = write_sweep(tmp_path, "ctrlc", overrides={"trainer.max_steps": 40}, grid={"method": ["full", "random"]},
-                       launcher={"name": "local", "workers": 2})
+    path = write_sweep(
+        tmp_path,
+        "ctrlc",
+        overrides={"trainer.max_steps": 40},
+        grid={"method": ["full", "random"]},
+        launcher={"name": "local", "workers": 2},
+    )
     driver = sweep_cli("run", str(path), standin=0.2, start_new_session=True)
     wait_until(lambda: sum(s.get("state") == "running" for s in _statuses(tmp_path, "ctrlc")) == 2, 120, "both running")
-    os.killpg(driver.pid, signal.SIGINT)         # what a terminal's Ctrl-C does: the whole foreground group
+    os.killpg(driver.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     out, _ = driver.communicate(timeout=60)
     assert driver.returncode == 130
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
@@ -85,16 +104,25 @@ def small_disk(tmp_path):
     """A 3 MB tmpfs: room for a run's records, not for its first checkpoint (the model alone is 4 MB)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
-                                                       capture_output=True).returncode != 0:
+    if (
+        shutil.which("mount") is None
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("can not mount a small tmpfs here (needs root)")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_fails_the_run_with_the_reason(tmp_path, small_disk, in_process_env, capsys):
-    path = write_sweep(tmp_path, "full", overrides={"trainer.max_steps": 2}, launcher={"name": "local", "workers": 1},
-                       output=str(small_disk / "runs"), eval=False)
+    path = write_sweep(
+        tmp_path,
+        "full",
+        overrides={"trainer.max_steps": 2},
+        launcher={"name": "local", "workers": 1},
+        output=str(small_disk / "runs"),
+        eval=False,
+    )
     assert sweep_main(["sweep", "run", str(path)]) == 1
     (run_dir,) = [d for d in (small_disk / "runs" / "full").iterdir() if (d / "status.json").is_file()]
     status = read_status(run_dir)
@@ -117,13 +145,15 @@ def test_a_corrupt_status_is_reported_kept_and_never_restarted_as_new(tmp_path, 
     assert sweep_main(["sweep", "status", str(path)]) == 0
     out = capsys.readouterr().out
     assert "1 corrupt" in out and "status.json: not JSON" in out
-    assert sweep_main(["sweep", "run", str(path)], execute=standin_execute) == 1     # left alone, said so
+    assert sweep_main(["sweep", "run", str(path)], execute=standin_execute) == 1  # left alone, said so
     assert "1 with an unreadable status.json (skipped" in capsys.readouterr().out
-    assert (run_dir / "status.json").read_text() == "\x00\x00garbage" and (run_dir / "metrics.jsonl").read_bytes() == metrics
+    assert (run_dir / "status.json").read_text() == "\x00\x00garbage" and (
+        run_dir / "metrics.jsonl"
+    ).read_bytes() == metrics
     assert sweep_main(["sweep", "run", str(path), "--retry-failed"], execute=standin_execute) == 0
     (kept,) = run_dir.glob("status.json.bad-*")
     assert kept.read_text() == "\x00\x00garbage" and read_status(run_dir)["state"] == "finished"
-    assert metric_steps(run_dir) == [1, 2]                                  # resumed from its checkpoint
+    assert metric_steps(run_dir) == [1, 2]  # resumed from its checkpoint
 
 
 def _run_dir(tmp_path: Path, name: str, *overrides: str) -> Path:
@@ -137,16 +167,18 @@ def test_a_truncated_newest_checkpoint_is_named_and_resume_uses_the_previous_one
     with pytest.raises(RuntimeError, match="simulated crash at step 3"):
         execute(d, callbacks=[FailAt(3)])
     weights = d / "checkpoints" / "checkpoint-2" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])       # a save cut short
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a save cut short
     rows_before = read_metrics(d)
     capsys.readouterr()
     execute(d)
     out = capsys.readouterr().out
-    assert "trunc: checkpoint-2 is unreadable (model.safetensors: truncated" in out and "resuming from checkpoint-1" in out
+    assert (
+        "trunc: checkpoint-2 is unreadable (model.safetensors: truncated" in out and "resuming from checkpoint-1" in out
+    )
     assert (d / "checkpoints" / "corrupt-checkpoint-2" / "model.safetensors").is_file()  # kept, out of the way
     rows = read_metrics(d)
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[0] == rows_before[0]
-    assert rows[1]["time"] > rows_before[1]["time"]                                     # step 2 trained again
+    assert rows[1]["time"] > rows_before[1]["time"]  # step 2 trained again
 
 
 def test_a_torn_metrics_row_is_restored_from_the_checkpoint(tmp_path, capsys):
@@ -154,9 +186,9 @@ def test_a_torn_metrics_row_is_restored_from_the_checkpoint(tmp_path, capsys):
     with pytest.raises(RuntimeError, match="simulated crash at step 3"):
         execute(d, callbacks=[FailAt(3)])
     rows = read_metrics(d)
-    assert [r["step"] for r in rows] == [1, 2]          # the crash came before step 3 was logged
+    assert [r["step"] for r in rows] == [1, 2]  # the crash came before step 3 was logged
     text = (d / "metrics.jsonl").read_text().splitlines()
-    (d / "metrics.jsonl").write_text(text[0] + "\n" + text[1][:20])   # step 2's row torn; checkpoint-2 exists
+    (d / "metrics.jsonl").write_text(text[0] + "\n" + text[1][:20])  # step 2's row torn; checkpoint-2 exists
     execute(d)
     assert "torn: restored metrics of step(s) 2 from checkpoint-2" in capsys.readouterr().out
     again = read_metrics(d)
@@ -166,8 +198,13 @@ def test_a_torn_metrics_row_is_restored_from_the_checkpoint(tmp_path, capsys):
 
 def test_a_diverging_run_stops_at_the_step_with_one_line(tmp_path, in_process_env, capsys):
     """A learning rate of 1e39 overflows float32 weights at the first optimizer step."""
-    path = write_sweep(tmp_path, "nan", overrides={"trainer.max_steps": 3, "trainer.learning_rate": 1e39},
-                       launcher={"name": "local", "workers": 1}, eval=False)
+    path = write_sweep(
+        tmp_path,
+        "nan",
+        overrides={"trainer.max_steps": 3, "trainer.learning_rate": 1e39},
+        launcher={"name": "local", "workers": 1},
+        eval=False,
+    )
     assert sweep_main(["sweep", "run", str(path)]) == 1
     (run_dir,) = run_dirs(tmp_path, "nan")
     status = read_status(run_dir)

@@ -1,10 +1,11 @@
 """Every registered rule (list_methods(), so a newly registered rule is covered without editing
 this file) with its default parameters satisfies the invariants of tests/rule_invariants.py."""
+
 from __future__ import annotations
 
 import pytest
-
 import rule_invariants as inv
+
 from stare_lab.methods import get_method, list_methods
 from stare_lab.stats import STATISTICS
 
@@ -23,8 +24,8 @@ def test_factory_builds_every_statistic_of_the_table():
 
 def test_the_suite_catches_a_broken_rule():
     """The invariants can fail: a rule that reads an undeclared statistic, or weights padding."""
-    from stare_lab.methods.registry import Rule, RuleOutput, _Entry
     from stare_lab.methods.full import Params
+    from stare_lab.methods.registry import Rule, RuleOutput, _Entry
 
     def reads_undeclared_logp(stats, state, p):
         return RuleOutput(weights=stats.mask * stats.logp.exp(), normalize="valid")
@@ -37,4 +38,4 @@ def test_the_suite_catches_a_broken_rule():
         inv.check_finite(bad_logp)
     bad_pad = Rule(_Entry("bad_pad", Params, weights_padding, frozenset(), None), Params())
     with pytest.raises(AssertionError):
-        inv.check_declared_normalisation(bad_pad)   # `selected` outside the valid tokens
+        inv.check_declared_normalisation(bad_pad)  # `selected` outside the valid tokens

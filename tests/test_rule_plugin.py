@@ -4,6 +4,7 @@ it available to get_method, the invariant suite and the trainer without any othe
 The plugin is imported in a fresh pytest process (`-p rule_plugin_example`), so this session's
 registry (which other test files enumerate) never sees it.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,20 @@ PLUGIN = "plugin_example"
 
 def test_a_rule_module_of_its_own_is_picked_up_everywhere():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "rule_plugin_example", "-p", "no:cacheprovider",
-           str(HERE / "test_rule_invariants.py"), str(HERE / "test_rule_plugin.py"), "-k", PLUGIN]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "rule_plugin_example",
+        "-p",
+        "no:cacheprovider",
+        str(HERE / "test_rule_invariants.py"),
+        str(HERE / "test_rule_plugin.py"),
+        "-k",
+        PLUGIN,
+    ]
     run = subprocess.run(cmd, cwd=HERE.parent, env=env, capture_output=True, text=True, timeout=900)
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
@@ -62,21 +75,44 @@ def test_plugin_example_trains_two_steps(tmp_path):
     torch.manual_seed(0)
     tok = build_tokenizer()
     model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
-                      gradient_accumulation_steps=1, max_completion_length=12, max_steps=2, learning_rate=1e-3,
-                      use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1, save_strategy="no",
-                      disable_tqdm=True, epsilon_high=0.28)
-    trainer = TokenRuleGRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [float(len(c) % 3) for c in completions]],
-                                   args=args, train_dataset=ArithmeticTask(train_size=32, heldout_size=8).train_dataset(),
-                                   processing_class=tok, rule=get_method(PLUGIN))
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        gradient_accumulation_steps=1,
+        max_completion_length=12,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        epsilon_high=0.28,
+    )
+    trainer = TokenRuleGRPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **kw: [float(len(c) % 3) for c in completions]],
+        args=args,
+        train_dataset=ArithmeticTask(train_size=32, heldout_size=8).train_dataset(),
+        processing_class=tok,
+        rule=get_method(PLUGIN),
+    )
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert trainer.state.global_step == 2
-    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters()))
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, trainer.model.parameters(), strict=True))
     logs = [h for h in trainer.state.log_history if "rule/kept_frac" in h]
     assert len(logs) == 2 and all(0 < h["tokens/selected_frac"] < 1 for h in logs)
     assert all(h["tokens/weight_mean"] > 0 for h in logs)
     with pytest.raises(ValueError, match="eps_high=0.2 but trainer.epsilon_high=0.28"):
-        TokenRuleGRPOTrainer(model=model, reward_funcs=trainer.reward_funcs, args=args,
-                             train_dataset=trainer.train_dataset, processing_class=tok,
-                             rule=get_method(PLUGIN, eps_high=0.2))
+        TokenRuleGRPOTrainer(
+            model=model,
+            reward_funcs=trainer.reward_funcs,
+            args=args,
+            train_dataset=trainer.train_dataset,
+            processing_class=tok,
+            rule=get_method(PLUGIN, eps_high=0.2),
+        )

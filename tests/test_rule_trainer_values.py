@@ -1,6 +1,7 @@
 """Trainer values reach rules through RuleState.trainer: GMTS's unset ε/β are the trainer's, an explicit
 value that disagrees is one line at resolve time (Rule.check_trainer), and TrainerValues.from_config
 maps the trainer config keys."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,23 +22,45 @@ def test_gmts_reads_the_trainer_values():
     p = rule.effective_params(kl)
     assert (p.eps_low, p.eps_high, p.beta) == (0.2, 0.28, 0.04)
     with pytest.raises(ValueError, match="no trainer values"):
-        rule(TokenStats(logp=torch.zeros(1, 2), mask=torch.ones(1, 2), advantages=torch.ones(1),
-                        group=torch.zeros(1, dtype=torch.long), entropy=torch.ones(1, 2)), RuleState())
+        rule(
+            TokenStats(
+                logp=torch.zeros(1, 2),
+                mask=torch.ones(1, 2),
+                advantages=torch.ones(1),
+                group=torch.zeros(1, dtype=torch.long),
+                entropy=torch.ones(1, 2),
+            ),
+            RuleState(),
+        )
     # ε_high from the trainer decides the clip indicator: r = e^0.22 = 1.246 with A > 0 is inside
     # 1 + 0.28 (kept, δ = 5·1.246) but clipped at 1 + 0.2 (δ = 0, the other token is kept)
-    stats = TokenStats(logp=torch.tensor([[-0.78, -1.0]]), old_logp=torch.tensor([[-1.0, -1.0]]),
-                       mask=torch.ones(1, 2), advantages=torch.tensor([1.0]), group=torch.tensor([0]),
-                       entropy=torch.tensor([[5.0, 0.1]]))
+    stats = TokenStats(
+        logp=torch.tensor([[-0.78, -1.0]]),
+        old_logp=torch.tensor([[-1.0, -1.0]]),
+        mask=torch.ones(1, 2),
+        advantages=torch.tensor([1.0]),
+        group=torch.tensor([0]),
+        entropy=torch.tensor([[5.0, 0.1]]),
+    )
     loose = get_method("gmts", rho=0.5)(stats, RuleState(trainer=TRAINER))
-    tight = get_method("gmts", rho=0.5)(stats, RuleState(trainer=TrainerValues(**{**vars(TRAINER), "epsilon_high": 0.2})))
+    tight = get_method("gmts", rho=0.5)(
+        stats, RuleState(trainer=TrainerValues(**{**vars(TRAINER), "epsilon_high": 0.2}))
+    )
     assert loose.weights.tolist() == [[1.0, 0.0]] and tight.weights.tolist() == [[0.0, 1.0]]
 
 
-@pytest.mark.parametrize("kw, trainer, message", [
-    (dict(beta=0.1), dict(beta=0.0), "rule 'gmts': beta=0.1 but trainer.beta=0.0 (leave it unset to use the trainer's)"),
-    (dict(eps_high=0.2), dict(), "rule 'gmts': eps_high=0.2 but trainer.epsilon_high=0.28 (leave it unset"),
-    (dict(eps_low=0.1), dict(), "rule 'gmts': eps_low=0.1 but trainer.epsilon_low=0.2"),
-])
+@pytest.mark.parametrize(
+    "kw, trainer, message",
+    [
+        (
+            dict(beta=0.1),
+            dict(beta=0.0),
+            "rule 'gmts': beta=0.1 but trainer.beta=0.0 (leave it unset to use the trainer's)",
+        ),
+        (dict(eps_high=0.2), dict(), "rule 'gmts': eps_high=0.2 but trainer.epsilon_high=0.28 (leave it unset"),
+        (dict(eps_low=0.1), dict(), "rule 'gmts': eps_low=0.1 but trainer.epsilon_low=0.2"),
+    ],
+)
 def test_check_trainer_names_the_disagreement(kw, trainer, message):
     values = TrainerValues(**{**vars(TRAINER), **trainer})
     with pytest.raises(ValueError) as e:
@@ -52,8 +75,14 @@ def test_trainer_values_from_config():
 
     from omegaconf import OmegaConf
 
-    keys = {"epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0, "loss_type": "dapo", "num_generations": 8,
-            "learning_rate": 1e-6}  # other trainer keys are ignored
+    keys = {
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "beta": 0.0,
+        "loss_type": "dapo",
+        "num_generations": 8,
+        "learning_rate": 1e-6,
+    }  # other trainer keys are ignored
     want = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=8)
     assert TrainerValues.from_config(OmegaConf.create(keys)) == want
     assert TrainerValues.from_config(make_dataclass("T", list(keys))(**keys)) == want

@@ -2,22 +2,31 @@
 (gmts, opefo, stapo, ict; stare has test_rules_stare.py) against the loop references in
 ref_rules_advantage.py, plus hand-worked cases. The invariants every rule shares are in
 test_rule_invariants.py."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
-
 import ref_rules_advantage as ref
-from rule_batches import (SEEDS, SHAPES, TRAINER, assert_basic, assert_close, assert_matches, assert_topk_counts,
-                          make_stats)
+import torch
+from rule_batches import (
+    SEEDS,
+    SHAPES,
+    TRAINER,
+    assert_basic,
+    assert_close,
+    assert_matches,
+    assert_topk_counts,
+    make_stats,
+)
 from rule_invariants import check_all
+
 from stare_lab.methods import RuleState, TrainerValues, get_method
 from stare_lab.stats import TokenStats
 
-
 # ------------------------------------------------------------------------------------------- ICT
+
 
 @pytest.mark.parametrize("B,T", SHAPES)
 @pytest.mark.parametrize("ties,scope", [("topk", "batch"), ("quantile", "batch"), ("topk", "group")])
@@ -31,7 +40,7 @@ def test_ict_matches_reference(B, T, ties, scope):
             assert out.metrics["rule/warmup"] == float(step < 2)
             assert assert_matches(out.weights, ref.ict_ref(stats, rule.params, step)) == []
             if step < 2:
-                assert torch.equal(out.weights, stats.mask)   # dense warm-up
+                assert torch.equal(out.weights, stats.mask)  # dense warm-up
             elif ties == "topk":
                 assert_topk_counts(out.weights > 0, stats, stats.valid, 0.1, scope)
 
@@ -39,8 +48,13 @@ def test_ict_matches_reference(B, T, ties, scope):
 def test_ict_hand_case():
     # 10 valid tokens, ρ = 0.1: after warm-up only the largest JS (0.6 at (1,2)) is kept.
     js = torch.tensor([[0.1, 0.5, 0.2, 0.3, 0.0], [0.05, 0.4, 0.6, 0.25, 0.15]])
-    stats = TokenStats(logp=torch.zeros(2, 5), mask=torch.ones(2, 5), advantages=torch.tensor([1.0, -1.0]),
-                       group=torch.tensor([0, 0]), js=js)
+    stats = TokenStats(
+        logp=torch.zeros(2, 5),
+        mask=torch.ones(2, 5),
+        advantages=torch.tensor([1.0, -1.0]),
+        group=torch.tensor([0, 0]),
+        js=js,
+    )
     rule = get_method("ict")
     assert (rule(stats, RuleState(step=9)).weights == 1).all()
     out = rule(stats, RuleState(step=10))
@@ -49,11 +63,20 @@ def test_ict_hand_case():
 
 # ------------------------------------------------------------------------------------------ GMTS
 
+
 @pytest.mark.parametrize("B,T", SHAPES)
-@pytest.mark.parametrize("kw", [dict(), dict(ties="quantile"), dict(beta=0.05, mode="zero_advantage"),
-                                dict(scope="batch", eps_low=0.2, eps_high=0.28), dict(count="floor"),
-                                dict(score="sequence_mean", scope="batch"),
-                                dict(count="floor", score="sequence_mean", rho=0.3)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(ties="quantile"),
+        dict(beta=0.05, mode="zero_advantage"),
+        dict(scope="batch", eps_low=0.2, eps_high=0.28),
+        dict(count="floor"),
+        dict(score="sequence_mean", scope="batch"),
+        dict(count="floor", score="sequence_mean", rho=0.3),
+    ],
+)
 def test_gmts_matches_reference(B, T, kw):
     for seed in SEEDS:
         stats = make_stats(seed, B, T)
@@ -78,8 +101,13 @@ def test_gmts_on_policy_is_entropy_times_advantage():
     # δ row 0 = 2·H = [0.2, 1.0, 0.4, 0.6, 0.8]; row 1 = H = [3.0, 0.1, 0.1, 0.1, 0.1].
     # ρ = 0.2 keeps ⌈2⌉ = 2 tokens: (1,0) with 3.0 and (0,1) with 1.0 — not the largest-H tokens alone.
     H = torch.tensor([[0.1, 0.5, 0.2, 0.3, 0.4], [3.0, 0.1, 0.1, 0.1, 0.1]])
-    stats = TokenStats(logp=torch.zeros(2, 5), mask=torch.ones(2, 5), advantages=torch.tensor([2.0, -1.0]),
-                       group=torch.tensor([0, 0]), entropy=H)
+    stats = TokenStats(
+        logp=torch.zeros(2, 5),
+        mask=torch.ones(2, 5),
+        advantages=torch.tensor([2.0, -1.0]),
+        group=torch.tensor([0, 0]),
+        entropy=H,
+    )
     out = get_method("gmts")(stats, RuleState(trainer=TRAINER))
     assert out.weights.nonzero().tolist() == [[0, 1], [1, 0]]
 
@@ -94,8 +122,9 @@ def test_gmts_official_grpo_zero_count_and_score():
     """
     H = torch.tensor([[1.0, 0.9, 0, 0, 0, 0, 0, 0], [1.5] + [0.1] * 7])
     mask = torch.tensor([[1.0, 1.0] + [0.0] * 6, [1.0] * 8])
-    stats = TokenStats(logp=torch.zeros(2, 8), mask=mask, advantages=torch.tensor([1.0, -1.0]),
-                       group=torch.tensor([0, 0]), entropy=H)
+    stats = TokenStats(
+        logp=torch.zeros(2, 8), mask=mask, advantages=torch.tensor([1.0, -1.0]), group=torch.tensor([0, 0]), entropy=H
+    )
 
     def kept(**kw):
         return get_method("gmts", rho=0.25, **kw)(stats, RuleState(trainer=TRAINER)).weights.nonzero().tolist()
@@ -110,18 +139,25 @@ def test_gmts_official_grpo_zero_count_and_score():
 
 def test_gmts_clip_indicator():
     # A > 0 with r = e^0.5 > 1.2: clipped, δ = 0, never selected although its H is the largest.
-    stats = TokenStats(logp=torch.tensor([[0.0, 0.0]]) - 1, old_logp=torch.tensor([[-1.5, -1.0]]),
-                       mask=torch.ones(1, 2), advantages=torch.tensor([1.0]), group=torch.tensor([0]),
-                       entropy=torch.tensor([[5.0, 0.1]]))
+    stats = TokenStats(
+        logp=torch.tensor([[0.0, 0.0]]) - 1,
+        old_logp=torch.tensor([[-1.5, -1.0]]),
+        mask=torch.ones(1, 2),
+        advantages=torch.tensor([1.0]),
+        group=torch.tensor([0]),
+        entropy=torch.tensor([[5.0, 0.1]]),
+    )
     out = get_method("gmts", rho=0.5)(stats, RuleState(trainer=TRAINER))  # ε_high = 0.28 from the trainer
     assert out.weights.tolist() == [[0.0, 1.0]] and out.metrics["rule/clipped_frac"] == 0.5
 
 
 # ----------------------------------------------------------------------------------------- OPEFO
 
+
 @pytest.mark.parametrize("B,T", SHAPES)
-@pytest.mark.parametrize("flow,scope", [("simple", "batch"), ("full", "batch"), ("simple", "group"),
-                                        ("full", "sequence")])
+@pytest.mark.parametrize(
+    "flow,scope", [("simple", "batch"), ("full", "batch"), ("simple", "group"), ("full", "sequence")]
+)
 def test_opefo_matches_reference(B, T, flow, scope):
     for seed in SEEDS:
         stats = make_stats(seed, B, T)
@@ -146,9 +182,13 @@ def test_opefo_hand_case():
     #                                                  d: log π=-2, H=3.0 → ΔH = +1/e²   = +0.13534
     # F+ = 2/e² = 0.27067, F- = 1/e = 0.36788, λ = (F- - F+)/(F- + F+) = 0.15223:
     # b, d get 1.15223; a, c get 0.84777; 1.15223·0.27067 = 0.84777·0.36788 = 0.31188.
-    stats = TokenStats(logp=torch.tensor([[-1.0, -2.0], [-1.0, -2.0]]), mask=torch.ones(2, 2),
-                       advantages=torch.tensor([1.0, -1.0]), group=torch.tensor([0, 0]),
-                       entropy=torch.tensor([[1.5, 1.0], [0.5, 3.0]]))
+    stats = TokenStats(
+        logp=torch.tensor([[-1.0, -2.0], [-1.0, -2.0]]),
+        mask=torch.ones(2, 2),
+        advantages=torch.tensor([1.0, -1.0]),
+        group=torch.tensor([0, 0]),
+        entropy=torch.tensor([[1.5, 1.0], [0.5, 3.0]]),
+    )
     out = get_method("opefo")(stats, RuleState())
     lam = (math.exp(-1) - 2 * math.exp(-2)) / (math.exp(-1) + 2 * math.exp(-2))
     assert lam == pytest.approx(0.15223, abs=1e-5)
@@ -158,12 +198,22 @@ def test_opefo_hand_case():
 
 def test_opefo_one_sided_flow_zeroes_that_side_and_all_zero_advantage_is_full():
     # Only ΔH > 0 tokens: λ = -1, they get weight 0 (net flow 0). A = 0 everywhere: ΔH = 0, λ = 0, weights 1.
-    stats = TokenStats(logp=torch.tensor([[-2.0, -3.0]]), mask=torch.ones(1, 2), advantages=torch.tensor([1.0]),
-                       group=torch.tensor([0]), entropy=torch.tensor([[1.0, 1.0]]))
+    stats = TokenStats(
+        logp=torch.tensor([[-2.0, -3.0]]),
+        mask=torch.ones(1, 2),
+        advantages=torch.tensor([1.0]),
+        group=torch.tensor([0]),
+        entropy=torch.tensor([[1.0, 1.0]]),
+    )
     out = get_method("opefo")(stats, RuleState())
     assert out.weights.tolist() == [[0.0, 0.0]] and out.metrics["rule/lambda"] == -1.0
-    zero = TokenStats(logp=torch.tensor([[-2.0, -3.0]]), mask=torch.ones(1, 2), advantages=torch.tensor([0.0]),
-                      group=torch.tensor([0]), entropy=torch.tensor([[1.0, 1.0]]))
+    zero = TokenStats(
+        logp=torch.tensor([[-2.0, -3.0]]),
+        mask=torch.ones(1, 2),
+        advantages=torch.tensor([0.0]),
+        group=torch.tensor([0]),
+        entropy=torch.tensor([[1.0, 1.0]]),
+    )
     assert get_method("opefo")(zero, RuleState()).weights.tolist() == [[1.0, 1.0]]
 
 
@@ -171,13 +221,15 @@ def test_opefo_full_flow_needs_p2():
     assert get_method("opefo", flow="full").needs == {"logp", "entropy", "p2", "p2logp"}
     assert get_method("opefo").needs == {"logp", "entropy"}
     stats = make_stats(0, 4, 5)
-    bare = TokenStats(logp=stats.logp, mask=stats.mask, advantages=stats.advantages, group=stats.group,
-                      entropy=stats.entropy)
+    bare = TokenStats(
+        logp=stats.logp, mask=stats.mask, advantages=stats.advantages, group=stats.group, entropy=stats.entropy
+    )
     with pytest.raises(ValueError, match="p2"):
         get_method("opefo", flow="full")(bare, RuleState())
 
 
 # ----------------------------------------------------------------------------------------- STAPO
+
 
 @pytest.mark.parametrize("B,T", SHAPES)
 @pytest.mark.parametrize("kw", [dict(), dict(tau_p=0.3), dict(tau_p=0.5, tau_h_quantile=0.8)])
@@ -196,38 +248,67 @@ def test_stapo_matches_reference(B, T, kw):
 def test_stapo_hand_case():
     # H = [0.1, 0.2, 0.3, 0.4, 0.5] → q_0.2 = 0.18. π = [0.001, 0.001, 0.001, 0.5, 0.001], A = +1:
     # token 0 (π < 0.002, H = 0.1 < 0.18) is dropped; token 1 has H = 0.2 ≥ q; token 3 is probable.
-    stats = TokenStats(logp=torch.log(torch.tensor([[0.001, 0.001, 0.001, 0.5, 0.001]])), mask=torch.ones(1, 5),
-                       advantages=torch.tensor([1.0]), group=torch.tensor([0]),
-                       entropy=torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]]))
+    stats = TokenStats(
+        logp=torch.log(torch.tensor([[0.001, 0.001, 0.001, 0.5, 0.001]])),
+        mask=torch.ones(1, 5),
+        advantages=torch.tensor([1.0]),
+        group=torch.tensor([0]),
+        entropy=torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]]),
+    )
     out = get_method("stapo")(stats, RuleState())
     assert out.weights.tolist() == [[0.0, 1.0, 1.0, 1.0, 1.0]]
     assert out.metrics["rule/entropy_quantile"] == pytest.approx(0.18)
-    neg = TokenStats(logp=stats.logp, mask=stats.mask, advantages=torch.tensor([-1.0]), group=stats.group,
-                     entropy=stats.entropy)
+    neg = TokenStats(
+        logp=stats.logp, mask=stats.mask, advantages=torch.tensor([-1.0]), group=stats.group, entropy=stats.entropy
+    )
     assert (get_method("stapo")(neg, RuleState()).weights == 1).all()
 
 
 # ------------------------------------------------------------------------------------ all five
 
-@pytest.mark.parametrize("name,kw", [("stare", dict(variant="C2")), ("stare", dict(adaptive=True, H_tgt=5.0)),
-                                     ("ict", dict(warmup_steps=0)), ("gmts", dict(mode="zero_advantage")),
-                                     ("gmts", dict(count="floor", score="sequence_mean")),
-                                     ("opefo", dict(flow="full")), ("stapo", dict(tau_p=0.3))])
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("stare", dict(variant="C2")),
+        ("stare", dict(adaptive=True, H_tgt=5.0)),
+        ("ict", dict(warmup_steps=0)),
+        ("gmts", dict(mode="zero_advantage")),
+        ("gmts", dict(count="floor", score="sequence_mean")),
+        ("opefo", dict(flow="full")),
+        ("stapo", dict(tau_p=0.3)),
+    ],
+)
 def test_invariants_of_non_default_parameters(name, kw):
     """Defaults are covered by test_rule_invariants.py; these variants read other statistics or paths."""
     check_all(get_method(name, **kw))
 
 
-@pytest.mark.parametrize("name,kw,param", [
-    ("stare", dict(P=1.5), "P"), ("stare", dict(P=0.0), "P"), ("stare", dict(variant="O3"), "variant"),
-    ("stare", dict(W=0.9), "W"), ("stare", dict(M=1.2), "M"), ("stare", dict(scope="rank"), "scope"),
-    ("stare", dict(adaptive=True, W=2.0), "W_max"), ("stare", dict(bogus=1), "bogus"),
-    ("ict", dict(rho=1.5), "rho"), ("ict", dict(warmup_steps=-1), "warmup_steps"), ("ict", dict(ties="x"), "ties"),
-    ("gmts", dict(rho=0.0), "rho"), ("gmts", dict(mode="zero"), "mode"), ("gmts", dict(eps_low=1.0), "eps_low"),
-    ("gmts", dict(mode="renorm", normalize="valid"), "normalize"), ("gmts", dict(beta=-1.0), "beta"),
-    ("opefo", dict(flow="exact"), "flow"), ("opefo", dict(normalize="sum"), "normalize"),
-    ("stapo", dict(tau_p=0.0), "tau_p"), ("stapo", dict(tau_h_quantile=1.5), "tau_h_quantile"),
-])
+@pytest.mark.parametrize(
+    "name,kw,param",
+    [
+        ("stare", dict(P=1.5), "P"),
+        ("stare", dict(P=0.0), "P"),
+        ("stare", dict(variant="O3"), "variant"),
+        ("stare", dict(W=0.9), "W"),
+        ("stare", dict(M=1.2), "M"),
+        ("stare", dict(scope="rank"), "scope"),
+        ("stare", dict(adaptive=True, W=2.0), "W_max"),
+        ("stare", dict(bogus=1), "bogus"),
+        ("ict", dict(rho=1.5), "rho"),
+        ("ict", dict(warmup_steps=-1), "warmup_steps"),
+        ("ict", dict(ties="x"), "ties"),
+        ("gmts", dict(rho=0.0), "rho"),
+        ("gmts", dict(mode="zero"), "mode"),
+        ("gmts", dict(eps_low=1.0), "eps_low"),
+        ("gmts", dict(mode="renorm", normalize="valid"), "normalize"),
+        ("gmts", dict(beta=-1.0), "beta"),
+        ("opefo", dict(flow="exact"), "flow"),
+        ("opefo", dict(normalize="sum"), "normalize"),
+        ("stapo", dict(tau_p=0.0), "tau_p"),
+        ("stapo", dict(tau_h_quantile=1.5), "tau_h_quantile"),
+    ],
+)
 def test_bad_params_name_the_parameter(name, kw, param):
     with pytest.raises(ValueError, match=param):
         get_method(name, **kw)

@@ -1,26 +1,40 @@
 """Rules that score tokens by predictive or attention entropy (top_entropy, low_entropy, anchor, explorer,
 attn_soft, rsi_band) and their random control, against the loop references in ref_rules_entropy.py.
 The invariants every rule shares are in test_rule_invariants.py."""
+
 from __future__ import annotations
 
 import itertools
 import math
 
 import pytest
-import torch
-
 import rule_batches
-from ref_rules_entropy import (exact_k, ref_attn_soft, ref_position_counts, ref_rsi_band, ref_select,
-                               ref_unit_counts, units)
+import torch
+from ref_rules_entropy import (
+    exact_k,
+    ref_attn_soft,
+    ref_position_counts,
+    ref_rsi_band,
+    ref_select,
+    ref_unit_counts,
+    units,
+)
+
 from stare_lab.methods import RuleState, get_method
 from stare_lab.stats import TokenStats
 
 SHAPES = [(B, T, seed) for B, T, seed in itertools.product((4, 8), (1, 5, 9), (0, 1, 2))]
 SCOPES = ("batch", "group", "sequence")
 # what each reference comparison needs to know: (rule, score field, keeps the largest?)
-BY_SCORE = pytest.mark.parametrize("rule, field, largest", [
-    ("top_entropy", "entropy", True), ("low_entropy", "entropy", False),
-    ("anchor", "attn_entropy", False), ("explorer", "attn_entropy", True)])
+BY_SCORE = pytest.mark.parametrize(
+    "rule, field, largest",
+    [
+        ("top_entropy", "entropy", True),
+        ("low_entropy", "entropy", False),
+        ("anchor", "attn_entropy", False),
+        ("explorer", "attn_entropy", True),
+    ],
+)
 RHOS = (0.2, 0.3, 0.5, 1.0)
 
 
@@ -58,10 +72,15 @@ def run(name, stats, step=0, total_steps=10, **params):
 
 # ---------------------------------------------------------------- hand-worked cases
 
+
 def one_row(**fields) -> TokenStats:
     n = len(fields["logp"])
-    return TokenStats(mask=torch.ones(1, n), advantages=torch.ones(1), group=torch.zeros(1, dtype=torch.long),
-                      **{k: torch.tensor([v]) for k, v in fields.items()})
+    return TokenStats(
+        mask=torch.ones(1, n),
+        advantages=torch.ones(1),
+        group=torch.zeros(1, dtype=torch.long),
+        **{k: torch.tensor([v]) for k, v in fields.items()},
+    )
 
 
 def test_hand_worked_entropy_selection():
@@ -98,6 +117,7 @@ def test_hand_worked_attn_soft():
 
 # ---------------------------------------------------------------- selection rules vs the loop reference
 
+
 @BY_SCORE
 @pytest.mark.parametrize("ties", ("topk", "quantile"))
 def test_selection_matches_reference(rule, field, largest, ties):
@@ -106,7 +126,9 @@ def test_selection_matches_reference(rule, field, largest, ties):
         rho = RHOS[seed % len(RHOS)]
         out = run(rule, stats, rho=rho, scope=scope, ties=ties)
         check_weights(out, stats)
-        expect = ref_select(lists(stats, field), lists(stats, "valid"), lists(stats, "group"), rho, scope, ties, largest)
+        expect = ref_select(
+            lists(stats, field), lists(stats, "valid"), lists(stats, "group"), rho, scope, ties, largest
+        )
         assert out.weights.bool().tolist() == expect, (B, T, seed, scope)
         assert torch.equal(out.selected, out.weights.bool()) and out.normalize == "selected"
 
@@ -143,6 +165,7 @@ def test_random_matched_to_a_reference_keeps_the_invariants():
 
 # ---------------------------------------------------------------- random
 
+
 @pytest.mark.parametrize("scope", SCOPES)
 def test_random_counts_and_reproducibility(scope):
     for B, T, seed in SHAPES:
@@ -167,10 +190,17 @@ def test_random_is_uniform_and_changes_with_step():
 
 
 @pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("reference, ref_params", [
-    ("anchor", {}), ("explorer", {"scope": "sequence"}), ("top_entropy", {"rho": 0.5, "scope": "group"}),
-    ("low_entropy", {"ties": "quantile"}), ("rsi_band", {"low": 0.3, "high": 1.5}), ("attn_soft", {}),
-])
+@pytest.mark.parametrize(
+    "reference, ref_params",
+    [
+        ("anchor", {}),
+        ("explorer", {"scope": "sequence"}),
+        ("top_entropy", {"rho": 0.5, "scope": "group"}),
+        ("low_entropy", {"ties": "quantile"}),
+        ("rsi_band", {"low": 0.3, "high": 1.5}),
+        ("attn_soft", {}),
+    ],
+)
 def test_random_matches_reference_positions(scope, reference, ref_params):
     for B, T, seed in SHAPES:
         stats = make_stats(B, T, seed, tied=seed == 2)
@@ -187,12 +217,11 @@ def test_random_position_is_uniform_within_a_position():
     """Each valid token at position t is drawn with probability c(t) / n(t), whatever its row."""
     stats = make_stats(8, 5, 4)
     valid = stats.valid
-    need = run("anchor", stats).weights.sum(0)                    # [T] reference count per position
-    n = valid.float().sum(0)                                      # [T] valid tokens per position
-    draws = torch.stack([run("random", stats, step=s, total_steps=300, match="position").weights
-                         for s in range(300)])
+    need = run("anchor", stats).weights.sum(0)  # [T] reference count per position
+    n = valid.float().sum(0)  # [T] valid tokens per position
+    draws = torch.stack([run("random", stats, step=s, total_steps=300, match="position").weights for s in range(300)])
     expect = (need / n.clamp(min=1))[None, :].expand_as(valid)
-    assert (draws.mean(0) - expect)[valid].abs().max() < 0.12     # binomial sd ≤ 0.03 at 300 draws
+    assert (draws.mean(0) - expect)[valid].abs().max() < 0.12  # binomial sd ≤ 0.03 at 300 draws
 
 
 def test_random_position_is_not_the_reference_itself():
@@ -204,14 +233,16 @@ def test_random_position_is_not_the_reference_itself():
 
 # ---------------------------------------------------------------- attn_soft and rsi_band
 
+
 @pytest.mark.parametrize("scope", SCOPES)
 def test_attn_soft_matches_reference(scope):
     for (B, T, seed), step in itertools.product(SHAPES, (0, 3, 9)):
         stats = make_stats(B, T, seed, tied=seed == 2)
         out = run("attn_soft", stats, step=step, total_steps=10, scope=scope)
         check_weights(out, stats)
-        expect = ref_attn_soft(lists(stats, "attn_entropy"), lists(stats, "valid"), lists(stats, "group"),
-                               scope, 0.5, step / 9)
+        expect = ref_attn_soft(
+            lists(stats, "attn_entropy"), lists(stats, "valid"), lists(stats, "group"), scope, 0.5, step / 9
+        )
         assert torch.allclose(out.weights.double(), torch.tensor(expect, dtype=torch.float64), atol=1e-5, rtol=0)
         assert float(out.weights[stats.valid].mean()) == pytest.approx(1.0, abs=1e-5)
         assert out.normalize == "valid"
@@ -225,7 +256,7 @@ def test_attn_soft_anchors_first_then_explorers():
     start, end = (run("attn_soft", stats, step=s, total_steps=10).weights for s in (0, 9))
     assert start[anchors].mean() > 1 > start[explorers].mean()
     assert end[anchors].mean() < 1 < end[explorers].mean()
-    lowest = (ae.masked_fill(~valid, 9.0) == ae[valid].min())
+    lowest = ae.masked_fill(~valid, 9.0) == ae[valid].min()
     assert float(start[lowest].max()) == pytest.approx(1.5) and float(end[lowest].max()) == pytest.approx(0.5)
 
 
@@ -236,22 +267,37 @@ def test_rsi_band_matches_reference():
         check_weights(out, stats)
         keep, kf, lf, hf = ref_rsi_band(lists(stats, "logp"), lists(stats, "entropy"), lists(stats, "valid"), low, high)
         assert out.weights.bool().tolist() == keep
-        assert [out.metrics[k] for k in ("rule/kept_frac", "rule/low_frac", "rule/high_frac")] == pytest.approx([kf, lf, hf])
+        assert [out.metrics[k] for k in ("rule/kept_frac", "rule/low_frac", "rule/high_frac")] == pytest.approx(
+            [kf, lf, hf]
+        )
 
 
 # ---------------------------------------------------------------- params, needs, configs
 
-@pytest.mark.parametrize("name, params, words", [
-    ("top_entropy", {"rho": 1.5}, ["rho", "≤ 1"]), ("low_entropy", {"rho": 0.0}, ["rho"]),
-    ("anchor", {"rho": -0.1}, ["rho"]), ("explorer", {"rho": 1.5}, ["rho"]), ("random", {"rho": 1.5}, ["rho"]),
-    ("top_entropy", {"tau": 1}, ["tau"]), ("random", {"foo": 1}, ["foo"]),
-    ("rsi_band", {"low": 3.0, "high": 1.0}, ["low", "high"]), ("rsi_band", {"high": "lots"}, ["high"]),
-    ("anchor", {"scope": "diagonal"}, ["scope"]), ("explorer", {"ties": "coin"}, ["ties"]),
-    ("top_entropy", {"normalize": "sum"}, ["normalize"]), ("anchor", {"layers": [1.5]}, ["layers"]), ("attn_soft", {"layers": []}, ["layers"]),
-    ("attn_soft", {"kappa": 2.0}, ["kappa"]), ("random", {"match": "length"}, ["match"]),
-    ("random", {"match": "position", "reference": "nope"}, ["nope"]),
-    ("random", {"match": "position", "reference": "anchor", "reference_params": {"rho": 2.0}}, ["rho"]),
-])
+
+@pytest.mark.parametrize(
+    "name, params, words",
+    [
+        ("top_entropy", {"rho": 1.5}, ["rho", "≤ 1"]),
+        ("low_entropy", {"rho": 0.0}, ["rho"]),
+        ("anchor", {"rho": -0.1}, ["rho"]),
+        ("explorer", {"rho": 1.5}, ["rho"]),
+        ("random", {"rho": 1.5}, ["rho"]),
+        ("top_entropy", {"tau": 1}, ["tau"]),
+        ("random", {"foo": 1}, ["foo"]),
+        ("rsi_band", {"low": 3.0, "high": 1.0}, ["low", "high"]),
+        ("rsi_band", {"high": "lots"}, ["high"]),
+        ("anchor", {"scope": "diagonal"}, ["scope"]),
+        ("explorer", {"ties": "coin"}, ["ties"]),
+        ("top_entropy", {"normalize": "sum"}, ["normalize"]),
+        ("anchor", {"layers": [1.5]}, ["layers"]),
+        ("attn_soft", {"layers": []}, ["layers"]),
+        ("attn_soft", {"kappa": 2.0}, ["kappa"]),
+        ("random", {"match": "length"}, ["match"]),
+        ("random", {"match": "position", "reference": "nope"}, ["nope"]),
+        ("random", {"match": "position", "reference": "anchor", "reference_params": {"rho": 2.0}}, ["rho"]),
+    ],
+)
 def test_bad_params_name_the_parameter(name, params, words):
     with pytest.raises(ValueError) as e:
         get_method(name, **params)

@@ -1,23 +1,26 @@
 """STARE (arXiv 2606.19236) against the loop reference in ref_rules_advantage.py: selection, gate,
 adaptive W/M, the closed gate's selected set and the official controller's non-finite-H̄ behaviour."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
-
 import ref_rules_advantage as ref
+import torch
 from rule_batches import SEEDS, SHAPES, assert_basic, assert_close, assert_matches, assert_topk_counts, make_stats
+
 from stare_lab.methods import RuleState, get_method
 from stare_lab.stats import TokenStats
 
-
 # ----------------------------------------------------------------------------------------- STARE
 
+
 @pytest.mark.parametrize("B,T", SHAPES)
-@pytest.mark.parametrize("variant,ties,scope", [("O1", "topk", "batch"), ("C2", "topk", "group"),
-                                                 ("C2", "quantile", "batch"), ("O1", "quantile", "sequence")])
+@pytest.mark.parametrize(
+    "variant,ties,scope",
+    [("O1", "topk", "batch"), ("C2", "topk", "group"), ("C2", "quantile", "batch"), ("O1", "quantile", "sequence")],
+)
 def test_stare_matches_reference(B, T, variant, ties, scope):
     for seed in SEEDS:
         stats = make_stats(seed, B, T, entropy_scale=0.15)  # H̄ < 0.3: gate open
@@ -37,9 +40,13 @@ def test_stare_matches_reference(B, T, variant, ties, scope):
 def test_stare_hand_case():
     # Row 0 (A=+1) surprisals 0.1, 2.0, 0.5; row 1 (A=-1) surprisals 3.0, 0.2, 1.0; H = 0.1 < 0.3.
     # |T+| = 3, ⌈0.1·3⌉ = 1: L+ = {(0,1)} (s = 2.0) gets W = 1.1; C2 also L- = {(1,0)} (s = 3.0) gets 0.9.
-    stats = TokenStats(logp=-torch.tensor([[0.1, 2.0, 0.5], [3.0, 0.2, 1.0]]), mask=torch.ones(2, 3),
-                       advantages=torch.tensor([1.0, -1.0]), group=torch.tensor([0, 0]),
-                       entropy=torch.full((2, 3), 0.1))
+    stats = TokenStats(
+        logp=-torch.tensor([[0.1, 2.0, 0.5], [3.0, 0.2, 1.0]]),
+        mask=torch.ones(2, 3),
+        advantages=torch.tensor([1.0, -1.0]),
+        group=torch.tensor([0, 0]),
+        entropy=torch.full((2, 3), 0.1),
+    )
     o1 = get_method("stare")(stats, RuleState())
     assert_close(o1.weights, [[1, 1.1, 1], [1, 1, 1]])
     c2 = get_method("stare", variant="C2")(stats, RuleState())
@@ -62,16 +69,21 @@ def test_stare_gate_closed_equals_full(B, T):
 
 
 def test_stare_gate_threshold_is_strict():
-    stats = TokenStats(logp=-torch.rand(2, 3), mask=torch.ones(2, 3), advantages=torch.tensor([1.0, -1.0]),
-                       group=torch.tensor([0, 0]), entropy=torch.full((2, 3), 0.25))
+    stats = TokenStats(
+        logp=-torch.rand(2, 3),
+        mask=torch.ones(2, 3),
+        advantages=torch.tensor([1.0, -1.0]),
+        group=torch.tensor([0, 0]),
+        entropy=torch.full((2, 3), 0.25),
+    )
     assert get_method("stare", H_tgt=0.25)(stats, RuleState()).metrics["rule/gate"] == 0.0
     assert get_method("stare", H_tgt=0.2501)(stats, RuleState()).metrics["rule/gate"] == 1.0
 
 
 def test_stare_adaptive_memory_and_round_trip():
     params = dict(variant="C2", adaptive=True, P=0.5)
-    low = [make_stats(s, 8, 5, entropy_scale=0.1) for s in range(3)]   # H̄ < H_tgt: W up, M down
-    high = make_stats(7, 8, 5, entropy_scale=3.0)                        # H̄ > H_tgt: W down, M up
+    low = [make_stats(s, 8, 5, entropy_scale=0.1) for s in range(3)]  # H̄ < H_tgt: W up, M down
+    high = make_stats(7, 8, 5, entropy_scale=3.0)  # H̄ > H_tgt: W down, M up
     rule = get_method("stare", **params)
     state, mem = RuleState(seed=3), {}
     for k, stats in enumerate(low):
@@ -124,14 +136,14 @@ def test_stare_non_finite_entropy_keeps_the_previous_gate(first_scale, gate):
     assert first.metrics["rule/gate"] == gate
     W, M = state.memory["W"], state.memory["M"]
     broken = make_stats(1, 8, 5, entropy_scale=0.1)
-    broken.entropy[0, 0] = float("nan")                       # a valid token: H̄ is NaN
+    broken.entropy[0, 0] = float("nan")  # a valid token: H̄ is NaN
     out = rule(broken, state)
     assert math.isnan(out.metrics["rule/entropy_mean"])
-    assert out.metrics["rule/gate"] == gate                     # kept, not closed
-    assert (state.memory["W"], state.memory["M"]) == (W, M)     # no adaptive step either
+    assert out.metrics["rule/gate"] == gate  # kept, not closed
+    assert (state.memory["W"], state.memory["M"]) == (W, M)  # no adaptive step either
     expected, info = ref.stare_ref(broken, rule.params, {"W": W, "M": M, "gate": bool(gate)})
     assert info["gate"] == gate and assert_matches(out.weights, expected) == []
     assert torch.isfinite(out.weights).all()
     empty = make_stats(2, 8, 5)
     empty.mask = torch.zeros_like(empty.mask)
-    assert rule(empty, state).metrics["rule/gate"] == gate    # no valid token: H̄ undefined, gate kept
+    assert rule(empty, state).metrics["rule/gate"] == gate  # no valid token: H̄ undefined, gate kept

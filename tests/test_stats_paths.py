@@ -11,6 +11,7 @@ Forward counts: with num_iterations = 2 every rollout row goes through exactly o
 of the rollout policy per generation batch (TRL's own; plain TRL does the same); on-policy with
 transformers generation, entropy and attention rules and ICT (JS, one process) make none.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,10 +40,24 @@ def length_reward(completions, **kwargs):
 
 
 def _args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=G,
-                gradient_accumulation_steps=2, max_completion_length=16, max_steps=2, learning_rate=1e-3,
-                use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1, save_strategy="no",
-                disable_tqdm=True, epsilon_high=0.28, temperature=0.8)
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=G,
+        gradient_accumulation_steps=2,
+        max_completion_length=16,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        epsilon_high=0.28,
+        temperature=0.8,
+    )
     base.update(kw)
     return GRPOConfig(**base)
 
@@ -50,16 +65,25 @@ def _args(tmp_path, **kw):
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
-    return build_tokenizer(), Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR), ArithmeticTask(train_size=64,
-                                                                                             heldout_size=8)
+    return (
+        build_tokenizer(),
+        Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR),
+        ArithmeticTask(train_size=64, heldout_size=8),
+    )
 
 
 def _trainer(setup, tmp_path, rule="full", **kw):
     tok, model, task = setup
     extra = {k: kw.pop(k) for k in ("stats_at_generation",) if k in kw}
-    return TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=_args(tmp_path, **kw),
-                                train_dataset=task.train_dataset(), processing_class=tok,
-                                rule=get_method(rule) if isinstance(rule, str) else rule, **extra)
+    return TokenRuleGRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=_args(tmp_path, **kw),
+        train_dataset=task.train_dataset(),
+        processing_class=tok,
+        rule=get_method(rule) if isinstance(rule, str) else rule,
+        **extra,
+    )
 
 
 def _rows(trainer, n_prompts=4):
@@ -107,8 +131,10 @@ def test_every_path_gives_the_weights_of_the_pass(setup, tmp_path, name):
     rule = get_method(name, **({"H_tgt": 10.0} if name == "stare" else {}))  # STARE with its gate open
     ref, path = _generate(trainer, rule, _pass)
     assert path in ("pass", "none")
-    for setup_path, expected in ((_generation, {"generation", "pass", "none"}),
-                                 (_old_logp_forward, {"old_logp_forward", "none"})):
+    for setup_path, expected in (
+        (_generation, {"generation", "pass", "none"}),
+        (_old_logp_forward, {"old_logp_forward", "none"}),
+    ):
         out, path = _generate(trainer, rule, setup_path)
         assert path in expected, (name, path)
         assert torch.equal(out["completion_ids"], ref["completion_ids"]), "the same rollouts"
@@ -134,11 +160,20 @@ def test_generation_statistics_equal_the_pass(setup, flush_steps):
     prompt_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in ids])
     needs = {"logp", "entropy", "p2", "p2logp", "attn_entropy", "js"}
     torch.manual_seed(0)
-    with record_generation(model, needs, temperature=0.7, attn_layers=(1, 3), js_group=2,
-                           eos_ids=(tok.eos_token_id,)) as rec:
+    with record_generation(
+        model, needs, temperature=0.7, attn_layers=(1, 3), js_group=2, eos_ids=(tok.eos_token_id,)
+    ) as rec:
         rec.flush_steps = flush_steps
-        seq = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, temperature=0.7,
-                             max_new_tokens=12, top_k=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        seq = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            do_sample=True,
+            temperature=0.7,
+            max_new_tokens=12,
+            top_k=0,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
     comp = seq[:, P:]
     eos = comp == tok.eos_token_id
     end = torch.where(eos.any(1), eos.int().argmax(1), torch.full((comp.size(0),), comp.size(1)))
@@ -152,7 +187,7 @@ def test_generation_statistics_equal_the_pass(setup, flush_steps):
         assert got[k].shape == ref[k].shape
         diff = ((got[k] - ref[k]) * mask).abs().max().item()
         assert diff <= GEN_ATOL, (k, diff)
-        assert (ref[k] * mask).abs().max() > 0.01, k   # a statistic that is not trivially 0
+        assert (ref[k] * mask).abs().max() > 0.01, k  # a statistic that is not trivially 0
     # a recording that does not line up with the completions is refused
     assert rec.result(comp.flip(0), mask.flip(0)) is None or torch.equal(comp, comp.flip(0))
     # a final mask that is not the live mask (TRL's mask_truncated_completions zeroes a whole row): no JS, the
@@ -166,13 +201,22 @@ def test_generation_js_needs_whole_groups_and_end_tokens(setup):
     """JS is recorded only with groups of G rows in the generate call and the end-of-sequence ids."""
     tok, model, _ = setup
     ids = torch.tensor([tok("12+34=", add_special_tokens=False)["input_ids"]] * 6)
-    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=4,
-              pad_token_id=tok.pad_token_id)
-    for js_group, eos_ids, recorded in ((3, (tok.eos_token_id,), True), (4, (tok.eos_token_id,), False),
-                                        (3, (), False), (None, (tok.eos_token_id,), False)):
+    kw = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=True,
+        max_new_tokens=4,
+        pad_token_id=tok.pad_token_id,
+    )
+    for js_group, eos_ids, recorded in (
+        (3, (tok.eos_token_id,), True),
+        (4, (tok.eos_token_id,), False),
+        (3, (), False),
+        (None, (tok.eos_token_id,), False),
+    ):
         with torch.no_grad(), record_generation(model, {"js", "entropy"}, js_group=js_group, eos_ids=eos_ids) as rec:
             seq = model.generate(**kw)
-        comp = seq[:, ids.size(1):]
+        comp = seq[:, ids.size(1) :]
         got = rec.result(comp, torch.ones_like(comp))
         assert got is not None and ("js" in got) == recorded, (js_group, eos_ids)
 

@@ -6,19 +6,20 @@ over prompt + completion). The pass's completion log-probs and entropies equal T
 `_get_per_token_logps_and_entropies` on the same batch with the same row chunking, and other pixels give
 other statistics (the images are not dropped). Statistics cover completion tokens only: [B, T].
 """
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
+from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from trl import GRPOConfig
 
 from stare_lab.methods import get_method
 from stare_lab.models.builtin import build_tokenizer
 from stare_lab.signals import token_statistics
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from stare_lab.trainer import TokenRuleGRPOTrainer
 
 B, T, G = 4, 6, 2
@@ -36,10 +37,13 @@ def vlm_batch(seed=0):
     completion_mask = (torch.arange(T)[None] < torch.tensor([T, T - 2, 3, T])[:, None]).long()
     num_images = [1, 1, 2, 2]
     return {
-        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
         "pixel_values": torch.randn(sum(num_images) * 16, 3 * 2 * 4 * 4, generator=gen),
-        "image_grid_thw": torch.tensor([[1, 4, 4]] * sum(num_images)), "num_images": num_images,
+        "image_grid_thw": torch.tensor([[1, 4, 4]] * sum(num_images)),
+        "num_images": num_images,
         "mm_token_type_ids": torch.cat([(prompt_ids == IMAGE).long(), torch.zeros(B, T, dtype=torch.long)], 1),
     }
 
@@ -47,12 +51,24 @@ def vlm_batch(seed=0):
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     torch.manual_seed(0)
-    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("vlm")), per_device_train_batch_size=4,
-                      num_generations=G, max_completion_length=T, use_cpu=True, bf16=False, report_to="none",
-                      temperature=0.7)
-    t = TokenRuleGRPOTrainer(model=tiny_qwen2_vl(), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-                             args=args, train_dataset=ArithmeticTask(train_size=8, heldout_size=4).train_dataset(),
-                             processing_class=build_tokenizer(), rule=get_method("top_entropy"))
+    args = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("vlm")),
+        per_device_train_batch_size=4,
+        num_generations=G,
+        max_completion_length=T,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        temperature=0.7,
+    )
+    t = TokenRuleGRPOTrainer(
+        model=tiny_qwen2_vl(),
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        args=args,
+        train_dataset=ArithmeticTask(train_size=8, heldout_size=4).train_dataset(),
+        processing_class=build_tokenizer(),
+        rule=get_method("top_entropy"),
+    )
     t.model.eval()
     return t
 
@@ -63,8 +79,9 @@ def trl_statistics(trainer, batch, rows):
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     mm = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")}
     with torch.no_grad():
-        logp, entropy, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, T, batch_size=rows,
-                                                                      compute_entropy=True, **mm)
+        logp, entropy, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, T, batch_size=rows, compute_entropy=True, **mm
+        )
     return logp, entropy
 
 
@@ -72,8 +89,9 @@ def trl_statistics(trainer, batch, rows):
 def test_statistics_pass_equals_trl_forward_on_images(trainer, rows):
     batch = vlm_batch()
     trl_logp, trl_entropy = trl_statistics(trainer, batch, rows)
-    ours = token_statistics(trainer.model, batch, {"logp", "entropy"}, num_generations=G, temperature=0.7,
-                            rows_per_forward=rows)
+    ours = token_statistics(
+        trainer.model, batch, {"logp", "entropy"}, num_generations=G, temperature=0.7, rows_per_forward=rows
+    )
     m = batch["completion_mask"].bool()
     assert ours["logp"].shape == (B, T)
     assert torch.allclose(ours["logp"][m], trl_logp[m], atol=1e-5), (ours["logp"][m] - trl_logp[m]).abs().max()
@@ -86,8 +104,9 @@ def test_images_reach_the_statistics_pass(trainer):
     a, b = (token_statistics(trainer.model, x, {"entropy"}, num_generations=G)["entropy"] for x in (batch, other))
     m = batch["completion_mask"].bool()
     assert (a[m] - b[m]).abs().max() > 1e-4
-    text_only = {k: v for k, v in batch.items() if k not in ("pixel_values", "image_grid_thw", "num_images",
-                                                             "mm_token_type_ids")}
+    text_only = {
+        k: v for k, v in batch.items() if k not in ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids")
+    }
     dropped = token_statistics(trainer.model, text_only, {"entropy"}, num_generations=G)["entropy"]
     assert (a[m] - dropped[m]).abs().max() > 1e-4  # what dropping the images (the old pass) computed
 

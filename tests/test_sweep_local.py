@@ -4,6 +4,7 @@ These run the real runner on the built-in model with tiny settings. STARE_LAB_SW
 swaps in the stand-in runner of sweep_fixtures (same resume contract, no model) for development;
 it reaches the workers as the sweep CLI's `execute` argument.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,13 +16,23 @@ import time
 from pathlib import Path
 
 import pytest
+from sweep_fixtures import (
+    crash_method_random,
+    metric_steps,
+    read_json,
+    run_dirs,
+    standin_execute,
+    sweep_cli,
+    sweep_env,
+    wait_until,
+    write_sweep,
+)
 
+from stare_lab.record import read_status
 from stare_lab.sweep.cli import main
 from stare_lab.sweep.lock import SweepLock
-from stare_lab.record import read_status
 from stare_lab.sweep.schema import SweepError
 from stare_lab.sweep.worker import run_one
-from sweep_fixtures import crash_method_random, metric_steps, read_json, run_dirs, standin_execute, sweep_cli, sweep_env, wait_until, write_sweep
 
 STANDIN = os.environ.get("STARE_LAB_SWEEP_TESTS_STANDIN") == "1"
 
@@ -45,28 +56,37 @@ def by_label(tmp_path: Path, name: str) -> dict[str, Path]:
 
 
 def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_process_env, capsys):
-    path = write_sweep(tmp_path, "killed", overrides={"trainer.max_steps": 4},
-                       grid={"method": ["full", "top_entropy", "random"]}, launcher={"name": "local", "workers": 1})
+    path = write_sweep(
+        tmp_path,
+        "killed",
+        overrides={"trainer.max_steps": 4},
+        grid={"method": ["full", "top_entropy", "random"]},
+        launcher={"name": "local", "workers": 1},
+    )
     proc = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S, start_new_session=True)
 
     def first_done_second_checkpointed():
         runs = {read_json(d / "status.json")["label"]: d for d in run_dirs(tmp_path, "killed")}
         states = {k: (read_status(d) or {}).get("state") for k, d in runs.items()}
         done = [k for k, s in states.items() if s == "finished"]
-        busy = [runs[k] for k, s in states.items() if s == "running"
-                and (runs[k] / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()]
+        busy = [
+            runs[k]
+            for k, s in states.items()
+            if s == "running" and (runs[k] / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()
+        ]
         return (done, busy[0]) if done and busy and (busy[0] / "metrics.jsonl").is_file() else None
 
     try:
-        done, busy = wait_until(first_done_second_checkpointed, 240, "one run finished and one past its first checkpoint",
-                                every=0.05)
+        done, busy = wait_until(
+            first_done_second_checkpointed, 240, "one run finished and one past its first checkpoint", every=0.05
+        )
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)                   # the launcher, its worker, everything
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, its worker, everything
         proc.wait()
     killed_at = time.time()
     runs = by_label(tmp_path, "killed")
     finished_metrics = {k: (runs[k] / "metrics.jsonl").read_bytes() for k in done}
-    assert read_status(busy)["state"] == "running"           # the record of a worker that died
+    assert read_status(busy)["state"] == "running"  # the record of a worker that died
 
     assert main(["sweep", "run", str(path)], execute=EXECUTE) == 0
     out = capsys.readouterr().out
@@ -74,11 +94,11 @@ def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_proc
     for label, d in by_label(tmp_path, "killed").items():
         status = read_json(d / "status.json")
         assert status["state"] == "finished" and (d / "config.yaml").is_file()
-        assert metric_steps(d) == [1, 2, 3, 4], label          # every step once: nothing duplicated
+        assert metric_steps(d) == [1, 2, 3, 4], label  # every step once: nothing duplicated
         assert status["host"] and status["started"] and status["finished"] and status["duration_s"] > 0
-        if label in done:                                     # not retrained
+        if label in done:  # not retrained
             assert status["attempts"] == 1 and (d / "metrics.jsonl").read_bytes() == finished_metrics[label]
-        elif d == busy:                                       # resumed from its checkpoint, not restarted
+        elif d == busy:  # resumed from its checkpoint, not restarted
             assert status["attempts"] == 2
             first = read_json_lines(d / "metrics.jsonl")[0]
             assert first["time"] < killed_at
@@ -94,8 +114,12 @@ def read_json_lines(path: Path) -> list[dict]:
 
 def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_process_env, capsys):
     # the `random` run's real runner crashes at its first step (a run failing on its own)
-    execute = functools.partial(standin_execute, step_s=0.3, fail_at=1, only="random") if STANDIN else crash_method_random
-    path = write_sweep(tmp_path, "failing", grid={"method": ["full", "random"]}, launcher={"name": "local", "workers": 2})
+    execute = (
+        functools.partial(standin_execute, step_s=0.3, fail_at=1, only="random") if STANDIN else crash_method_random
+    )
+    path = write_sweep(
+        tmp_path, "failing", grid={"method": ["full", "random"]}, launcher={"name": "local", "workers": 2}
+    )
     assert main(["sweep", "run", str(path)], execute=execute) == 1
     runs = by_label(tmp_path, "failing")
     good, bad = runs["full seed=0"], runs["random seed=0"]
@@ -109,7 +133,7 @@ def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_proce
     out = capsys.readouterr().out
     assert "1 failed" in out and "1 finished" in out and f"error: {failed['error']}" in out
 
-    assert main(["sweep", "run", str(path)], execute=execute) == 1   # without --retry-failed: left alone
+    assert main(["sweep", "run", str(path)], execute=execute) == 1  # without --retry-failed: left alone
     assert "1 failed (skipped; --retry-failed" in capsys.readouterr().out
     assert read_status(bad)["attempts"] == 1 and read_status(good)["attempts"] == 1
     assert main(["sweep", "run", str(path), "--retry-failed"], execute=execute) == 1
@@ -123,23 +147,33 @@ def test_one_sweep_run_at_a_time_and_a_dead_holder_frees_the_lock(tmp_path, caps
         assert main(["sweep", "run", str(path)]) == 2
         err = capsys.readouterr().err
         assert "already running" in err and f"pid {os.getpid()}" in err
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from stare_lab.sweep.lock import SweepLock; "
-                               f"SweepLock(Path({str(folder)!r}), 'locked').acquire(); print('held', flush=True); time.sleep(600)"],
-                              stdout=subprocess.PIPE, text=True, env=sweep_env())
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from stare_lab.sweep.lock import SweepLock; "
+            f"SweepLock(Path({str(folder)!r}), 'locked').acquire(); print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=sweep_env(),
+    )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(SweepError, match="already running"):
         SweepLock(folder, "locked").acquire()
     holder.kill()
     holder.wait()
-    SweepLock(folder, "locked").acquire().release()           # a crashed holder leaves no lock behind
+    SweepLock(folder, "locked").acquire().release()  # a crashed holder leaves no lock behind
 
 
 def test_run_one_records_each_outcome(tmp_path):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text("trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
-                                         "method: {params: {}}\ntask: {name: arithmetic}\n")
+    (run_dir / "config.yaml").write_text(
+        "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
+        "method: {params: {}}\ntask: {name: arithmetic}\n"
+    )
     status = run_one(run_dir, execute=standin_execute)
     assert status["state"] == "finished" and status["attempts"] == 1 and status["error"] is None
     assert run_one(run_dir, execute=lambda d: pytest.fail("a finished run ran again"))["attempts"] == 1

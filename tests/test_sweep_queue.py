@@ -4,6 +4,7 @@ Real submitit local jobs and a real sweep driver; the stand-in runner of sweep_f
 record and resume contract, no model) where the test is about the launcher, the real runner where
 it is about what a worker process carries from one run to the next.
 """
+
 from __future__ import annotations
 
 import functools
@@ -11,11 +12,12 @@ import json
 import os
 import signal
 
+from sweep_fixtures import crash_method_random, metric_steps, run_dirs, standin_execute, wait_until, write_sweep
+from test_sweep_local import in_process_env  # noqa: F401
+
 from stare_lab.record import read_status
 from stare_lab.sweep.cli import main
 from stare_lab.sweep.worker import run_one
-from sweep_fixtures import crash_method_random, metric_steps, run_dirs, standin_execute, wait_until, write_sweep
-from test_sweep_local import in_process_env  # noqa: F401
 
 FOUR = {"method": ["full", "random", "top_entropy", "stare"]}
 
@@ -25,30 +27,47 @@ def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_en
     assert main(["sweep", "run", str(path)], execute=functools.partial(standin_execute, step_s=0.05)) == 0
     statuses = [read_status(d) for d in run_dirs(tmp_path, "queue")]
     assert len(statuses) == 8 and all(s["state"] == "finished" and s["attempts"] == 1 for s in statuses)
-    assert len({s["pid"] for s in statuses}) == 2                    # two processes, four runs each on average
+    assert len({s["pid"] for s in statuses}) == 2  # two processes, four runs each on average
     jobs = [p for p in (tmp_path / "runs" / "queue" / "submitit").iterdir() if p.name.isdigit()]
-    assert len(jobs) == 2                                            # one submitit job per worker, not per run
+    assert len(jobs) == 2  # one submitit job per worker, not per run
 
 
 def test_a_failed_run_does_not_stop_its_worker(tmp_path, in_process_env):  # noqa: F811
-    path = write_sweep(tmp_path, "goes_on", grid={"method": ["random", "full"]}, launcher={"name": "local", "workers": 1})
+    path = write_sweep(
+        tmp_path, "goes_on", grid={"method": ["random", "full"]}, launcher={"name": "local", "workers": 1}
+    )
     assert main(["sweep", "run", str(path)], execute=crash_method_random) == 1
     failed, finished = sorted((read_status(d) for d in run_dirs(tmp_path, "goes_on")), key=lambda s: s["state"])
     assert failed["state"] == "failed" and failed["error"] == "RuntimeError: simulated crash at step 1"
-    assert finished["state"] == "finished" and finished["pid"] == failed["pid"]   # the same worker went on
+    assert finished["state"] == "finished" and finished["pid"] == failed["pid"]  # the same worker went on
 
 
 def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(tmp_path, in_process_env):  # noqa: F811
-    path = write_sweep(tmp_path, "killed_worker", overrides={"trainer.max_steps": 6}, grid=FOUR,
-                       launcher={"name": "local", "workers": 1})
+    path = write_sweep(
+        tmp_path,
+        "killed_worker",
+        overrides={"trainer.max_steps": 6},
+        grid=FOUR,
+        launcher={"name": "local", "workers": 1},
+    )
     import threading
 
     outcome = {}
-    driver = threading.Thread(target=lambda: outcome.update(rc=main(
-        ["sweep", "run", str(path)], execute=functools.partial(standin_execute, step_s=0.3))))
+    driver = threading.Thread(
+        target=lambda: outcome.update(
+            rc=main(["sweep", "run", str(path)], execute=functools.partial(standin_execute, step_s=0.3))
+        )
+    )
     driver.start()
-    running = wait_until(lambda: [s for s in map(read_status, run_dirs(tmp_path, "killed_worker"))
-                                  if s and s["state"] == "running" and s.get("pid")], 120, "a run running")
+    running = wait_until(
+        lambda: [
+            s
+            for s in map(read_status, run_dirs(tmp_path, "killed_worker"))
+            if s and s["state"] == "running" and s.get("pid")
+        ],
+        120,
+        "a run running",
+    )
     victim = running[0]["pid"]
     os.kill(victim, signal.SIGKILL)
     driver.join(timeout=180)
@@ -56,15 +75,18 @@ def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(tmp_pa
     statuses = {s["label"]: s for s in map(read_status, run_dirs(tmp_path, "killed_worker"))}
     killed = [s for s in statuses.values() if s["state"] == "failed"]
     assert len(killed) == 1 and killed[0]["attempts"] == 1
-    assert [s for s in statuses.values() if s["state"] == "finished" and s["attempts"] == 1
-            and s["pid"] != victim] and sum(s["state"] == "finished" for s in statuses.values()) == 3
+    assert [
+        s for s in statuses.values() if s["state"] == "finished" and s["attempts"] == 1 and s["pid"] != victim
+    ] and sum(s["state"] == "finished" for s in statuses.values()) == 3
 
 
 def test_only_pending_leaves_a_run_another_worker_took(tmp_path):
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text("trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
-                                         "method: {params: {}}\ntask: {name: arithmetic}\n")
+    (run_dir / "config.yaml").write_text(
+        "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
+        "method: {params: {}}\ntask: {name: arithmetic}\n"
+    )
     (run_dir / "status.json").write_text(json.dumps({"state": "failed", "attempts": 1, "error": "RuntimeError: x"}))
     status = run_one(run_dir, execute=standin_execute, only_pending=True)
     assert status["skipped"] and read_status(run_dir)["attempts"] == 1 and not (run_dir / "metrics.jsonl").exists()
@@ -72,7 +94,7 @@ def test_only_pending_leaves_a_run_another_worker_took(tmp_path):
     code = {"commit": "0" * 40, "dirty": False, "stare_lab": "0.1.0", "python": "3", "versions": {}, "device": "cpu"}
     status = run_one(run_dir, execute=standin_execute, only_pending=True, code=code)
     assert status["state"] == "finished" and status["attempts"] == 2 and metric_steps(run_dir) == [1, 2]
-    assert {k: status["provenance"][-1][k] for k in code} == code   # the worker's loaded code, as given
+    assert {k: status["provenance"][-1][k] for k in code} == code  # the worker's loaded code, as given
 
 
 def test_runs_in_one_worker_give_the_numbers_of_runs_in_fresh_processes(tmp_path, in_process_env):  # noqa: F811

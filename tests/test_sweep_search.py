@@ -1,4 +1,5 @@
 """Optuna search: trials are runs; a killed study resumes from its storage; status reports the best."""
+
 from __future__ import annotations
 
 import os
@@ -6,23 +7,37 @@ import signal
 
 import optuna
 from optuna.trial import TrialState
-
-from stare_lab.sweep.cli import main
-from stare_lab.record import read_status
-from stare_lab.sweep.schema import load_sweep
-from stare_lab.sweep.search import distributions, intermediate_values, objective_value
 from sweep_fixtures import metric_steps, run_dirs, sweep_cli, wait_until, write_sweep
 from test_sweep_local import in_process_env, runner_env  # noqa: F401
 
-SEARCH = {"params": {"method.params.W": {"low": 1.0, "high": 1.5}, "method.params.P": {"low": 0.05, "high": 0.3}},
-          "objective": {"metric": "eval/arithmetic/avg@2", "direction": "maximize"},
-          "trials": 3, "parallelism": 1, "sampler": "random", "seed": 0}
+from stare_lab.record import read_status
+from stare_lab.sweep.cli import main
+from stare_lab.sweep.schema import load_sweep
+from stare_lab.sweep.search import distributions, intermediate_values, objective_value
+
+SEARCH = {
+    "params": {"method.params.W": {"low": 1.0, "high": 1.5}, "method.params.P": {"low": 0.05, "high": 0.3}},
+    "objective": {"metric": "eval/arithmetic/avg@2", "direction": "maximize"},
+    "trials": 3,
+    "parallelism": 1,
+    "sampler": "random",
+    "seed": 0,
+}
 
 
 def test_search_resumes_after_a_kill_and_reports_the_best_trial(tmp_path, in_process_env, capsys):
-    path = write_sweep(tmp_path, "search", search=SEARCH, launcher={"name": "local", "workers": 1},
-                       base={"model": "builtin", "logger": "none", "method": "stare",
-                             "overrides": load_sweep(write_sweep(tmp_path, "tmp")).overrides})
+    path = write_sweep(
+        tmp_path,
+        "search",
+        search=SEARCH,
+        launcher={"name": "local", "workers": 1},
+        base={
+            "model": "builtin",
+            "logger": "none",
+            "method": "stare",
+            "overrides": load_sweep(write_sweep(tmp_path, "tmp")).overrides,
+        },
+    )
     storage = f"sqlite:///{tmp_path / 'runs' / 'search' / 'optuna.db'}"
     proc = sweep_cli("run", str(path), env=runner_env(), start_new_session=True)
 
@@ -43,7 +58,7 @@ def test_search_resumes_after_a_kill_and_reports_the_best_trial(tmp_path, in_pro
     assert main(["sweep", "run", str(path)]) == 0
     assert "resuming 1 trial(s)" in capsys.readouterr().out
     study = optuna.load_study(study_name="search", storage=storage)
-    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3      # the stale trial was finished, not lost
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3  # the stale trial was finished, not lost
     dirs = run_dirs(tmp_path, "search")
     assert len(dirs) == 3
     for d in dirs:
@@ -53,7 +68,7 @@ def test_search_resumes_after_a_kill_and_reports_the_best_trial(tmp_path, in_pro
     values = {t.user_attrs["run_id"]: t.value for t in study.trials}
     assert values == {d.name: objective_value(d, "eval/arithmetic/avg@2") for d in dirs}
 
-    assert main(["sweep", "run", str(path)]) == 0                          # nothing left to do
+    assert main(["sweep", "run", str(path)]) == 0  # nothing left to do
     assert len(optuna.load_study(study_name="search", storage=storage).trials) == 3
     capsys.readouterr()
     assert main(["sweep", "status", str(path)]) == 0
@@ -62,10 +77,22 @@ def test_search_resumes_after_a_kill_and_reports_the_best_trial(tmp_path, in_pro
 
 
 def test_search_space_and_intermediate_values(tmp_path):
-    spec = load_sweep(write_sweep(tmp_path, "s", search={**SEARCH, "params": {
-        "method.params.W": {"low": 1.0, "high": 1.5}, "trainer.max_steps": {"low": 2, "high": 8},
-        "method.params.P": {"low": 0.01, "high": 0.3, "log": True}, "method.params.variant": {"choices": ["O1", "C2"]}}},
-        base={"model": "builtin", "method": "stare"}))
+    spec = load_sweep(
+        write_sweep(
+            tmp_path,
+            "s",
+            search={
+                **SEARCH,
+                "params": {
+                    "method.params.W": {"low": 1.0, "high": 1.5},
+                    "trainer.max_steps": {"low": 2, "high": 8},
+                    "method.params.P": {"low": 0.01, "high": 0.3, "log": True},
+                    "method.params.variant": {"choices": ["O1", "C2"]},
+                },
+            },
+            base={"model": "builtin", "method": "stare"},
+        )
+    )
     d = distributions(spec.search)
     assert type(d["trainer.max_steps"]).__name__ == "IntDistribution" and d["method.params.P"].log
     assert d["method.params.variant"].choices == ("O1", "C2")

@@ -2,6 +2,7 @@
 
 Skipped without a cluster; under CI (CI=1 or STARE_LAB_REQUIRE_SLURM=1) a missing cluster fails.
 """
+
 from __future__ import annotations
 
 import re
@@ -9,17 +10,33 @@ import subprocess
 import time
 
 import pytest
-
-from stare_lab.sweep.cli import main
-from stare_lab.record import read_status
-from sweep_fixtures import (crash_array_task_1, running_past_checkpoint, metric_steps, read_json, run_dirs, slurm_cluster,  # noqa: F401
-                            sweep_cli, wait_until, write_sweep)
+from sweep_fixtures import (
+    crash_array_task_1,
+    metric_steps,
+    read_json,
+    run_dirs,
+    running_past_checkpoint,
+    slurm_cluster,  # noqa: F401
+    sweep_cli,
+    wait_until,
+    write_sweep,
+)
 from test_sweep_local import EXECUTE, STANDIN_STEP_S, in_process_env, read_json_lines, runner_env  # noqa: F401
+
+from stare_lab.record import read_status
+from stare_lab.sweep.cli import main
 
 pytestmark = pytest.mark.slurm
 
-SLURM = {"name": "slurm", "cpus_per_task": 1, "mem_gb": 1, "timeout_min": 15, "array_parallelism": 2,
-         "gpus_per_node": 0, "signal_delay_s": 10}
+SLURM = {
+    "name": "slurm",
+    "cpus_per_task": 1,
+    "mem_gb": 1,
+    "timeout_min": 15,
+    "array_parallelism": 2,
+    "gpus_per_node": 0,
+    "signal_delay_s": 10,
+}
 
 
 def sacct_states(job: str) -> set[str]:
@@ -44,7 +61,7 @@ def test_small_slurm_sweep_completes_with_correct_records(slurm_cluster, tmp_pat
         assert metric_steps(d) == [1, 2] and (d / "config.yaml").is_file()
         assert len(list((d / "eval" / "arithmetic").glob("step-2_n2_*.json"))) == 1
         jobs.add(s["slurm_job_id"].split("_")[0])
-    assert len(jobs) == 1                                  # one job array
+    assert len(jobs) == 1  # one job array
     job = jobs.pop()
     wait_until(lambda: sacct_states(job) == {"COMPLETED"}, 60, "sacct to show the array COMPLETED")
     capsys.readouterr()
@@ -57,7 +74,12 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
     path = write_sweep(tmp_path, "slurm_requeue", overrides={"trainer.max_steps": 8}, launcher=SLURM)
     proc = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
     try:
-        run_dir, status = wait_until(lambda: running_past_checkpoint(tmp_path, "slurm_requeue"), 240, "the run past its second checkpoint", every=0.1)
+        run_dir, status = wait_until(
+            lambda: running_past_checkpoint(tmp_path, "slurm_requeue"),
+            240,
+            "the run past its second checkpoint",
+            every=0.1,
+        )
         requeued_at = time.time()
         job = status["slurm_job_id"]
         subprocess.run(["scontrol", "requeue", job], check=True)
@@ -75,14 +97,16 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
     assert proc.returncode == 0, out
     s = read_status(run_dir)
     assert s["state"] == "finished" and s["attempts"] == 2 and s["restarts"] >= 1, s
-    assert metric_steps(run_dir) == list(range(1, 9))      # every step exactly once
-    assert read_json_lines(run_dir / "metrics.jsonl")[0]["time"] < requeued_at   # resumed, not restarted
+    assert metric_steps(run_dir) == list(range(1, 9))  # every step exactly once
+    assert read_json_lines(run_dir / "metrics.jsonl")[0]["time"] < requeued_at  # resumed, not restarted
 
 
 def test_a_crashing_job_is_recorded_failed_while_the_others_finish(slurm_cluster, tmp_path, in_process_env):
     path = write_sweep(tmp_path, "slurm_crash", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
     assert main(["sweep", "run", str(path)], execute=crash_array_task_1) == 1
-    states = {read_json(d / "status.json")["label"]: read_json(d / "status.json") for d in run_dirs(tmp_path, "slurm_crash")}
+    states = {
+        read_json(d / "status.json")["label"]: read_json(d / "status.json") for d in run_dirs(tmp_path, "slurm_crash")
+    }
     assert states["full seed=0"]["state"] == "finished"
     failed = states["top_entropy seed=0"]
     assert failed["state"] == "failed" and "simulated crash at step 1" in failed["error"]
@@ -97,8 +121,13 @@ def _node_idle() -> bool:
 def test_a_killed_driver_rerun_watches_its_pending_and_running_jobs(slurm_cluster, tmp_path):
     """Three runs, two at a time: when the driver dies one job runs and one pends; the re-run
     submits nothing, watches the array, and each run trains once."""
-    path = write_sweep(tmp_path, "slurm_kill", overrides={"trainer.max_steps": 3},
-                       grid={"method": ["full", "random", "top_entropy"]}, launcher=SLURM)
+    path = write_sweep(
+        tmp_path,
+        "slurm_kill",
+        overrides={"trainer.max_steps": 3},
+        grid={"method": ["full", "random", "top_entropy"]},
+        launcher=SLURM,
+    )
     driver = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
 
     def all_submitted():
@@ -119,4 +148,4 @@ def test_a_killed_driver_rerun_watches_its_pending_and_running_jobs(slurm_cluste
         s = read_status(d)
         assert s["state"] == "finished" and s["attempts"] == 1 and metric_steps(d) == [1, 2, 3], s
         jobs.add(s["slurm_job_id"].split("_")[0])
-    assert len(jobs) == 1                                  # the first array, nothing resubmitted
+    assert len(jobs) == 1  # the first array, nothing resubmitted

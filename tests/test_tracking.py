@@ -1,5 +1,6 @@
 """W&B offline run files hold exactly what metrics.jsonl holds (values read back from the .wandb file),
 with the run's id, group, name, tags and resolved config; a resumed run continues the same W&B run."""
+
 from __future__ import annotations
 
 import json
@@ -9,22 +10,36 @@ import sys
 from pathlib import Path
 
 import pytest
+from sweep_fixtures import FailAt
 
 from stare_lab.config import compose, save_config
 from stare_lab.record import read_metrics
 from stare_lab.runner import execute
-from sweep_fixtures import FailAt
 
-SMALL = ["method=stare", "trainer.per_device_train_batch_size=8", "trainer.num_generations=4",
-         "trainer.gradient_accumulation_steps=1", "trainer.max_steps=3", "trainer.save_steps=1",
-         "logger=wandb_offline", "eval.enabled=false", "run.sweep=wandb_test", "run.label='stare seed=0'"]
+SMALL = [
+    "method=stare",
+    "trainer.per_device_train_batch_size=8",
+    "trainer.num_generations=4",
+    "trainer.gradient_accumulation_steps=1",
+    "trainer.max_steps=3",
+    "trainer.save_steps=1",
+    "logger=wandb_offline",
+    "eval.enabled=false",
+    "run.sweep=wandb_test",
+    "run.label='stare seed=0'",
+]
 
 
 def wandb_records(run_folder: Path) -> list[dict]:
     """Every record of an offline run, decoded by W&B's own reader (`wandb leet inspect --json`)."""
     wandb_cli = Path(sys.executable).with_name("wandb")
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run_folder)], capture_output=True,
-                         text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(run_folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 

@@ -1,12 +1,12 @@
 """Every rule trains two optimizer steps on the built-in model and changes its parameters; a resumed
 run continues the rule state it saved; metrics are logged once per step."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 import torch
-
 from transformers import TrainerCallback
 
 from stare_lab.config import compose, save_config
@@ -14,15 +14,23 @@ from stare_lab.methods import list_methods
 from stare_lab.record import last_checkpoint, read_metrics
 from stare_lab.runner import build_trainer, execute
 
-SMALL = ["trainer.per_device_train_batch_size=8", "trainer.num_generations=4", "trainer.gradient_accumulation_steps=1",
-         "trainer.max_completion_length=20", "trainer.learning_rate=1e-3", "logger=none", "eval.enabled=false"]
+SMALL = [
+    "trainer.per_device_train_batch_size=8",
+    "trainer.num_generations=4",
+    "trainer.gradient_accumulation_steps=1",
+    "trainer.max_completion_length=20",
+    "trainer.learning_rate=1e-3",
+    "logger=none",
+    "eval.enabled=false",
+]
 RULE_OVERRIDES = {"ict": ["method.params.warmup_steps=1"]}  # selective from step 2 on
 
 
 @pytest.mark.parametrize("rule", list_methods())
 def test_rule_trains_two_steps_and_changes_parameters(rule, tmp_path):
-    cfg = compose([f"method={rule}", "trainer.max_steps=2", "trainer.save_steps=100", *SMALL,
-                   *RULE_OVERRIDES.get(rule, [])])
+    cfg = compose(
+        [f"method={rule}", "trainer.max_steps=2", "trainer.save_steps=100", *SMALL, *RULE_OVERRIDES.get(rule, [])]
+    )
     trainer = build_trainer(cfg, tmp_path)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -57,8 +65,15 @@ class CrashAt(TrainerCallback):
 
 def test_resumed_run_continues_rule_state_and_metrics(tmp_path):
     """STARE adaptive W/M after 4 steps: straight through == crash at step 3 + resume from checkpoint-2."""
-    overrides = ["method=stare", "method.params.adaptive=true", "method.params.H_tgt=5.0", "trainer.max_steps=4",
-                 "trainer.save_steps=2", "trainer.save_total_limit=5", *SMALL]
+    overrides = [
+        "method=stare",
+        "method.params.adaptive=true",
+        "method.params.H_tgt=5.0",
+        "trainer.max_steps=4",
+        "trainer.save_steps=2",
+        "trainer.save_total_limit=5",
+        *SMALL,
+    ]
     straight = _run_dir(tmp_path, "straight", overrides)
     execute(straight)
     crashed = _run_dir(tmp_path, "crashed", overrides)
@@ -82,8 +97,9 @@ def test_resumed_run_continues_rule_state_and_metrics(tmp_path):
 @pytest.mark.parametrize("rule, same", [("full", True), ("random", False)])
 def test_gradient_geometry_is_logged(rule, same, tmp_path):
     """geometry/cosine and norm_ratio of the weighted vs the full-token gradient: exactly 1 for `full`."""
-    cfg = compose([f"method={rule}", "trainer.max_steps=2", "trainer.save_steps=100", "trainer.grad_geometry_every=1",
-                   *SMALL])
+    cfg = compose(
+        [f"method={rule}", "trainer.max_steps=2", "trainer.save_steps=100", "trainer.grad_geometry_every=1", *SMALL]
+    )
     trainer = build_trainer(cfg, tmp_path)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "geometry/cosine" in h]

@@ -1,5 +1,6 @@
 """The trainer core against plain TRL: `full` reproduces GRPOTrainer's loss and gradients to the bit,
 weights are 0 on padding and finite, and the loss does not depend on the micro-batch split."""
+
 from __future__ import annotations
 
 import copy
@@ -24,10 +25,23 @@ def length_reward(completions, **kwargs):
 
 
 def _args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=G,
-                gradient_accumulation_steps=2, max_completion_length=12, max_steps=2, learning_rate=1e-3,
-                use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1, save_strategy="no",
-                disable_tqdm=True, epsilon_high=0.28)
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=G,
+        gradient_accumulation_steps=2,
+        max_completion_length=12,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        epsilon_high=0.28,
+    )
     base.update(kw)
     return GRPOConfig(**base)
 
@@ -45,10 +59,21 @@ def _pair(setup, tmp_path, rule="full", **kw):
     tok, model, task = setup
     args = _args(tmp_path, **kw)
     ds = task.train_dataset()
-    plain = GRPOTrainer(model=model if isinstance(model, str) else copy.deepcopy(model), reward_funcs=[length_reward], args=args,
-                        train_dataset=ds, processing_class=tok)
-    ours = TokenRuleGRPOTrainer(model=model if isinstance(model, str) else copy.deepcopy(model), reward_funcs=[length_reward], args=args,
-                                train_dataset=ds, processing_class=tok, rule=get_method(rule))
+    plain = GRPOTrainer(
+        model=model if isinstance(model, str) else copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    ours = TokenRuleGRPOTrainer(
+        model=model if isinstance(model, str) else copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        rule=get_method(rule),
+    )
     return plain, ours, ds
 
 
@@ -76,7 +101,7 @@ def test_full_equals_plain_trl_bitwise(setup, tmp_path, loss_type):
     l_ours, g_ours = _loss_and_grads(ours, batch)
     assert l_plain.item() != 0.0 or all(g.abs().sum() == 0 for g in g_plain)
     assert torch.equal(l_plain, l_ours), (l_plain.item(), l_ours.item())
-    assert all(torch.equal(a, b) for a, b in zip(g_plain, g_ours))
+    assert all(torch.equal(a, b) for a, b in zip(g_plain, g_ours, strict=True))
     assert any(g.abs().sum() > 0 for g in g_ours), "a batch with mixed rewards must give a gradient"
 
 
@@ -91,15 +116,20 @@ def test_full_equals_plain_trl_with_kl(setup, tmp_path):
     l_plain, g_plain = _loss_and_grads(plain, batch)
     l_ours, g_ours = _loss_and_grads(ours, batch)
     assert torch.equal(l_plain, l_ours)
-    assert all(torch.equal(a, b) for a, b in zip(g_plain, g_ours))
+    assert all(torch.equal(a, b) for a, b in zip(g_plain, g_ours, strict=True))
 
 
 def test_stare_gate_closed_equals_full_loss(setup, tmp_path):
     tok, model, task = setup
     _, full_t, ds = _pair(setup, tmp_path)
-    stare_t = TokenRuleGRPOTrainer(model=copy.deepcopy(full_t.model), reward_funcs=[length_reward],
-                                   args=full_t.args, train_dataset=ds, processing_class=tok,
-                                   rule=get_method("stare", H_tgt=0.0))  # H̄ ≥ 0 = H_tgt: the gate is closed
+    stare_t = TokenRuleGRPOTrainer(
+        model=copy.deepcopy(full_t.model),
+        reward_funcs=[length_reward],
+        args=full_t.args,
+        train_dataset=ds,
+        processing_class=tok,
+        rule=get_method("stare", H_tgt=0.0),
+    )  # H̄ ≥ 0 = H_tgt: the gate is closed
     batch = _generation_batch(stare_t, ds, n_prompts=2)
     assert torch.equal(batch["token_weights"], batch["completion_mask"].float())
     # closed gate: every valid token is trained, so every one counts as selected in the metrics
@@ -108,7 +138,7 @@ def test_stare_gate_closed_equals_full_loss(setup, tmp_path):
     l_full, g_full = _loss_and_grads(full_t, batch)
     l_stare, g_stare = _loss_and_grads(stare_t, batch)
     assert torch.equal(l_full, l_stare)
-    assert all(torch.equal(a, b) for a, b in zip(g_full, g_stare))
+    assert all(torch.equal(a, b) for a, b in zip(g_full, g_stare, strict=True))
 
 
 @pytest.mark.parametrize("rule", ["top_entropy", "anchor", "ict", "rsi_band", "opefo"])
@@ -168,18 +198,29 @@ def test_rule_state_is_in_the_checkpoint_before_it_counts_as_complete(setup, tmp
     """A checkpoint is complete once trainer_state.json exists; rule_state.json must already be there."""
     tok, model, task = setup
     args = _args(tmp_path, max_steps=1, save_strategy="steps", save_steps=1, gradient_accumulation_steps=1)
-    trainer = TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
-                                   train_dataset=task.train_dataset(), processing_class=tok,
-                                   rule=get_method("stare", adaptive=True, H_tgt=5.0), callbacks=[_CrashOnSave()])
+    trainer = TokenRuleGRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=task.train_dataset(),
+        processing_class=tok,
+        rule=get_method("stare", adaptive=True, H_tgt=5.0),
+        callbacks=[_CrashOnSave()],
+    )
     with pytest.raises(RuntimeError, match="simulated crash"):
         trainer.train()
     ckpt = tmp_path / "checkpoint-1"
     assert (ckpt / "trainer_state.json").is_file()
     saved = json.loads((ckpt / "rule_state.json").read_text())
     assert saved["memory"]["W"] == pytest.approx(1.11) and saved["step"] == 0  # one adaptive step from W = 1.1
-    fresh = TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
-                                 train_dataset=task.train_dataset(), processing_class=tok,
-                                 rule=get_method("stare", adaptive=True, H_tgt=5.0))
+    fresh = TokenRuleGRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=task.train_dataset(),
+        processing_class=tok,
+        rule=get_method("stare", adaptive=True, H_tgt=5.0),
+    )
     fresh.load_rule_state(ckpt)
     assert fresh.rule_state.memory == saved["memory"] and fresh.rule_state.trainer == fresh.trainer_values
     (ckpt / "rule_state.json").unlink()
@@ -195,10 +236,16 @@ def test_kept_batches_from_the_trainer_reproduce_the_trained_weights(setup, tmp_
     from stare_lab.viewer.selection import apply_rule
 
     tok, model, task = setup
-    trainer = TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward],
-                                   args=_args(tmp_path, max_steps=3, gradient_accumulation_steps=1),
-                                   train_dataset=task.train_dataset(), processing_class=tok,
-                                   rule=get_method("random", rho=0.3), keep_batches_every=2, run_dir=tmp_path / "run")
+    trainer = TokenRuleGRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=_args(tmp_path, max_steps=3, gradient_accumulation_steps=1),
+        train_dataset=task.train_dataset(),
+        processing_class=tok,
+        rule=get_method("random", rho=0.3),
+        keep_batches_every=2,
+        run_dir=tmp_path / "run",
+    )
     generate, trained = trainer._generate_and_score_completions, {}
 
     def spy(inputs):
@@ -216,6 +263,12 @@ def test_kept_batches_from_the_trainer_reproduce_the_trained_weights(setup, tmp_
         assert torch.equal(own.weights, trained[step].float())
     assert not torch.equal(trained[0], trained[2])
     with pytest.raises(ValueError, match="needs run_dir"):
-        TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=_args(tmp_path),
-                             train_dataset=task.train_dataset(), processing_class=tok, rule=get_method("full"),
-                             keep_batches_every=1)
+        TokenRuleGRPOTrainer(
+            model=copy.deepcopy(model),
+            reward_funcs=[length_reward],
+            args=_args(tmp_path),
+            train_dataset=task.train_dataset(),
+            processing_class=tok,
+            rule=get_method("full"),
+            keep_batches_every=1,
+        )

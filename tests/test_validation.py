@@ -1,14 +1,15 @@
 """Every value is checked before anything is launched (issue 12): a bad value on the command line
 or in a sweep is one line naming it, exit 2, nothing written, in a few seconds."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
 import yaml
+from sweep_fixtures import write_sweep
 
 from stare_lab.cli import main
-from sweep_fixtures import write_sweep
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -17,6 +18,7 @@ def imported():
     from stare_lab.config import compose
 
     compose([])
+
 
 TRAIN_CASES = [
     (["seed=-1"], "seed: must be ≥ 0, got -1"),
@@ -29,16 +31,30 @@ TRAIN_CASES = [
     (["eval.max_tokens=0"], "eval.max_tokens: must be ≥ 1"),
     (["trainer.max_steps=0"], "trainer.max_steps: must be ≥ 1, got 0"),
     (["trainer.max_steps=-5"], "trainer.max_steps: must be ≥ 1, got -5"),
-    (["trainer.num_generations=1", "trainer.per_device_train_batch_size=2"], "trainer.num_generations: must be ≥ 2, got 1"),
-    (["trainer.num_generations=3"], "generation batch (per_device_train_batch_size × steps_per_generation = 16 × 2 = 32) "
-                                    "is not divisible by num_generations = 3"),
-    (["trainer.steps_per_generation=3", "trainer.per_device_train_batch_size=4", "trainer.num_generations=8"],
-     "= 4 × 3 = 12) is not divisible by num_generations = 8"),
+    (
+        ["trainer.num_generations=1", "trainer.per_device_train_batch_size=2"],
+        "trainer.num_generations: must be ≥ 2, got 1",
+    ),
+    (
+        ["trainer.num_generations=3"],
+        "generation batch (per_device_train_batch_size × steps_per_generation = 16 × 2 = 32) "
+        "is not divisible by num_generations = 3",
+    ),
+    (
+        ["trainer.steps_per_generation=3", "trainer.per_device_train_batch_size=4", "trainer.num_generations=8"],
+        "= 4 × 3 = 12) is not divisible by num_generations = 8",
+    ),
     (["trainer.temperature=0"], "trainer.temperature: must be > 0"),
     (["trainer.top_p=1.5"], "trainer.top_p: must be ≤ 1"),
-    (["trainer.loss_type=gspo"], "trainer.loss_type: 'gspo' is not one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo"),
+    (
+        ["trainer.loss_type=gspo"],
+        "trainer.loss_type: 'gspo' is not one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo",
+    ),
     (["trainer.scale_rewards=yes"], "trainer.scale_rewards: 'yes' is not one of group, batch, none"),
-    (["trainer.lr_scheduler_type=reduce_lr_on_plateau"], "trainer.lr_scheduler_type: 'reduce_lr_on_plateau' is not one of"),
+    (
+        ["trainer.lr_scheduler_type=reduce_lr_on_plateau"],
+        "trainer.lr_scheduler_type: 'reduce_lr_on_plateau' is not one of",
+    ),
     (["trainer.save_steps=0"], "trainer.save_steps: must be ≥ 1"),
     (["trainer.logging_steps=0"], "trainer.logging_steps: must be ≥ 1"),
     (["trainer.warmup_steps=-1"], "trainer.warmup_steps: must be ≥ 0"),
@@ -64,10 +80,15 @@ def test_bad_train_value_is_one_line_exit_2_and_writes_nothing(args, needle, tmp
 
 
 def test_the_defaults_and_the_tiny_settings_pass(tmp_path):
-    from stare_lab.config import check_values, compose
     from omegaconf import OmegaConf
 
-    for overrides in ([], ["trainer=gpu_stare", "eval=math"], ["seed=4294967295", "eval.temperature=0", "eval.top_p=1"]):
+    from stare_lab.config import check_values, compose
+
+    for overrides in (
+        [],
+        ["trainer=gpu_stare", "eval=math"],
+        ["seed=4294967295", "eval.temperature=0", "eval.top_p=1"],
+    ):
         check_values(OmegaConf.to_container(compose(overrides)))
 
 
@@ -75,16 +96,21 @@ SWEEP_CASES = [
     ("seeds: [0, -1]", "seeds[1]: must be ≥ 0, got -1"),
     ("seeds: [18446744073709551616]", "seeds[0]: must be < 4294967296"),
     ("seeds: 1000000", "seeds: 1,000,000 seeds; a sweep is at most 50,000 runs"),
-    ("grid: {trainer.learning_rate: RANGE1000, trainer.max_steps: RANGE1000}",
-     "1,000,000 runs (grid 1000 × 1000 × 1 variants × 1 seeds); a sweep is at most 50,000 runs"),
+    (
+        "grid: {trainer.learning_rate: RANGE1000, trainer.max_steps: RANGE1000}",
+        "1,000,000 runs (grid 1000 × 1000 × 1 variants × 1 seeds); a sweep is at most 50,000 runs",
+    ),
     ("eval: {n: 0}", "eval.n: must be ≥ 1, got 0"),
     ("eval: {top_p: 2.0}", "eval.top_p: must be ≤ 1, got 2.0"),
     ("eval: {temperature: -1}", "eval.temperature: must be ≥ 0, got -1"),
     ("eval: {benchmarks: [arithmetic, nope]}", "eval.benchmarks[1]: unknown benchmark 'nope'"),
     ("grid: {trainer.max_steps: [2, 0]}", "grid.trainer.max_steps[1]: must be ≥ 1, got 0"),
     ("grid: {trainer.num_generations: [4, 1]}", "grid.trainer.num_generations[1]: must be ≥ 2, got 1"),
-    ("variants: {odd: {trainer.num_generations: 3}}", "variants.odd.trainer.num_generations: the generation batch "
-     "(per_device_train_batch_size × steps_per_generation = 8 × 1 = 8) is not divisible by num_generations = 3"),
+    (
+        "variants: {odd: {trainer.num_generations: 3}}",
+        "variants.odd.trainer.num_generations: the generation batch "
+        "(per_device_train_batch_size × steps_per_generation = 8 × 1 = 8) is not divisible by num_generations = 3",
+    ),
     ("launcher: {name: local, workers: 0}", "launcher.workers: must be ≥ 1, got 0"),
     ("launcher: {name: slurm, setup: [1, 2]}", "launcher.setup: expected a list of strings"),
 ]
@@ -113,7 +139,7 @@ def test_bad_sweep_value_is_one_line_exit_2_and_launches_nothing(extra, needle, 
 
 def test_a_huge_sweep_file_is_refused_unread(tmp_path, capsys):
     path = tmp_path / "huge.yaml"
-    with path.open("wb") as f:                        # 50 MB: a comment line repeated
+    with path.open("wb") as f:  # 50 MB: a comment line repeated
         line = b"# " + b"x" * 1021 + b"\n"
         for _ in range(50 * 1024):
             f.write(line)
@@ -139,7 +165,11 @@ def test_sweep_status_refuses_the_same_values(tmp_path, capsys):
 
 
 def test_a_search_range_outside_the_schema_is_refused(tmp_path, capsys):
-    search = {"params": {"trainer.max_steps": {"low": 0, "high": 4}}, "objective": {"metric": "train/reward"}, "trials": 2}
+    search = {
+        "params": {"trainer.max_steps": {"low": 0, "high": 4}},
+        "objective": {"metric": "train/reward"},
+        "trials": 2,
+    }
     path = write_sweep(tmp_path, search=search)
     assert main(["sweep", "run", str(path)]) == 2
     err = capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Kept batches: the record round-trips exactly; the trainer hook keeps, on kept steps only, every
 statistic any rule reads (aligned with a plain forward of the model), and on the loaded batch the
 run's own rule gives exactly the weights the trainer trained with."""
+
 from __future__ import annotations
 
 import copy
@@ -11,11 +12,11 @@ from trl import GRPOConfig
 
 from stare_lab.methods import get_method, list_methods
 from stare_lab.models.builtin import build_model, build_tokenizer
+from stare_lab.stats import TokenStats
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
 from stare_lab.viewer import collect_for_trainer, kept_steps, load_batch, save_batch
 from stare_lab.viewer.batch import BatchError
-from stare_lab.stats import TokenStats
 from stare_lab.viewer.collect import needed_statistics, stats_for_all_rules
 from stare_lab.viewer.selection import apply_all_rules, apply_rule
 from stare_lab.viewer.synthetic import random_batch_tensors
@@ -25,13 +26,18 @@ G = 4
 
 def test_record_round_trips_exactly(tmp_path):
     kw = random_batch_tensors(B=8, T=12, G=G, seed=1)
-    kw["advantages"] = torch.randn(8, 12)                    # token-level advantages are kept as [B, T]
+    kw["advantages"] = torch.randn(8, 12)  # token-level advantages are kept as [B, T]
     kw["prompts"][0] = "naïve </script> ∑ \n"
-    kw["stats"]["entropy"] = kw["stats"]["entropy"] + 1e-7    # float32 values that float16 would round
-    path = save_batch(tmp_path / "batches" / "step-3.safetensors", 3, **kw,
-                      run_rule={"name": "rsi_band", "params": {"low": 0.4}},
-                      rule_state={"step": 3, "total_steps": 9, "seed": 5, "memory": {"x": 1.5}},
-                      trained_weights=torch.rand(8, 12), meta={"num_layers": 2, "attn_layers": [1]})
+    kw["stats"]["entropy"] = kw["stats"]["entropy"] + 1e-7  # float32 values that float16 would round
+    path = save_batch(
+        tmp_path / "batches" / "step-3.safetensors",
+        3,
+        **kw,
+        run_rule={"name": "rsi_band", "params": {"low": 0.4}},
+        rule_state={"step": 3, "total_steps": 9, "seed": 5, "memory": {"x": 1.5}},
+        trained_weights=torch.rand(8, 12),
+        meta={"num_layers": 2, "attn_layers": [1]},
+    )
     b = load_batch(path)
     assert kept_steps(tmp_path) == [3] and b.step == 3
     assert torch.equal(b.completion_ids, kw["completion_ids"]) and torch.equal(b.mask, kw["mask"])
@@ -66,12 +72,31 @@ def setup():
 
 def _trainer(setup, tmp_path, rule):
     tok, model, task = setup
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=G,
-                      gradient_accumulation_steps=1, max_completion_length=12, max_steps=2, learning_rate=1e-3,
-                      use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1, save_strategy="no",
-                      disable_tqdm=True, epsilon_high=0.28)
-    return TokenRuleGRPOTrainer(model=copy.deepcopy(model), reward_funcs=[length_reward], args=args,
-                                train_dataset=task.train_dataset(), processing_class=tok, rule=rule)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=G,
+        gradient_accumulation_steps=1,
+        max_completion_length=12,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        epsilon_high=0.28,
+    )
+    return TokenRuleGRPOTrainer(
+        model=copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=task.train_dataset(),
+        processing_class=tok,
+        rule=rule,
+    )
 
 
 def _plain_forward(model, batch):
@@ -80,14 +105,17 @@ def _plain_forward(model, batch):
     att = torch.cat([batch.prompt_mask, batch.mask], 1).long()
     P, T = batch.prompt_ids.size(1), batch.completion_ids.size(1)
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=att).logits[:, P - 1: P + T - 1].float()
+        logits = model(input_ids=ids, attention_mask=att).logits[:, P - 1 : P + T - 1].float()
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
     return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
-@pytest.mark.parametrize("rule", [("stare", {"H_tgt": 10.0, "W": 1.25}), ("anchor", {"layers": 0}), ("full", {})],
-                         ids=["stare", "anchor-layer0", "full"])
+@pytest.mark.parametrize(
+    "rule",
+    [("stare", {"H_tgt": 10.0, "W": 1.25}), ("anchor", {"layers": 0}), ("full", {})],
+    ids=["stare", "anchor-layer0", "full"],
+)
 def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(setup, tmp_path, rule):
     name, params = rule
     trainer = _trainer(setup, tmp_path, get_method(name, **params))
@@ -101,8 +129,9 @@ def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(setu
     assert collect_for_trainer(trainer, out, None, run_dir=tmp_path, every=2, rule_state=state_before) is None
     assert collect_for_trainer(trainer, out, None, run_dir=tmp_path, every=0, rule_state=state_before) is None
     trainer.state.global_step = 0
-    path = collect_for_trainer(trainer, out, None, run_dir=tmp_path, every=2, rule_state=state_before,
-                               trained_weights=out["token_weights"])
+    path = collect_for_trainer(
+        trainer, out, None, run_dir=tmp_path, every=2, rule_state=state_before, trained_weights=out["token_weights"]
+    )
     assert path == tmp_path / "batches" / "step-0.safetensors" and kept_steps(tmp_path) == [0]
     batch = load_batch(path)
 
@@ -131,11 +160,14 @@ def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(setu
         ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
         att = torch.cat([batch.prompt_mask, batch.mask], 1).long()
         P, T = batch.prompt_ids.size(1), batch.completion_ids.size(1)
-        ae0 = attention_entropy(trainer.model, ids, att, layers=(0,))[:, P - 1: P + T - 1]
+        ae0 = attention_entropy(trainer.model, ids, att, layers=(0,))[:, P - 1 : P + T - 1]
         assert torch.allclose(batch.stats["attn_entropy@0"][valid], ae0[valid], atol=1e-5)
         assert not torch.allclose(batch.stats["attn_entropy@0"][valid], batch.stats["attn_entropy"][valid])
     tok = trainer.processing_class
-    texts = [tok.decode(row[m > 0].tolist(), skip_special_tokens=True) for row, m in zip(batch.completion_ids, batch.mask)]
+    texts = [
+        tok.decode(row[m > 0].tolist(), skip_special_tokens=True)
+        for row, m in zip(batch.completion_ids, batch.mask, strict=True)
+    ]
     assert batch.rewards.tolist() == length_reward(texts)
     for row in range(batch.shape[0]):
         ids = batch.completion_ids[row][valid[row]].tolist()
@@ -143,18 +175,29 @@ def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(setu
     assert len(set(batch.prompts)) == 2 and all(p for p in batch.prompts)
 
     # statistics the trainer passes are stored as they are; only the missing ones are computed
-    mine = TokenStats(logp=batch.stats["logp"], mask=batch.mask, advantages=batch.advantages, group=batch.group,
-                      entropy=batch.stats["entropy"] + 1.0)
-    got = stats_for_all_rules(trainer.model, out, mine, num_generations=G, run_rule=trainer.rule,
-                              trainer=trainer.trainer_values)
+    mine = TokenStats(
+        logp=batch.stats["logp"],
+        mask=batch.mask,
+        advantages=batch.advantages,
+        group=batch.group,
+        entropy=batch.stats["entropy"] + 1.0,
+    )
+    got = stats_for_all_rules(
+        trainer.model, out, mine, num_generations=G, run_rule=trainer.rule, trainer=trainer.trainer_values
+    )
     assert torch.equal(got["entropy"], mine.entropy) and torch.allclose(got["js"], batch.stats["js"], atol=1e-6)
 
 
 def test_applying_a_rule_the_batch_can_not_feed_names_what_is_missing(tmp_path):
     kw = random_batch_tensors(B=8, T=10, G=G)
     del kw["stats"]["attn_entropy"]
-    path = save_batch(tmp_path / "b.safetensors", 0, **kw, run_rule={"name": "full", "params": {}},
-                      meta={"num_layers": 4, "attn_layers": [2]})
+    path = save_batch(
+        tmp_path / "b.safetensors",
+        0,
+        **kw,
+        run_rule={"name": "full", "params": {}},
+        meta={"num_layers": 4, "attn_layers": [2]},
+    )
     batch = load_batch(path)
     assert apply_rule(batch, "anchor").reason == "not computable: needs attn_entropy at layers [2]"
     assert apply_rule(batch, "gmts").reason.startswith("not computable: rule 'gmts'")  # no trainer values kept
@@ -173,8 +216,15 @@ def test_hook_inside_training_keeps_the_due_steps_and_each_reproduces_its_weight
         before["step"] = trainer.state.global_step  # the trainer sets the step just before the rule runs
         out = generate(inputs)
         trained[trainer.state.global_step] = out["token_weights"].clone()
-        collect_for_trainer(trainer, out, None, run_dir=tmp_path / "run", every=2, rule_state=before,
-                            trained_weights=out["token_weights"])
+        collect_for_trainer(
+            trainer,
+            out,
+            None,
+            run_dir=tmp_path / "run",
+            every=2,
+            rule_state=before,
+            trained_weights=out["token_weights"],
+        )
         return out
 
     trainer._generate_and_score_completions = with_hook

@@ -1,4 +1,5 @@
 """Selection figures: one quadrant and one over-steps PNG per run with kept batches, with content."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,12 @@ def test_plot_selection_writes_both_figures_per_run_with_batches(tmp_path):
     (root / "no_batches").mkdir()
     paths = plot_selection(tmp_path / "runs", tmp_path / "figs")
     names = sorted(p.name for p in paths)
-    assert names == ["selection-quadrant-aaa.png", "selection-quadrant-bbb.png",
-                     "selection-steps-aaa.png", "selection-steps-bbb.png"]
+    assert names == [
+        "selection-quadrant-aaa.png",
+        "selection-quadrant-bbb.png",
+        "selection-steps-aaa.png",
+        "selection-steps-bbb.png",
+    ]
     for p in paths:
         img = imread(p)[..., :3]
         assert img.shape[0] > 300 and img.std() > 0.05

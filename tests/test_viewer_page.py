@@ -2,6 +2,7 @@
 element per token of every rollout and a control per rule and signal, the screenshot is not blank, and
 the data the page embeds (read back from the dumped DOM) equals the rules applied to the saved batch
 and a loop Jaccard. Bad input: one error line, exit 2, nothing written."""
+
 from __future__ import annotations
 
 import base64
@@ -20,7 +21,8 @@ from stare_lab.viewer.browser import chromium_path, dump_dom, screenshot
 from stare_lab.viewer.synthetic import write_random_batch
 
 needs_browser = pytest.mark.skipif(
-    chromium_path() is None, reason="headless Chromium is not installed: apt-get install -y chromium (.ci/run does)")
+    chromium_path() is None, reason="headless Chromium is not installed: apt-get install -y chromium (.ci/run does)"
+)
 
 
 class PageDom(HTMLParser):
@@ -80,8 +82,9 @@ def rule_outputs(batch):
     """{key: RuleOutput} of every rule on the loaded batch, computed here from the batch alone."""
     trainer = TrainerValues(**batch.meta["trainer"])
     out = {}
-    for key, name, params in [("run:" + batch.run_rule["name"], batch.run_rule["name"], batch.run_rule["params"])] + \
-                             [(n, n, {}) for n in list_methods()]:
+    for key, name, params in [("run:" + batch.run_rule["name"], batch.run_rule["name"], batch.run_rule["params"])] + [
+        (n, n, {}) for n in list_methods()
+    ]:
         rule = get_method(name, **params)
         state = RuleState.from_dict(batch.rule_state)
         state.trainer = trainer
@@ -98,8 +101,15 @@ def rule_outputs(batch):
 def page(tmp_path_factory):
     run = tmp_path_factory.mktemp("viewer") / "run"
     for step in (0, 5, 10):
-        write_random_batch(run, step, B=12, T=20, G=4, seed=3,
-                           run_rule={"name": "stare", "params": {"H_tgt": 10.0, "P": 0.2, "W": 1.3}})
+        write_random_batch(
+            run,
+            step,
+            B=12,
+            T=20,
+            G=4,
+            seed=3,
+            run_rule={"name": "stare", "params": {"H_tgt": 10.0, "P": 0.2, "W": 1.3}},
+        )
     path = render_run(run, step=5)
     return run, path, PageDom(dump_dom(path))
 
@@ -167,7 +177,7 @@ def test_screenshot_is_not_blank(page, tmp_path):
     png = screenshot(path, tmp_path / "shot.png")
     pixels = imread(png)[..., :3]
     assert pixels.shape[0] >= 900 and pixels.shape[1] >= 1300
-    assert pixels.std() > 0.05                                  # text, tables and coloured tokens, not one colour
+    assert pixels.std() > 0.05  # text, tables and coloured tokens, not one colour
     assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50
 
 
@@ -224,16 +234,24 @@ def test_view_of_a_sweep_has_one_arm_per_run_with_the_step(tmp_path, capsys):
     from stare_lab.viewer.page import sweep_runs
 
     sweep = tmp_path / "s.yaml"
-    sweep.write_text(yaml.safe_dump({"name": "s", "base": {"model": "builtin", "logger": "none"},
-                                     "grid": {"method": ["stare", "anchor", "full"]}, "seeds": [0],
-                                     "output": str(tmp_path / "runs")}))
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "base": {"model": "builtin", "logger": "none"},
+                "grid": {"method": ["stare", "anchor", "full"]},
+                "seeds": [0],
+                "output": str(tmp_path / "runs"),
+            }
+        )
+    )
     runs = sweep_runs(sweep)
     assert len(runs) == 3
     for k, (_, d) in enumerate(runs[:2]):
         for step in (0, 5):
             write_random_batch(d, step, B=8, T=10, seed=k)
     write_random_batch(runs[0][1], 7, B=8, T=10)
-    path = render_sweep(sweep)                              # the last step every run with batches kept: 5
+    path = render_sweep(sweep)  # the last step every run with batches kept: 5
     html = path.read_text()
     data = json.loads(html.split('<script id="data" type="application/json">')[1].split("</script>")[0])
     assert [a["label"] for a in data["arms"]] == [runs[0][0], runs[1][0]] and {a["step"] for a in data["arms"]} == {5}
@@ -249,10 +267,23 @@ def test_a_batch_without_valid_tokens_or_rewards_still_renders(tmp_path):
     kw = random_batch_tensors(B=4, T=5, G=2)
     kw["mask"] = torch.zeros(4, 5)
     kw["rewards"] = torch.full((4,), float("nan"))
-    save_batch(batch_path(tmp_path, 0), 0, **kw, run_rule={"name": "rsi_band", "params": {"high": float("inf")}},
-               meta={"num_layers": 4, "attn_layers": [2], "trainer": {"epsilon_low": 0.2, "epsilon_high": 0.2,
-                                                                     "beta": 0.0, "loss_type": "dapo",
-                                                                     "num_generations": 2}})
+    save_batch(
+        batch_path(tmp_path, 0),
+        0,
+        **kw,
+        run_rule={"name": "rsi_band", "params": {"high": float("inf")}},
+        meta={
+            "num_layers": 4,
+            "attn_layers": [2],
+            "trainer": {
+                "epsilon_low": 0.2,
+                "epsilon_high": 0.2,
+                "beta": 0.0,
+                "loss_type": "dapo",
+                "num_generations": 2,
+            },
+        },
+    )
     page = render_run(tmp_path)
     data = json.loads(page.read_text().split('<script id="data" type="application/json">')[1].split("</script>")[0])
     arm = data["arms"][0]

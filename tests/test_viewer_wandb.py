@@ -2,6 +2,7 @@
 a run's summary holds exactly its eval/ record (final results, bootstrap interval, settings) with
 every evaluation as a point; the token page, its figures and what the page shows are in the run;
 the sweep summary run holds the finished table and the pass@k curves."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ from stare_lab.viewer.wandb_export import log_eval, log_sweep_summary, log_token
 
 def wandb_records(folder: Path) -> list[dict]:
     wandb_cli = Path(sys.executable).with_name("wandb")
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(folder)], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -47,7 +53,7 @@ def media(item: dict, key: str) -> dict:
     """A logged media entry ({"_type", "path", ...}); leet prints its fields as dotted keys."""
     if isinstance(item.get(key), dict):
         return item[key]
-    return {k[len(key) + 1:]: v for k, v in item.items() if k.startswith(key + ".")}
+    return {k[len(key) + 1 :]: v for k, v in item.items() if k.startswith(key + ".")}
 
 
 def _run_dir(tmp_path: Path, method: str, seed: int, sweep: str = "wb_view") -> tuple[Path, str]:
@@ -58,10 +64,24 @@ def _run_dir(tmp_path: Path, method: str, seed: int, sweep: str = "wb_view") -> 
 
 
 def _eval_json(d: Path, step: int | None, avg: float, intermediate: bool = False) -> dict:
-    result = {"benchmark": "arithmetic", "step": step, "n": 4, "temperature": 1.0, "top_p": 1.0, "max_tokens": 16,
-              "verifier": "exact", "num_problems": 8,
-              "metrics": {"avg@4": avg, "avg@4_ci": [avg - 0.125, avg + 0.125], "pass@1": avg,
-                          "pass@2": min(1.0, avg + 0.125), "pass@4": min(1.0, avg + 0.25), "maj@4": avg}}
+    result = {
+        "benchmark": "arithmetic",
+        "step": step,
+        "n": 4,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "max_tokens": 16,
+        "verifier": "exact",
+        "num_problems": 8,
+        "metrics": {
+            "avg@4": avg,
+            "avg@4_ci": [avg - 0.125, avg + 0.125],
+            "pass@1": avg,
+            "pass@2": min(1.0, avg + 0.125),
+            "pass@4": min(1.0, avg + 0.25),
+            "maj@4": avg,
+        },
+    }
     dest = d / "eval" / (f"step-{step}" if intermediate else "")
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "arithmetic.json").write_text(json.dumps(result))
@@ -80,11 +100,21 @@ def test_run_summary_holds_its_eval_record_and_every_evaluation_as_a_point(tmp_p
     summary = final_summary(records)
     for metric in ("avg@4", "pass@1", "pass@2", "pass@4", "maj@4"):
         assert summary[f"eval/arithmetic/{metric}"] == final["metrics"][metric]
-    assert [summary["eval/arithmetic/avg@4_ci_lo"], summary["eval/arithmetic/avg@4_ci_hi"]] == final["metrics"]["avg@4_ci"]
-    assert summary["eval/arithmetic/settings"] == {"n": 4, "temperature": 1, "top_p": 1, "max_tokens": 16,
-                                                   "verifier": "exact", "num_problems": 8, "step": 6}
-    assert {k: v for k, v in written.items() if not k.endswith("settings")} == \
-        {k: summary[k] for k in written if not k.endswith("settings")}
+    assert [summary["eval/arithmetic/avg@4_ci_lo"], summary["eval/arithmetic/avg@4_ci_hi"]] == final["metrics"][
+        "avg@4_ci"
+    ]
+    assert summary["eval/arithmetic/settings"] == {
+        "n": 4,
+        "temperature": 1,
+        "top_p": 1,
+        "max_tokens": 16,
+        "verifier": "exact",
+        "num_problems": 8,
+        "step": 6,
+    }
+    assert {k: v for k, v in written.items() if not k.endswith("settings")} == {
+        k: summary[k] for k in written if not k.endswith("settings")
+    }
     points = {h["eval/step"]: h["eval/arithmetic/avg@4"] for h in history(records) if "eval/step" in h}
     assert points == {2: 0.25, 4: 0.3125, 6: 0.375}
 
@@ -113,7 +143,7 @@ def test_token_page_and_figures_go_into_the_run_record(tmp_path):
         assert entry["_type"] == "image-file" and (folder / entry["path"]).read_bytes() == fig.read_bytes()
     table = json.loads((folder / media(item, "tokens/overlap")["path"]).read_text())
     assert table["columns"] == ["rule", *arm["overlap"]["keys"]]
-    assert [row[1:] for row in table["data"]] == arm["overlap"]["matrix"]          # JSON floats round-trip exactly
+    assert [row[1:] for row in table["data"]] == arm["overlap"]["matrix"]  # JSON floats round-trip exactly
 
 
 def test_sweep_summary_run_holds_the_finished_table_and_passk_curves(tmp_path):
@@ -147,7 +177,7 @@ def test_sweep_summary_run_holds_the_finished_table_and_passk_curves(tmp_path):
     markdown = table.to_markdown()
     assert [row[0] for row in logged["data"]] == table.rules
     for row in logged["data"]:
-        assert row[1].split(" ± ")[0] in markdown                   # the same numbers as the printed table
+        assert row[1].split(" ± ")[0] in markdown  # the same numbers as the printed table
     curve = media(item, "passk/arithmetic_table")
     curve = json.loads((folder / curve["path"]).read_text())
     got_curve = {(row[1], int(row[0])): row[2] for row in curve["data"]}  # line_series rows: (x, key, y)

@@ -8,6 +8,7 @@ and it reaches the already-installed dependencies through a .pth line naming the
 site-packages (a path line: the editable install's own .pth there is not processed, so
 `import stare_lab` can only find the wheel).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,9 @@ BENCHMARKS = ("aime24", "aime25", "amc23", "math500")
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
     out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"{' '.join(map(str, cmd))} → {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, (
+        f"{' '.join(map(str, cmd))} → {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    )
     return out
 
 
@@ -42,13 +45,33 @@ def installed(tmp_path_factory):
     shutil.copy(ROOT / "pyproject.toml", src)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1", PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INDEX="1")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp / "dist"),
-          str(src)], cwd=tmp, env=env)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ],
+        cwd=tmp,
+        env=env,
+    )
     wheel = next((tmp / "dist").glob("stare_lab-*.whl"))
     venv.create(tmp / "venv", with_pip=False)
     python = tmp / "venv" / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], cwd=tmp, env=env)
-    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp, env).stdout.strip())
+    _run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        cwd=tmp,
+        env=env,
+    )
+    site = Path(
+        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp, env).stdout.strip()
+    )
     (site / "zz_dev_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python, tmp / "venv" / "bin" / "stare-lab", env, site
 
@@ -76,24 +99,33 @@ print(json.dumps(data))
     out = json.loads(_run([str(python), "-c", probe], cwd=tmp_path, env=env).stdout.strip().splitlines()[-1])
     assert out["package"].startswith(str(site)) and out["conf"].startswith(str(site))
     assert out["sweep"] == str(site / "stare_lab" / "sweeps" / "demo.yaml")
-    assert out["output"] == str(tmp_path / "runs")                  # runs land under the current directory
+    assert out["output"] == str(tmp_path / "runs")  # runs land under the current directory
     assert out["groups"]["trainer"] == ["cpu_small", "gpu_stare"] and "slurm" in out["groups"]["launcher"]
     assert set(BENCHMARKS) <= set(out["groups"]["benchmark"])
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(out["model"])
     for name, (digest, rows) in out["benchmarks"].items():
         assert rows == {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500}[name]
-        if SHARED_BENCHMARKS.is_dir():                              # the copy the project was given
+        if SHARED_BENCHMARKS.is_dir():  # the copy the project was given
             assert digest == hashlib.sha256((SHARED_BENCHMARKS / f"{name}.jsonl").read_bytes()).hexdigest(), name
     assert "MIT License" in out["licence"] and "Mathematical Association of America" in out["licence"]
-    assert not list(tmp_path.iterdir())                             # reading wrote nothing
+    assert not list(tmp_path.iterdir())  # reading wrote nothing
 
 
 def test_stare_lab_train_runs_from_an_empty_directory(installed, tmp_path):
     _, script, env, _ = installed
-    args = ["train", "trainer.max_steps=1", "trainer.save_steps=1", "trainer.num_generations=4",
-            "trainer.per_device_train_batch_size=8", "trainer.gradient_accumulation_steps=1",
-            "trainer.max_completion_length=8", "task.train_size=32", "task.heldout_size=4",
-            "logger=none", "eval.n=2"]
+    args = [
+        "train",
+        "trainer.max_steps=1",
+        "trainer.save_steps=1",
+        "trainer.num_generations=4",
+        "trainer.per_device_train_batch_size=8",
+        "trainer.gradient_accumulation_steps=1",
+        "trainer.max_completion_length=8",
+        "task.train_size=32",
+        "task.heldout_size=4",
+        "logger=none",
+        "eval.n=2",
+    ]
     out = _run([str(script), *args], cwd=tmp_path, env={**env, "STARE_LAB_THREADS": "1"}, timeout=600)
     run_dirs = [p for p in (tmp_path / "runs" / "train").iterdir()]
     assert len(run_dirs) == 1 and run_dirs[0].name in out.stdout

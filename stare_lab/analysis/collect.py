@@ -12,12 +12,14 @@ appended, e.g. `stare trainer.learning_rate=1e-06`, so such runs are never avera
 Keys that differ per run by construction (seeds, `run.*`, `logger.*`, directories and paths) do
 not split arms.
 """
+
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -45,6 +47,8 @@ SETTING_COLUMNS = ("n", "temperature", "top_p", "max_tokens", "verifier")
 
 class SettingsMismatch(ValueError):
     """Results of one benchmark computed under different evaluation settings would share a column."""
+
+
 _SKIP_DIRS = {CHECKPOINT_DIR, EVAL_DIR, WANDB_DIR}
 
 
@@ -143,8 +147,7 @@ def _runs(root) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
             continue
         keys = sorted({k for i in idx for k in runs[i][2]})
         differing = [
-            k for k in keys
-            if _splits_arm(k) and len({json.dumps(runs[i][2].get(k), default=str) for i in idx}) > 1
+            k for k in keys if _splits_arm(k) and len({json.dumps(runs[i][2].get(k), default=str) for i in idx}) > 1
         ]
         for i in idx:
             suffix = " ".join(f"{k}={runs[i][2].get(k)}" for k in differing)
@@ -237,27 +240,31 @@ def run_states(root: Path | list[Path]) -> pd.DataFrame:
         status = read_status(run_dir) or {}
         if status.get("state") == "corrupt":
             log.warning("%s", status["error"])
-        rows.append({
-            **ident,
-            "state": status.get("state", "unknown"),
-            "attempts": status.get("attempts"),
-            "error": status.get("error"),
-            "code": code_version(status),
-            "path": str(run_dir),
-        })
+        rows.append(
+            {
+                **ident,
+                "state": status.get("state", "unknown"),
+                "attempts": status.get("attempts"),
+                "error": status.get("error"),
+                "code": code_version(status),
+                "path": str(run_dir),
+            }
+        )
     df = pd.DataFrame(rows, columns=STATE_COLUMNS)
     df["seed"] = df["seed"].astype("Int64")
     return df
 
 
 def settings_label(row) -> str:
-    """"n=32, T=1.0, top-p=0.7, max tokens 4096, math_verify" for a result row."""
-    return (f"n={row['n']}, T={row['temperature']}, top-p={row['top_p']}, max tokens {row['max_tokens']}, "
-            f"{row['verifier']}")
+    """ "n=32, T=1.0, top-p=0.7, max tokens 4096, math_verify" for a result row."""
+    return (
+        f"n={row['n']}, T={row['temperature']}, top-p={row['top_p']}, max tokens {row['max_tokens']}, {row['verifier']}"
+    )
 
 
-def select_settings(final: pd.DataFrame, where: dict[str, Any] | None = None,
-                    mix: bool = False) -> tuple[pd.DataFrame, list[str]]:
+def select_settings(
+    final: pd.DataFrame, where: dict[str, Any] | None = None, mix: bool = False
+) -> tuple[pd.DataFrame, list[str]]:
     """Keep, per benchmark, results of one evaluation setting so a column never mixes settings.
 
     `where` keeps only results with those settings (e.g. {"n": 64}). Then, per benchmark, the
@@ -280,16 +287,25 @@ def select_settings(final: pd.DataFrame, where: dict[str, Any] | None = None,
         others = [g for g in groups.index if g != best]
         if set(groups[best]) == runs:
             if others:
-                notes.append(f"{bench}: also evaluated with " + "; ".join(
-                    f"{g} ({len(groups[g])} runs)" for g in others) + "; not shown (choose with --where).")
+                notes.append(
+                    f"{bench}: also evaluated with "
+                    + "; ".join(f"{g} ({len(groups[g])} runs)" for g in others)
+                    + "; not shown (choose with --where)."
+                )
             kept.append(rows[rows["_settings"] == best])
         elif mix:
             own = rows[(rows["_settings"] == best) | ~rows["run"].isin(groups[best])]
             kept.append(own)
-            notes.append(f"{bench}: cells mix evaluation settings (--mix-settings): " + "; ".join(
-                f"{g} (runs {', '.join(groups[g])})" for g in groups.index) + ".")
+            notes.append(
+                f"{bench}: cells mix evaluation settings (--mix-settings): "
+                + "; ".join(f"{g} (runs {', '.join(groups[g])})" for g in groups.index)
+                + "."
+            )
         else:
-            raise SettingsMismatch(f"{bench}: runs were evaluated with different settings (" + "; ".join(
-                f"{g}: {len(groups[g])} runs" for g in groups.index) + "); one column would mix them: choose one "
-                "with --where KEY=VALUE, or pass --mix-settings")
+            raise SettingsMismatch(
+                f"{bench}: runs were evaluated with different settings ("
+                + "; ".join(f"{g}: {len(groups[g])} runs" for g in groups.index)
+                + "); one column would mix them: choose one "
+                "with --where KEY=VALUE, or pass --mix-settings"
+            )
     return pd.concat(kept).drop(columns="_settings"), notes

@@ -4,6 +4,7 @@ Every figure is FIGSIZE at DPI (640 × 400 px): one line per arm (mean over seed
 over seeds (min..max by default, or mean ± std), the baseline drawn black and dashed so it reads
 the same in every figure.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,11 @@ FIGSIZE = (6.4, 4.0)  # inches
 DPI = 100  # → 640 × 400 px
 DEFAULT_TRAINING_METRICS = ("reward", "entropy", "tokens/selected_frac")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
-_LABELS = {"reward": "reward (mean)", "entropy": "entropy (nats/token)",
-           "tokens/selected_frac": "fraction of tokens selected"}
+_LABELS = {
+    "reward": "reward (mean)",
+    "entropy": "entropy (nats/token)",
+    "tokens/selected_frac": "fraction of tokens selected",
+}
 
 
 def file_stem(name: str) -> str:
@@ -55,8 +59,7 @@ def _band(ax, x, wide: pd.DataFrame, style: dict, label: str, band: str) -> None
         lo, hi = mean - sd, mean + sd
     else:
         lo, hi = wide.min(axis=1), wide.max(axis=1)
-    ax.fill_between(x, lo, hi, where=counts >= 2, color=style["color"], alpha=0.18, linewidth=0,
-                    interpolate=False)
+    ax.fill_between(x, lo, hi, where=counts >= 2, color=style["color"], alpha=0.18, linewidth=0, interpolate=False)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -76,8 +79,13 @@ def _new_axes(title: str, xlabel: str, ylabel: str):
     return fig, ax
 
 
-def plot_training(train_df: pd.DataFrame, out_dir: Path | str, metrics: tuple[str, ...] | list[str] | None = None,
-                  baseline: str | None = "full", band: str = "minmax") -> list[Path]:
+def plot_training(
+    train_df: pd.DataFrame,
+    out_dir: Path | str,
+    metrics: tuple[str, ...] | list[str] | None = None,
+    baseline: str | None = "full",
+    band: str = "minmax",
+) -> list[Path]:
     """One PNG per training metric (`train_<metric>.png`), x = optimizer step.
 
     train_df: `collect_training` output. metrics: default reward, entropy, tokens/selected_frac
@@ -106,8 +114,13 @@ def plot_training(train_df: pd.DataFrame, out_dir: Path | str, metrics: tuple[st
     return paths
 
 
-def plot_passk(df: pd.DataFrame, out_dir: Path | str, benchmarks: list[str] | None = None,
-               baseline: str | None = "full", band: str = "minmax") -> list[Path]:
+def plot_passk(
+    df: pd.DataFrame,
+    out_dir: Path | str,
+    benchmarks: list[str] | None = None,
+    baseline: str | None = "full",
+    band: str = "minmax",
+) -> list[Path]:
     """Per benchmark, pass@k vs k (log2 x axis) per arm with seed bands: `passk_<benchmark>.png`.
 
     df: `collect_runs` output; final evaluations only; pass@k in percent. A run evaluated under

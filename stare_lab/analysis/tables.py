@@ -6,6 +6,7 @@ runs differing only in seed share an arm). The evaluation settings are read from
 and stated under every table (settings differ between papers, so every table says T, top-p, n,
 max tokens and the verifier).
 """
+
 from __future__ import annotations
 
 import io
@@ -19,8 +20,7 @@ import pandas as pd
 from stare_lab.analysis.collect import select_settings
 
 AVG_COLUMN = "Avg."
-SETTING_LABELS = {"temperature": "T", "top_p": "top-p", "n": "n", "max_tokens": "max tokens",
-                  "verifier": "verifier"}
+SETTING_LABELS = {"temperature": "T", "top_p": "top-p", "n": "n", "max_tokens": "max tokens", "verifier": "verifier"}
 _AVG_METRIC = re.compile(r"^avg@(\d+)$")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
 
@@ -68,8 +68,7 @@ class Table:
         return rows
 
     def _seeds_text(self, rule: str) -> str:
-        counts = self.cells.loc[(self.cells["rule"] == rule) & (self.cells[self.column_name] != AVG_COLUMN),
-                                "n_seeds"]
+        counts = self.cells.loc[(self.cells["rule"] == rule) & (self.cells[self.column_name] != AVG_COLUMN), "n_seeds"]
         counts = sorted({int(c) for c in counts if c > 0})
         if not counts:
             return "0"
@@ -79,8 +78,8 @@ class Table:
         """GitHub markdown table; best cells in bold; the notes follow as paragraphs."""
         header = ["rule", "seeds"] + [self._label(c) for c in self.columns]
         lines = ["| " + " | ".join(header) + " |", "|:--|--:|" + "--:|" * len(self.columns)]
-        for rule, (texts, bests) in zip(self.rules, self._text_rows(latex=False)):
-            shown = [f"**{t}**" if b else t for t, b in zip(texts, bests)]
+        for rule, (texts, bests) in zip(self.rules, self._text_rows(latex=False), strict=True):
+            shown = [f"**{t}**" if b else t for t, b in zip(texts, bests, strict=True)]
             lines.append("| " + " | ".join([rule, self._seeds_text(rule)] + shown) + " |")
         return "\n".join(lines) + "\n\n" + "\n\n".join(self.notes) + "\n"
 
@@ -88,10 +87,17 @@ class Table:
         """A booktabs `table` float (needs \\usepackage{booktabs}); best cells in \\textbf."""
         ncol = 2 + len(self.columns)
         header = ["Rule", "Seeds"] + [latex_escape(self._label(c)) for c in self.columns]
-        out = [r"\begin{table}[t]", r"\centering", r"\small", r"\begin{tabular}{l" + "r" * (ncol - 1) + "}",
-               r"\toprule", " & ".join(header) + r" \\", r"\midrule"]
-        for rule, (texts, bests) in zip(self.rules, self._text_rows(latex=True)):
-            shown = [rf"\textbf{{{t}}}" if b else t for t, b in zip(texts, bests)]
+        out = [
+            r"\begin{table}[t]",
+            r"\centering",
+            r"\small",
+            r"\begin{tabular}{l" + "r" * (ncol - 1) + "}",
+            r"\toprule",
+            " & ".join(header) + r" \\",
+            r"\midrule",
+        ]
+        for rule, (texts, bests) in zip(self.rules, self._text_rows(latex=True), strict=True):
+            shown = [rf"\textbf{{{t}}}" if b else t for t, b in zip(texts, bests, strict=True)]
             first = latex_escape(rule)
             first = "{}" + first if first.startswith("[") else first  # `\\[` would read as a length
             out.append(" & ".join([first, self._seeds_text(rule)] + shown) + r" \\")
@@ -132,7 +138,7 @@ def _signed(x: float) -> str:
 
 
 def _cell_text(row, is_baseline: bool, latex: bool) -> str:
-    """"54.4 ± 1.2 (+2.1)"; "--" where there is no value."""
+    """ "54.4 ± 1.2 (+2.1)"; "--" where there is no value."""
     if row is None or not np.isfinite(row["mean"]):
         return "--" if latex else "–"
     text = _pct(row["mean"])
@@ -143,9 +149,23 @@ def _cell_text(row, is_baseline: bool, latex: bool) -> str:
     return text
 
 
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                  "±": r"$\pm$", "Δ": r"$\Delta$", "–": "--", "≠": r"$\neq$", "…": r"\ldots{}"}
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "Δ": r"$\Delta$",
+    "–": "--",
+    "≠": r"$\neq$",
+    "…": r"\ldots{}",
+}
 
 
 def latex_escape(text: str) -> str:
@@ -178,16 +198,24 @@ def _choose_metric(final: pd.DataFrame, benchmark: str, metric: str | None, note
     return str(counts.idxmax())
 
 
-def _aggregate(values: pd.DataFrame, rules: list[str], columns: list, column_name: str,
-               baseline: str | None) -> pd.DataFrame:
+def _aggregate(
+    values: pd.DataFrame, rules: list[str], columns: list, column_name: str, baseline: str | None
+) -> pd.DataFrame:
     """values: rows (arm, column, run, value) → tidy cells with mean/std/n_seeds/delta/best."""
     rows = []
     for rule in rules:
         for col in columns:
             v = values.loc[(values["arm"] == rule) & (values["column"] == col), "value"].to_numpy(float)
             n = len(v)
-            rows.append({"rule": rule, column_name: col, "mean": v.mean() if n else math.nan,
-                         "std": v.std(ddof=1) if n > 1 else math.nan, "n_seeds": n})
+            rows.append(
+                {
+                    "rule": rule,
+                    column_name: col,
+                    "mean": v.mean() if n else math.nan,
+                    "std": v.std(ddof=1) if n > 1 else math.nan,
+                    "n_seeds": n,
+                }
+            )
     cells = pd.DataFrame(rows, columns=["rule", column_name, "mean", "std", "n_seeds"])
     return _add_delta_best(cells, column_name, baseline)
 
@@ -210,8 +238,15 @@ def _with_average(cells: pd.DataFrame, rules: list[str], columns: list, baseline
         part = cells[cells["rule"] == rule]
         means = part["mean"].to_numpy(float)
         complete = len(means) == len(columns) and np.isfinite(means).all()
-        rows.append({"rule": rule, "benchmark": AVG_COLUMN, "mean": means.mean() if complete else math.nan,
-                     "std": math.nan, "n_seeds": int(part["n_seeds"].min()) if len(part) else 0})
+        rows.append(
+            {
+                "rule": rule,
+                "benchmark": AVG_COLUMN,
+                "mean": means.mean() if complete else math.nan,
+                "std": math.nan,
+                "n_seeds": int(part["n_seeds"].min()) if len(part) else 0,
+            }
+        )
     avg = _add_delta_best(pd.DataFrame(rows), "benchmark", baseline)
     return pd.concat([cells, avg], ignore_index=True)
 
@@ -232,7 +267,7 @@ def _fmt_setting(value) -> str:
 
 
 def settings_notes(final: pd.DataFrame, benchmarks: list[str]) -> list[str]:
-    """"Evaluation: T=1.0, top-p=0.7, n=32; max tokens: aime24 4096, arithmetic 256; ..." plus one
+    """ "Evaluation: T=1.0, top-p=0.7, n=32; max tokens: aime24 4096, arithmetic 256; ..." plus one
     "settings disagree" line per (benchmark, setting) on which runs differ."""
     rows = final[final["benchmark"].isin(benchmarks)].drop_duplicates(["run", "benchmark"])
     common, per_bench, disagree = [], [], []
@@ -257,7 +292,7 @@ def settings_notes(final: pd.DataFrame, benchmarks: list[str]) -> list[str]:
 
 
 def missing_notes(final: pd.DataFrame, benchmarks: list[str], expected: pd.DataFrame | None) -> list[str]:
-    """"missing: ..." naming rules with no results, runs with no results and run × benchmark gaps."""
+    """ "missing: ..." naming rules with no results, runs with no results and run × benchmark gaps."""
     have = final[final["benchmark"].isin(benchmarks)].groupby("run")["benchmark"].agg(set).to_dict()
     if expected is not None and len(expected):
         key = "arm" if "arm" in expected.columns else "rule"
@@ -290,9 +325,15 @@ def _describe(group: pd.DataFrame, run: str) -> str:
 # Public API
 
 
-def results_table(df: pd.DataFrame, metric: str | None = None, baseline: str | None = "full",
-                  benchmarks: list[str] | None = None, expected: pd.DataFrame | None = None,
-                  where: dict | None = None, mix_settings: bool = False) -> Table:
+def results_table(
+    df: pd.DataFrame,
+    metric: str | None = None,
+    baseline: str | None = "full",
+    benchmarks: list[str] | None = None,
+    expected: pd.DataFrame | None = None,
+    where: dict | None = None,
+    mix_settings: bool = False,
+) -> Table:
     """Rule × benchmark table of `metric` (default: each benchmark's avg@n) over final evaluations.
 
     df: `collect_runs` output. baseline: the arm Δ is taken against (None: no Δ).
@@ -307,10 +348,14 @@ def results_table(df: pd.DataFrame, metric: str | None = None, baseline: str | N
         benchmarks = sorted(final["benchmark"].unique()) if len(final) else []
     notes: list[str] = []
     metrics = {b: _choose_metric(final, b, metric, notes) for b in benchmarks}
-    values = pd.concat([
-        final[(final["benchmark"] == b) & (final["metric"] == m)].assign(column=b)
-        for b, m in metrics.items() if m is not None
-    ] or [pd.DataFrame(columns=["arm", "column", "run", "value"])])
+    values = pd.concat(
+        [
+            final[(final["benchmark"] == b) & (final["metric"] == m)].assign(column=b)
+            for b, m in metrics.items()
+            if m is not None
+        ]
+        or [pd.DataFrame(columns=["arm", "column", "run", "value"])]
+    )
     values = values.drop_duplicates(["run", "column"], keep="last")
     arms = list(values["arm"]) + (list(_expected_arms(expected)) if expected is not None else [])
     rules = _order_rules(arms, baseline)
@@ -329,15 +374,24 @@ def results_table(df: pd.DataFrame, metric: str | None = None, baseline: str | N
     head += "; best per column in bold" + (f"; {AVG_COLUMN} = mean over benchmarks." if len(benchmarks) > 1 else ".")
     notes = [head] + settings_notes(final, benchmarks) + settings_picked + notes + _duplicate_notes(values)
     notes += code_notes(values, expected)
-    notes += [f"{b}: no {metric or 'avg@n'} results." for b, m in metrics.items()
-              if m is None or not (values["column"] == b).any()]
+    notes += [
+        f"{b}: no {metric or 'avg@n'} results."
+        for b, m in metrics.items()
+        if m is None or not (values["column"] == b).any()
+    ]
     notes += missing_notes(final, benchmarks, expected)
     return Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes)
 
 
-def passk_table(df: pd.DataFrame, benchmark: str, baseline: str | None = "full",
-                ks: list[int] | None = None, expected: pd.DataFrame | None = None,
-                where: dict | None = None, mix_settings: bool = False) -> Table:
+def passk_table(
+    df: pd.DataFrame,
+    benchmark: str,
+    baseline: str | None = "full",
+    ks: list[int] | None = None,
+    expected: pd.DataFrame | None = None,
+    where: dict | None = None,
+    mix_settings: bool = False,
+) -> Table:
     """Rule × k table of pass@k on one benchmark (final evaluations; columns k = 1, 2, 4, ...)."""
     final, settings_picked = select_settings(_final(df)[lambda f: f["benchmark"] == benchmark], where, mix_settings)
     rows = final[(final["benchmark"] == benchmark) & final["metric"].str.match(_PASS_METRIC)]
@@ -347,12 +401,23 @@ def passk_table(df: pd.DataFrame, benchmark: str, baseline: str | None = "full",
     arms = list(values["arm"]) + (list(_expected_arms(expected)) if expected is not None else [])
     rules = _order_rules(arms, baseline)
     cells = _aggregate(values, rules, columns, "k", baseline)
-    notes = [f"Values: pass@k on {benchmark} in %, mean ± std over seeds (ddof=1)"
-             + (f"; (+x) = difference to {baseline} in points" if baseline in rules else "") + "; best per column in bold."]
+    notes = [
+        f"Values: pass@k on {benchmark} in %, mean ± std over seeds (ddof=1)"
+        + (f"; (+x) = difference to {baseline} in points" if baseline in rules else "")
+        + "; best per column in bold."
+    ]
     notes += settings_notes(final, [benchmark]) + settings_picked + missing_notes(final, [benchmark], expected)
     notes += code_notes(values, expected)
-    return Table(cells, rules, columns, f"pass@k on {benchmark}", baseline if baseline in rules else None,
-                 notes, column_name="k", column_labels={k: f"pass@{k}" for k in columns})
+    return Table(
+        cells,
+        rules,
+        columns,
+        f"pass@k on {benchmark}",
+        baseline if baseline in rules else None,
+        notes,
+        column_name="k",
+        column_labels={k: f"pass@{k}" for k in columns},
+    )
 
 
 def _expected_arms(expected: pd.DataFrame) -> pd.Series:
@@ -366,8 +431,11 @@ def _duplicate_notes(values: pd.DataFrame) -> list[str]:
         return []
     seeded = values.dropna(subset=["seed"]).drop_duplicates(["arm", "seed", "run"])
     dup = seeded.groupby(["arm", "seed"])["run"].agg(sorted)
-    return [f"Warning: {arm} has {len(r)} runs with seed {seed} ({', '.join(r)}), counted as separate samples."
-            for (arm, seed), r in dup.items() if len(r) > 1]
+    return [
+        f"Warning: {arm} has {len(r)} runs with seed {seed} ({', '.join(r)}), counted as separate samples."
+        for (arm, seed), r in dup.items()
+        if len(r) > 1
+    ]
 
 
 def code_notes(values: pd.DataFrame, expected: pd.DataFrame | None) -> list[str]:
@@ -378,5 +446,8 @@ def code_notes(values: pd.DataFrame, expected: pd.DataFrame | None) -> list[str]
     codes = shown["code"].fillna("unrecorded").value_counts().sort_index()
     if len(codes) < 2:
         return []
-    return ["Warning: runs come from different code versions: "
-            + ", ".join(f"{c} ({n} runs)" for c, n in codes.items()) + "."]
+    return [
+        "Warning: runs come from different code versions: "
+        + ", ".join(f"{c} ({n} runs)" for c, n in codes.items())
+        + "."
+    ]

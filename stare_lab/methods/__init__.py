@@ -7,6 +7,7 @@
 Each rule module registers itself when imported. The imports below are the whole list of rules,
 and their order is the registration order: `list_methods()`, the demo sweep and its tables follow it.
 """
+
 from stare_lab.methods.registry import (
     Rule,
     RuleOutput,
@@ -34,5 +35,13 @@ from stare_lab.methods import gmts
 from stare_lab.methods import opefo
 from stare_lab.methods import stapo
 
-__all__ = ["Rule", "RuleOutput", "RuleState", "TrainerValues", "get_method", "list_methods", "method_params",
-           "register"]
+__all__ = [
+    "Rule",
+    "RuleOutput",
+    "RuleState",
+    "TrainerValues",
+    "get_method",
+    "list_methods",
+    "method_params",
+    "register",
+]

@@ -21,6 +21,7 @@ Deviations and decisions:
 4. [ours] normalize="selected", like top_entropy, so anchor/explorer/top_entropy/random differ
    only in which tokens are kept.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,11 +34,11 @@ from stare_lab.stats import TokenStats
 
 @dataclass(frozen=True)
 class Params:
-    rho: float = 0.2                          # [ours] 20%, as the paper's random-20% control [secondary]
+    rho: float = 0.2  # [ours] 20%, as the paper's random-20% control [secondary]
     layers: int | tuple[int, ...] | None = None  # [ours] None = the middle layer
-    scope: str = "batch"                      # [ours] docs/pitfalls.md, Selection
-    ties: str = "topk"                        # [ours] exact ⌈ρ·n⌉, seeded tie-break
-    normalize: str = "selected"               # [ours] as top_entropy
+    scope: str = "batch"  # [ours] docs/pitfalls.md, Selection
+    ties: str = "topk"  # [ours] exact ⌈ρ·n⌉, seeded tie-break
+    normalize: str = "selected"  # [ours] as top_entropy
 
     def __post_init__(self) -> None:
         check_fraction("rho", self.rho)

@@ -19,6 +19,7 @@ Deviations and decisions:
 4. [ours] normalize="valid": soft weights rescale token losses; no token is dropped.
 5. [ours] λ = RuleState.progress = step / (total_steps - 1), so the last step is at λ = 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,10 +32,10 @@ from stare_lab.stats import TokenStats
 
 @dataclass(frozen=True)
 class Params:
-    kappa: float = 0.5                           # [ours] κ = 0.5 (weights in [0.5, 1.5])
+    kappa: float = 0.5  # [ours] κ = 0.5 (weights in [0.5, 1.5])
     layers: int | tuple[int, ...] | None = None  # [ours] None = the middle layer, as anchor
-    scope: str = "batch"                         # [ours] scope of the AE ranks
-    normalize: str = "valid"                     # [ours] soft weights, nothing dropped
+    scope: str = "batch"  # [ours] scope of the AE ranks
+    normalize: str = "valid"  # [ours] soft weights, nothing dropped
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.kappa <= 1.0:

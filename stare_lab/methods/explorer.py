@@ -11,6 +11,7 @@ Deviations and decisions:
 2. [ours] Everything else (ρ = 0.2, layers, scope, ties, normalize) as anchor.py, whose Params
    and selection helper this file reuses, so the two arms differ only in direction.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

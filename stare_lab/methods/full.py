@@ -3,6 +3,7 @@
 The loss is aggregated with TRL's own `loss_type` (normalize="loss_type"), so a `full` run
 reproduces plain `trl.GRPOTrainer` losses and gradients exactly (a test).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

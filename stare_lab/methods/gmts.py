@@ -44,6 +44,7 @@ Deviations and decisions:
    other three never go through GMTS's selection. Anyone comparing with the paper's numbers needs
    this: stare_lab selects in every group.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -61,16 +62,16 @@ SCORES = ("token", "sequence_mean")
 
 @dataclass(frozen=True)
 class Params:
-    rho: float = 0.2            # GMTS: keep the top 20% per group
+    rho: float = 0.2  # GMTS: keep the top 20% per group
     # None = the trainer's value (note 4)
-    eps_low: float | None = field(default=None, metadata={"trainer": "epsilon_low"})    # clip ε_low
+    eps_low: float | None = field(default=None, metadata={"trainer": "epsilon_low"})  # clip ε_low
     eps_high: float | None = field(default=None, metadata={"trainer": "epsilon_high"})  # clip ε_high
     beta: float | None = field(default=None, metadata={"trainer": "beta"})  # KL coefficient β (0: no KL term)
-    mode: str = "renorm"        # GMTS paper: "renorm"; official verl code: "zero_advantage"
-    scope: str = "group"        # GMTS: per group
+    mode: str = "renorm"  # GMTS paper: "renorm"; official verl code: "zero_advantage"
+    scope: str = "group"  # GMTS: per group
     ties: str = "topk"
-    count: str = "ceil"         # [ours] ⌈ρ·n⌉; official GRPO-Zero: "floor" (note 6)
-    score: str = "token"        # |H·ω|; official GRPO-Zero with loss_type grpo: "sequence_mean" (note 6)
+    count: str = "ceil"  # [ours] ⌈ρ·n⌉; official GRPO-Zero: "floor" (note 6)
+    score: str = "token"  # |H·ω|; official GRPO-Zero with loss_type grpo: "sequence_mean" (note 6)
     normalize: str | None = None  # None: the mode's normalisation (note 2)
 
     def __post_init__(self) -> None:
@@ -79,8 +80,10 @@ class Params:
             object.__setattr__(self, "normalize", MODES[self.mode])
         check_common(self)
         if self.normalize != MODES[self.mode]:
-            raise ValueError(f"normalize={self.normalize!r} contradicts mode={self.mode!r} "
-                             f"(which normalises by {MODES[self.mode]!r})")
+            raise ValueError(
+                f"normalize={self.normalize!r} contradicts mode={self.mode!r} "
+                f"(which normalises by {MODES[self.mode]!r})"
+            )
         check_fraction("rho", self.rho)
         check_choice("count", self.count, COUNTS)
         check_choice("score", self.score, SCORES)
@@ -100,7 +103,7 @@ def needs(p: Params, trainer=None) -> set[str]:
 
 
 def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
-    """δ [B, T] (|H·ω|, or its per-sequence-mean share, note 6) and the clipped-side indicator (I_clip = 0) [B, T] bool."""
+    """δ [B, T] (|H·ω|, or its per-sequence-mean share, note 6) and the clipped-side indicator [B, T] bool."""
     A = stats.token_advantages.float()
     ratio = torch.exp(stats.logp - stats.old_logp).float() if stats.old_logp is not None else torch.ones_like(A)
     clipped = ((A > 0) & (ratio > 1 + p.eps_high)) | ((A < 0) & (ratio < 1 - p.eps_low))
@@ -109,7 +112,7 @@ def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
         omega = omega + p.beta * torch.exp(stats.ref_logp - stats.logp).float() - p.beta
     delta = (stats.entropy.float() * omega).abs()
     if p.score == "sequence_mean":
-        length = stats.mask.sum(-1, keepdim=True)                                   # [B, 1] |o_i|
+        length = stats.mask.sum(-1, keepdim=True)  # [B, 1] |o_i|
         rows = (stats.group[:, None] == stats.group[None, :]).sum(-1, keepdim=True)  # [B, 1] G of the group
         delta = delta / (rows * length.clamp(min=1)).to(delta.dtype)
     return torch.where(stats.valid, delta, torch.zeros_like(delta)), clipped & stats.valid
@@ -119,8 +122,16 @@ def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
 def gmts(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("entropy", *(["ref_logp"] if p.beta > 0 else []), rule="gmts")
     delta, clipped = gradient_score(stats, p)
-    keep = select_top(delta, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties,
-                      generator=state.generator("gmts"), count=p.count)
+    keep = select_top(
+        delta,
+        stats.valid,
+        stats.group,
+        p.rho,
+        scope=p.scope,
+        ties=p.ties,
+        generator=state.generator("gmts"),
+        count=p.count,
+    )
     n_valid = float(stats.valid.sum())
     metrics = {"rule/clipped_frac": float(clipped.sum()) / n_valid if n_valid else 0.0}
     return RuleOutput(weights=keep.float() * stats.mask, normalize=p.normalize, metrics=metrics, selected=keep)

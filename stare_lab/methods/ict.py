@@ -18,6 +18,7 @@ Deviations and decisions:
 5. [ours] During warm-up `selected` is None (every valid token) and the normalisation stays
    "selected", which with all weights 1 is the same denominator as "valid".
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ from stare_lab.stats import TokenStats
 
 @dataclass(frozen=True)
 class Params:
-    rho: float = 0.1            # ICT [secondary]: keep the top 10% by JS
-    warmup_steps: int = 10      # [ours] dense steps before selection starts
-    scope: str = "batch"        # [ours]
+    rho: float = 0.1  # ICT [secondary]: keep the top 10% by JS
+    warmup_steps: int = 10  # [ours] dense steps before selection starts
+    scope: str = "batch"  # [ours]
     ties: str = "topk"
     normalize: str = "selected"
 
@@ -51,7 +52,9 @@ def ict(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     stats.require("js", rule="ict")
     if in_warmup(state, p):
         return RuleOutput(weights=stats.mask.clone().float(), normalize=p.normalize, metrics={"rule/warmup": 1.0})
-    keep = select_top(stats.js, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties,
-                      generator=state.generator("ict"))
-    return RuleOutput(weights=keep.float() * stats.mask, normalize=p.normalize, metrics={"rule/warmup": 0.0},
-                      selected=keep)
+    keep = select_top(
+        stats.js, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties, generator=state.generator("ict")
+    )
+    return RuleOutput(
+        weights=keep.float() * stats.mask, normalize=p.normalize, metrics={"rule/warmup": 0.0}, selected=keep
+    )

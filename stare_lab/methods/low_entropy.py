@@ -13,6 +13,7 @@ Deviations and decisions:
    keeps 80%: set rho=0.8 to reproduce that ablation.
 2. [ours] scope, ties and normalisation as top_entropy (shared code: `keep_fraction`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -16,6 +16,7 @@ per generation batch, which makes objective.aggregate's dapo denominator that mi
 Rule state (STARE's W, M, gate) advances once per micro-batch. `group` is the row index: TRL shuffles
 rows before splitting, so a micro-batch holds no whole groups.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,9 +33,11 @@ def check_microbatch_scope(rule, trainer_values) -> bool:
         return False
     extra = rule.needs_for(trainer_values) - MICROBATCH_STATISTICS
     if extra:
-        raise ValueError(f"rule {rule.name!r}: scope='microbatch' selects from the training forward, which gives "
-                         f"logp and entropy only, but the rule reads {', '.join(sorted(extra))} "
-                         f"(use scope batch, group or sequence)")
+        raise ValueError(
+            f"rule {rule.name!r}: scope='microbatch' selects from the training forward, which gives "
+            f"logp and entropy only, but the rule reads {', '.join(sorted(extra))} "
+            f"(use scope batch, group or sequence)"
+        )
     return True
 
 

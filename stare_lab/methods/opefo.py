@@ -24,6 +24,7 @@ Deviations and decisions:
 4. Metrics: rule/lambda (mean λ over scope units: the batch λ for scope "batch"), rule/flow_pos,
    rule/flow_neg and rule/net_flow_after = Σ ω·ΔH over the batch (≈ 0 up to rounding).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,9 +41,9 @@ FLOWS = ("simple", "full")
 
 @dataclass(frozen=True)
 class Params:
-    flow: str = "simple"        # OPEFO [secondary]: −A·π·(log π + H); "full" adds the Σ p² term
-    scope: str = "batch"        # [ours]
-    normalize: str = "valid"    # OPEFO: reweighting, no renormalisation
+    flow: str = "simple"  # OPEFO [secondary]: −A·π·(log π + H); "full" adds the Σ p² term
+    scope: str = "batch"  # [ours]
+    normalize: str = "valid"  # OPEFO: reweighting, no renormalisation
 
     def __post_init__(self) -> None:
         check_common(self)
@@ -77,7 +78,7 @@ def opefo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     f_pos, f_neg = scope_sum(dH.clamp(min=0), ids, n_units), scope_sum((-dH).clamp(min=0), ids, n_units)
     total = f_pos + f_neg
     lam = torch.where(total > 0, (f_neg - f_pos) / torch.where(total > 0, total, 1.0), 0.0).clamp(-1.0, 1.0)
-    w = 1.0 + torch.sign(dH) * lam[ids]                   # 1+λ where ΔH > 0, 1−λ where ΔH < 0, else 1
+    w = 1.0 + torch.sign(dH) * lam[ids]  # 1+λ where ΔH > 0, 1−λ where ΔH < 0, else 1
     weights = (w * stats.mask.double()).float()
     live = scope_sum(stats.mask.double(), ids, n_units) > 0
     metrics = {

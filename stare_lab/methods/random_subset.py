@@ -26,6 +26,7 @@ Deviations and decisions:
    matching cells. At scope "batch" random matches only the batch-wide positional histogram.
    `reference_params` is a dict, so a random Params is not hashable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,8 +36,14 @@ import torch
 from torch import Tensor
 
 from stare_lab.methods.registry import RuleOutput, RuleState, get_method, register
-from stare_lab.methods.select import (check_choice, check_common, check_fraction, scope_ids, select_top,
-                                      selection_metrics)
+from stare_lab.methods.select import (
+    check_choice,
+    check_common,
+    check_fraction,
+    scope_ids,
+    select_top,
+    selection_metrics,
+)
 from stare_lab.stats import TokenStats, positions
 
 MATCH = ("none", "position")
@@ -44,12 +51,12 @@ MATCH = ("none", "position")
 
 @dataclass(frozen=True)
 class Params:
-    rho: float = 0.2              # [paper] the random-20% control
-    scope: str = "batch"          # [ours] docs/pitfalls.md, Selection
-    ties: str = "topk"            # exact ⌈ρ·n⌉ (keys are continuous, so ties do not occur)
-    normalize: str = "selected"   # as the rules it controls for
-    match: str = "none"           # "position": copy the reference rule's positional histogram
-    reference: str = "anchor"     # [ours] the rule matched with match="position" (the paper's arm)
+    rho: float = 0.2  # [paper] the random-20% control
+    scope: str = "batch"  # [ours] docs/pitfalls.md, Selection
+    ties: str = "topk"  # exact ⌈ρ·n⌉ (keys are continuous, so ties do not occur)
+    normalize: str = "selected"  # as the rules it controls for
+    match: str = "none"  # "position": copy the reference rule's positional histogram
+    reference: str = "anchor"  # [ours] the rule matched with match="position" (the paper's arm)
     reference_params: dict[str, Any] = field(default_factory=dict)  # the reference rule's params
 
     def __post_init__(self) -> None:
@@ -77,13 +84,13 @@ def _attn_layers(p: Params):
 def match_positions(ref_selected: Tensor, valid: Tensor, unit: Tensor, generator: torch.Generator) -> Tensor:
     """[B, T] bool: in each (scope unit, position) cell, as many uniform valid tokens as `ref_selected` has."""
     B, T = valid.shape
-    cell = unit * T + positions(valid)                                  # [B, T] id of (unit, t)
-    key = torch.rand((B, T), generator=generator).to(valid.device)      # one draw for the whole batch
+    cell = unit * T + positions(valid)  # [B, T] id of (unit, t)
+    key = torch.rand((B, T), generator=generator).to(valid.device)  # one draw for the whole batch
     # unit < B, so every cell id is < B·T
     need = torch.bincount(cell[ref_selected & valid], minlength=B * T)  # [B·T] reference count per cell
-    c, k = cell[valid], key[valid]                                      # [N] valid tokens, row-major
+    c, k = cell[valid], key[valid]  # [N] valid tokens, row-major
     order = torch.argsort(k)
-    order = order[torch.argsort(c[order], stable=True)]                 # by cell, random within a cell
+    order = order[torch.argsort(c[order], stable=True)]  # by cell, random within a cell
     sorted_c = c[order]
     _, counts = torch.unique_consecutive(sorted_c, return_counts=True)
     start = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)

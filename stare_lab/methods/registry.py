@@ -10,12 +10,14 @@ A Params field may stand for a trainer value (GMTS's clip ε and β): declare it
 value", filled in from `RuleState.trainer` before the rule runs; an explicit value must agree
 with the trainer (`Rule.check_trainer`, called when the config is resolved and by the trainer).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,24 +33,32 @@ TIES = ("topk", "quantile")
 class TrainerValues:
     """The trainer values a rule may read (the values the trainer actually uses)."""
 
-    epsilon_low: float          # clip ε_low of the surrogate (TRL `epsilon`)
-    epsilon_high: float         # clip ε_high (TRL `epsilon_high`; TRL uses ε_low when it is None)
-    beta: float                 # KL coefficient (0: no KL term, TRL computes no ref_logp)
-    loss_type: str              # TRL loss type (dapo, grpo, bnpo, dr_grpo)
-    num_generations: int        # G, rollouts per prompt
+    epsilon_low: float  # clip ε_low of the surrogate (TRL `epsilon`)
+    epsilon_high: float  # clip ε_high (TRL `epsilon_high`; TRL uses ε_low when it is None)
+    beta: float  # KL coefficient (0: no KL term, TRL computes no ref_logp)
+    loss_type: str  # TRL loss type (dapo, grpo, bnpo, dr_grpo)
+    num_generations: int  # G, rollouts per prompt
 
     @classmethod
-    def from_config(cls, trainer_cfg: Any) -> "TrainerValues":
+    def from_config(cls, trainer_cfg: Any) -> TrainerValues:
         """From the `trainer` config block (a dataclass, DictConfig or dict with TRL's key names)."""
+
         def get(key: str):
-            return trainer_cfg[key] if isinstance(trainer_cfg, Mapping) or hasattr(trainer_cfg, "keys") \
+            return (
+                trainer_cfg[key]
+                if isinstance(trainer_cfg, Mapping) or hasattr(trainer_cfg, "keys")
                 else getattr(trainer_cfg, key)
+            )
 
         eps = float(get("epsilon"))
         eps_high = get("epsilon_high")
-        return cls(epsilon_low=eps, epsilon_high=eps if eps_high is None else float(eps_high),
-                   beta=float(get("beta")), loss_type=str(get("loss_type")),
-                   num_generations=int(get("num_generations")))
+        return cls(
+            epsilon_low=eps,
+            epsilon_high=eps if eps_high is None else float(eps_high),
+            beta=float(get("beta")),
+            loss_type=str(get("loss_type")),
+            num_generations=int(get("num_generations")),
+        )
 
 
 @dataclass
@@ -89,16 +99,18 @@ class RuleState:
         return {"step": self.step, "total_steps": self.total_steps, "seed": self.seed, "memory": dict(self.memory)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RuleState":
-        return cls(step=int(d["step"]), total_steps=int(d["total_steps"]), seed=int(d["seed"]), memory=dict(d["memory"]))
+    def from_dict(cls, d: dict[str, Any]) -> RuleState:
+        return cls(
+            step=int(d["step"]), total_steps=int(d["total_steps"]), seed=int(d["seed"]), memory=dict(d["memory"])
+        )
 
 
 @dataclass
 class RuleOutput:
-    weights: Tensor                    # [B, T] float, 0 where mask is 0
-    normalize: str                     # "valid" | "selected" | "loss_type"
+    weights: Tensor  # [B, T] float, 0 where mask is 0
+    normalize: str  # "valid" | "selected" | "loss_type"
     metrics: dict[str, float] = field(default_factory=dict)
-    selected: Tensor | None = None     # [B, T] bool: the rule's selected subset (for metrics); None = all valid
+    selected: Tensor | None = None  # [B, T] bool: the rule's selected subset (for metrics); None = all valid
 
 
 # A declaration is a constant or a function. `needs` functions get (params, trainer): the Params
@@ -134,8 +146,10 @@ def register(name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: La
     for f in dataclasses.fields(params_cls):
         key = f.metadata.get("trainer")
         if key is not None and key not in trainer_keys:
-            raise ValueError(f"rule {name!r}: parameter {f.name!r} names unknown trainer value {key!r}; "
-                             f"known: {', '.join(sorted(trainer_keys))}")
+            raise ValueError(
+                f"rule {name!r}: parameter {f.name!r} names unknown trainer value {key!r}; "
+                f"known: {', '.join(sorted(trainer_keys))}"
+            )
     if not callable(needs):
         needs = frozenset(needs)
         _check_needs(name, needs)
@@ -152,8 +166,7 @@ def register(name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: La
 def _check_needs(name: str, needs: frozenset[str]) -> None:
     unknown = needs - set(STATISTICS)
     if unknown:
-        raise ValueError(f"rule {name!r} declares unknown statistics {sorted(unknown)}; "
-                         f"known: {', '.join(STATISTICS)}")
+        raise ValueError(f"rule {name!r} declares unknown statistics {sorted(unknown)}; known: {', '.join(STATISTICS)}")
 
 
 def trainer_params(params_cls: type) -> dict[str, str]:
@@ -181,8 +194,10 @@ class Rule:
             if trainer is not None:
                 fill[name] = getattr(trainer, key)
             elif strict:
-                raise ValueError(f"rule {self.name!r}: {name} is unset (= the trainer's {key}) and no trainer "
-                                 f"values were given (RuleState.trainer is None)")
+                raise ValueError(
+                    f"rule {self.name!r}: {name} is unset (= the trainer's {key}) and no trainer "
+                    f"values were given (RuleState.trainer is None)"
+                )
         return dataclasses.replace(self.params, **fill) if fill else self.params
 
     def check_trainer(self, values: TrainerValues) -> None:
@@ -190,8 +205,10 @@ class Rule:
         for name, key in trainer_params(type(self.params)).items():
             mine, theirs = getattr(self.params, name), getattr(values, key)
             if mine is not None and mine != theirs:
-                raise ValueError(f"rule {self.name!r}: {name}={mine} but trainer.{key}={theirs} "
-                                 f"(leave it unset to use the trainer's)")
+                raise ValueError(
+                    f"rule {self.name!r}: {name}={mine} but trainer.{key}={theirs} "
+                    f"(leave it unset to use the trainer's)"
+                )
 
     def needs_for(self, trainer: TrainerValues | None = None) -> frozenset[str]:
         """The statistics this rule reads with these trainer values (None: trainer unknown)."""

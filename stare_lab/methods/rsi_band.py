@@ -20,6 +20,7 @@ Deviations and decisions:
 7. [ours] Adjacent bands of an RSI-bands sweep share their boundary value (both bounds are
    inclusive), a measure-zero set in practice. rule/kept_frac + low_frac + high_frac = 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,9 +37,9 @@ H_EPS = 1e-6  # [ours] guard H < 1e-6 → RSI = 0 (note 2)
 
 @dataclass(frozen=True)
 class Params:
-    low: float = 0.5              # [ours] bounds not published (note 3)
-    high: float = 2.0             # [ours]; float("inf") or "inf" = no upper bound
-    normalize: str = "selected"   # [paper] loss averaged over kept tokens
+    low: float = 0.5  # [ours] bounds not published (note 3)
+    high: float = 2.0  # [ours]; float("inf") or "inf" = no upper bound
+    normalize: str = "selected"  # [paper] loss averaged over kept tokens
 
     def __post_init__(self) -> None:
         for name in ("low", "high"):

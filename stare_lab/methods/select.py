@@ -5,6 +5,7 @@ Selection happens within a scope (`batch`, `group`, `sequence`) over valid token
 `ties="quantile"` keeps every token at or above the (1-ρ) quantile (TRL's behaviour, linear
 interpolation as `torch.quantile`), so ties at the threshold are all kept.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,9 +54,18 @@ def scope_ids(valid: Tensor, group: Tensor, scope: str) -> Tensor:
 COUNTS = ("ceil", "floor")
 
 
-def select_top(score: Tensor, valid: Tensor, group: Tensor, rho: float, *, scope: str = "batch",
-               ties: str = "topk", largest: bool = True, generator: torch.Generator | None = None,
-               count: str = "ceil") -> Tensor:
+def select_top(
+    score: Tensor,
+    valid: Tensor,
+    group: Tensor,
+    rho: float,
+    *,
+    scope: str = "batch",
+    ties: str = "topk",
+    largest: bool = True,
+    generator: torch.Generator | None = None,
+    count: str = "ceil",
+) -> Tensor:
     """[B, T] bool: the top (largest=True) or bottom fraction ρ of `score` among valid tokens, per scope unit.
 
     count (ties="topk" only): keep ⌈ρ·n⌉ ("ceil") or ⌊ρ·n⌋ ("floor") tokens of a unit of n.
@@ -98,7 +108,7 @@ def quantile(x: Tensor, q: float) -> Tensor:
 
 
 def rank_normalise(score: Tensor, valid: Tensor, group: Tensor, scope: str = "batch") -> Tensor:
-    """[B, T] u ∈ [0, 1]: rank of each valid token's score within its scope unit, (rank)/(n-1); ties share the mean rank."""
+    """[B, T] u ∈ [0, 1]: rank of each valid token's score in its scope unit, rank/(n-1); ties share the mean rank."""
     valid = valid.bool()
     ids = scope_ids(valid, group, scope)
     u = torch.zeros_like(score, dtype=torch.float32)

@@ -15,6 +15,7 @@ Deviations and decisions:
    sorting (`select.quantile`: `torch.quantile` refuses more than 2^24 tokens).
 4. Metric rule/masked_frac: the dropped fraction of valid tokens (tiny in practice).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,9 +28,9 @@ from stare_lab.stats import TokenStats
 
 @dataclass(frozen=True)
 class Params:
-    tau_p: float = 0.002            # STAPO [secondary]: probability threshold τ_p
-    tau_h_quantile: float = 0.2     # [ours]: the paper says both 0.8 and 0.2
-    normalize: str = "selected"     # STAPO [secondary]: renormalise over kept tokens
+    tau_p: float = 0.002  # STAPO [secondary]: probability threshold τ_p
+    tau_h_quantile: float = 0.2  # [ours]: the paper says both 0.8 and 0.2
+    normalize: str = "selected"  # STAPO [secondary]: renormalise over kept tokens
 
     def __post_init__(self) -> None:
         check_common(self)

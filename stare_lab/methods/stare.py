@@ -32,6 +32,7 @@ Deviations and decisions:
    on a non-finite entropy. The gate is kept in `state.memory["gate"]`; before any finite H̄ it is
    open (the official controller starts with `gate_on = True`).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,18 +49,18 @@ VARIANTS = ("O1", "C2")
 
 @dataclass(frozen=True)
 class Params:
-    variant: str = "O1"         # STARE §4: O1 (boost L+) is the default, C2 also damps L-
-    P: float = 0.1              # STARE §4: fraction of T+ (T-) by surprisal
-    W: float = 1.1              # STARE §4: weight on L+ (14B/32B: 1.05)
-    M: float = 0.9              # STARE §4: weight on L- (C2; 14B/32B: 0.95)
-    H_tgt: float = 0.3          # STARE §4.3: target entropy of the gate
-    adaptive: bool = False      # STARE §4.4: adaptive W/M schedule (off by default)
-    alpha: float = 0.01         # STARE §4.4: step of the adaptive schedule
-    W_max: float = 1.5          # STARE §4.4
-    M_min: float = 0.5          # STARE §4.4
-    scope: str = "batch"        # [ours] the official code selects per micro-batch
+    variant: str = "O1"  # STARE §4: O1 (boost L+) is the default, C2 also damps L-
+    P: float = 0.1  # STARE §4: fraction of T+ (T-) by surprisal
+    W: float = 1.1  # STARE §4: weight on L+ (14B/32B: 1.05)
+    M: float = 0.9  # STARE §4: weight on L- (C2; 14B/32B: 0.95)
+    H_tgt: float = 0.3  # STARE §4.3: target entropy of the gate
+    adaptive: bool = False  # STARE §4.4: adaptive W/M schedule (off by default)
+    alpha: float = 0.01  # STARE §4.4: step of the adaptive schedule
+    W_max: float = 1.5  # STARE §4.4
+    M_min: float = 0.5  # STARE §4.4
+    scope: str = "batch"  # [ours] the official code selects per micro-batch
     ties: str = "topk"
-    normalize: str = "valid"    # STARE: not renormalised
+    normalize: str = "valid"  # STARE: not renormalised
 
     def __post_init__(self) -> None:
         check_common(self)
@@ -78,8 +79,11 @@ class Params:
         if not 0.0 <= self.M_min <= 1.0:
             raise ValueError(f"M_min={self.M_min} is out of range (0 ≤ M_min ≤ 1)")
         if self.adaptive and not (self.W <= self.W_max and self.M >= self.M_min):
-            raise ValueError(f"adaptive needs W ≤ W_max and M ≥ M_min, got W={self.W}, W_max={self.W_max}, "
-                             f"M={self.M}, M_min={self.M_min}")
+            raise ValueError(
+                f"adaptive needs W ≤ W_max and M ≥ M_min, got W={self.W}, W_max={self.W_max}, "
+                f"M={self.M}, M_min={self.M_min}"
+            )
+
 
 def adapt(memory: dict, entropy_mean: float, p: Params) -> tuple[float, float]:
     """Current (W, M); with `adaptive`, first step them by ±alpha toward the target entropy (note 4)."""
@@ -116,8 +120,9 @@ def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     l_plus = select_top(stats.surprisal, valid & (A > 0), stats.group, p.P, scope=p.scope, ties=p.ties, generator=gen)
     l_minus = torch.zeros_like(l_plus)
     if p.variant == "C2":
-        l_minus = select_top(stats.surprisal, valid & (A < 0), stats.group, p.P, scope=p.scope, ties=p.ties,
-                             generator=gen)
+        l_minus = select_top(
+            stats.surprisal, valid & (A < 0), stats.group, p.P, scope=p.scope, ties=p.ties, generator=gen
+        )
 
     weights = stats.mask.clone().float()
     if gate:
@@ -125,8 +130,14 @@ def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
         weights[l_minus] = M
     weights = weights * stats.mask
     boosted = float(l_plus.sum()) / n_valid if (n_valid and gate) else 0.0
-    metrics = {"rule/gate": float(gate), "rule/entropy_mean": entropy_mean, "rule/W": W, "rule/M": M,
-               "rule/boosted_frac": boosted}
+    metrics = {
+        "rule/gate": float(gate),
+        "rule/entropy_mean": entropy_mean,
+        "rule/W": W,
+        "rule/M": M,
+        "rule/boosted_frac": boosted,
+    }
     # closed gate: every valid token is trained with weight 1, so all of them are "selected" (None)
-    return RuleOutput(weights=weights, normalize=p.normalize, metrics=metrics,
-                      selected=(l_plus | l_minus) if gate else None)
+    return RuleOutput(
+        weights=weights, normalize=p.normalize, metrics=metrics, selected=(l_plus | l_minus) if gate else None
+    )

@@ -16,6 +16,7 @@ Deviations and decisions:
    ties="quantile" keeps every token with H ≥ torch.quantile(H, 1-ρ) (TRL's behaviour).
 4. [paper] normalize="selected": the paper averages the loss over the kept tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,18 +30,19 @@ from stare_lab.stats import TokenStats
 
 @dataclass(frozen=True)
 class Params:
-    rho: float = 0.2              # 80/20 §4: the top 20% of tokens by entropy
-    scope: str = "batch"          # [ours]; the official code: per micro-batch
-    ties: str = "topk"            # [ours] exact ⌈ρ·n⌉; "quantile" = TRL's top_entropy_quantile
-    normalize: str = "selected"   # 80/20: loss averaged over the selected tokens
+    rho: float = 0.2  # 80/20 §4: the top 20% of tokens by entropy
+    scope: str = "batch"  # [ours]; the official code: per micro-batch
+    ties: str = "topk"  # [ours] exact ⌈ρ·n⌉; "quantile" = TRL's top_entropy_quantile
+    normalize: str = "selected"  # 80/20: loss averaged over the selected tokens
 
     def __post_init__(self) -> None:
         check_fraction("rho", self.rho)
         check_common(self)
 
 
-def keep_fraction(score: Tensor, score_name: str, stats: TokenStats, state: RuleState, p, *,
-                  largest: bool, salt: str) -> RuleOutput:
+def keep_fraction(
+    score: Tensor, score_name: str, stats: TokenStats, state: RuleState, p, *, largest: bool, salt: str
+) -> RuleOutput:
     """Weight 1 on the top (largest) or bottom fraction p.rho of `score` per scope unit, 0 elsewhere.
 
     Shared by top_entropy, low_entropy, anchor and explorer so the four differ only in their score
@@ -48,8 +50,9 @@ def keep_fraction(score: Tensor, score_name: str, stats: TokenStats, state: Rule
     break ties independently, one rule on one batch always identically.
     """
     valid = stats.valid
-    sel = select_top(score, valid, stats.group, p.rho, scope=p.scope, ties=p.ties,
-                     largest=largest, generator=state.generator(salt))
+    sel = select_top(
+        score, valid, stats.group, p.rho, scope=p.scope, ties=p.ties, largest=largest, generator=state.generator(salt)
+    )
     metrics = selection_metrics("rule/", sel, valid)
     n_valid, n_sel = int(valid.sum()), int(sel.sum())
     # Mean score of all valid vs kept tokens: lets a control arm show how far the subsets differ.

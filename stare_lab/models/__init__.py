@@ -18,8 +18,13 @@ def _looks_local(name: str) -> bool:
     return name.startswith(("/", ".", "~"))
 
 
-def load_model_and_tokenizer(name_or_path: str = "builtin", *, dtype: str = "float32",
-                             lora: dict | None = None, attn_implementation: str | None = None):
+def load_model_and_tokenizer(
+    name_or_path: str = "builtin",
+    *,
+    dtype: str = "float32",
+    lora: dict | None = None,
+    attn_implementation: str | None = None,
+):
     """Return ``(model, tokenizer)``; the tokenizer pads on the left, with EOS as pad if it has none.
 
     ``"builtin"`` is the model shipped in ``stare_lab/models/builtin``. A name starting with
@@ -70,7 +75,9 @@ def _wrap_lora(model, lora: dict):
     if unknown:
         raise ValueError(f"unknown LoRA keys {sorted(unknown)}; known: r, alpha, dropout, target_modules")
     config = LoraConfig(
-        r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
+        r=lora.get("r", 8),
+        lora_alpha=lora.get("alpha", 16),
+        lora_dropout=lora.get("dropout", 0.0),
         target_modules=lora.get("target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"]),
         task_type="CAUSAL_LM",
     )

@@ -40,23 +40,26 @@ def encode_examples(tokenizer, prompts: list[str], solutions: list[str]) -> tupl
         c = tokenizer(sol)["input_ids"] + [tokenizer.eos_token_id]
         ids.append(torch.tensor(p + c))
         labels.append(torch.tensor([-100] * len(p) + c))
-    return (pad_sequence(ids, batch_first=True, padding_value=tokenizer.pad_token_id),
-            pad_sequence(labels, batch_first=True, padding_value=-100))
+    return (
+        pad_sequence(ids, batch_first=True, padding_value=tokenizer.pad_token_id),
+        pad_sequence(labels, batch_first=True, padding_value=-100),
+    )
 
 
 @torch.no_grad()
-def heldout_accuracy(model, tokenizer, task: ArithmeticTask, problems, *, sample: bool,
-                     seed: int = 0, batch_size: int = 256) -> float:
+def heldout_accuracy(
+    model, tokenizer, task: ArithmeticTask, problems, *, sample: bool, seed: int = 0, batch_size: int = 256
+) -> float:
     """Fraction of ``problems`` answered correctly; sampling is plain T=1 (no top-k, no top-p)."""
     model.eval()
     torch.manual_seed(seed)
     correct = 0
     for start in range(0, len(problems), batch_size):
-        rows = problems[start:start + batch_size]
+        rows = problems[start : start + batch_size]
         enc = tokenizer(rows["prompt"], return_tensors="pt", padding=True, padding_side="left")
         kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0) if sample else dict(do_sample=False)
         out = model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, **kwargs)
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         correct += sum(task.verify(t, a) for t, a in zip(texts, rows["answer"], strict=True))
     model.train()
     return correct / len(problems)
@@ -95,8 +98,11 @@ def train(args: argparse.Namespace) -> dict:
         acc_greedy = heldout_accuracy(model, tokenizer, task, heldout, sample=False)
         elapsed = time.perf_counter() - t0
         history.append(dict(step=step, loss=loss.item(), acc_t1=acc_t1, acc_greedy=acc_greedy, seconds=elapsed))
-        print(f"step {step:5d}  loss {loss.item():.4f}  held-out acc T=1 {acc_t1:.3f}  greedy {acc_greedy:.3f}  "
-              f"{elapsed:.0f}s", flush=True)
+        print(
+            f"step {step:5d}  loss {loss.item():.4f}  held-out acc T=1 {acc_t1:.3f}  greedy {acc_greedy:.3f}  "
+            f"{elapsed:.0f}s",
+            flush=True,
+        )
         distance = abs(acc_t1 - (lo + hi) / 2)
         if best is None or distance < best[0]:
             best = (distance, history[-1], {k: v.clone() for k, v in model.state_dict().items()})
@@ -109,11 +115,18 @@ def train(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    record = dict(chosen=best[1], total_seconds=time.perf_counter() - t0, args=vars(args), history=history,
-                  n_params=sum(p.numel() for p in model.parameters()))
+    record = dict(
+        chosen=best[1],
+        total_seconds=time.perf_counter() - t0,
+        args=vars(args),
+        history=history,
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
     (out / "train_log.json").write_text(json.dumps(record, indent=1))
-    print(f"saved step {best[1]['step']} to {out}: held-out acc T=1 {best[1]['acc_t1']:.3f}, "
-          f"greedy {best[1]['acc_greedy']:.3f}, trained {best[1]['seconds']:.0f}s")
+    print(
+        f"saved step {best[1]['step']} to {out}: held-out acc T=1 {best[1]['acc_t1']:.3f}, "
+        f"greedy {best[1]['acc_greedy']:.3f}, trained {best[1]['seconds']:.0f}s"
+    )
     return record
 
 

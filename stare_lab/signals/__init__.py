@@ -4,6 +4,7 @@ All are detached, computed in chunks (never [B, T, V] or [heads, T, T] in float3
 aligned with logits: the value at input position t describes the distribution that generates
 token t+1. See docs/pitfalls_signals.md.
 """
+
 from .attention import attention_entropy, forward_with_stats, resolve_layers
 from .js import js_to_group_mean
 from .statistics import token_statistics

@@ -12,6 +12,7 @@ the chosen layers, reduces the attention rows to entropies `chunk_queries` queri
 (memory O(B·heads·chunk·T), never heads·T² for the whole sequence). The model is switched to it
 for one no-grad forward and switched back afterwards. Alignment and masks: docs/pitfalls_signals.md.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -34,11 +35,11 @@ class _Recorder:
     layers: frozenset[int]
     chunk_queries: int
     first_position: int
-    stop_after_last: bool            # raise _StopForward once every chosen layer was seen
-    last_query_only: bool = False    # generation: only each call's newest query row (signals/generation.py)
-    total: Tensor | None = None      # [B, T] float32: sum of AE over the layers seen
+    stop_after_last: bool  # raise _StopForward once every chosen layer was seen
+    last_query_only: bool = False  # generation: only each call's newest query row (signals/generation.py)
+    total: Tensor | None = None  # [B, T] float32: sum of AE over the layers seen
     seen: set[int] = field(default_factory=set)
-    rows: list[Tensor] = field(default_factory=list)   # last_query_only: each chosen layer's [B, Hq, Tk] scores
+    rows: list[Tensor] = field(default_factory=list)  # last_query_only: each chosen layer's [B, Hq, Tk] scores
 
 
 class _StopForward(Exception):
@@ -60,9 +61,9 @@ def _allowed_keys(mask: Tensor | None, s: int, e: int, Tk: int, offset: int, dev
 
 
 def chunked_attention_entropy(
-    query: Tensor,                  # [B, Hq, Tq, D]
-    key: Tensor,                    # [B, Hkv, Tk, D]
-    mask: Tensor | None,            # [B, 1, Tq, Tk] bool (True = attend) or additive float, or None = causal
+    query: Tensor,  # [B, Hq, Tq, D]
+    key: Tensor,  # [B, Hkv, Tk, D]
+    mask: Tensor | None,  # [B, 1, Tq, Tk] bool (True = attend) or additive float, or None = causal
     scaling: float,
     *,
     chunk_queries: int = 128,
@@ -72,9 +73,9 @@ def chunked_attention_entropy(
     """[B, Tq] float32 normalised entropy of the head-averaged attention row of each query."""
     B, Hq, Tq, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
-    groups = Hq // Hkv              # query head h reads kv head h // groups (transformers' repeat_kv)
-    offset = Tk - Tq                # query i sits at key position i + offset (0 without a cache)
-    k_t = key.float().transpose(-1, -2)                 # [B, Hkv, D, Tk]
+    groups = Hq // Hkv  # query head h reads kv head h // groups (transformers' repeat_kv)
+    offset = Tk - Tq  # query i sits at key position i + offset (0 without a cache)
+    k_t = key.float().transpose(-1, -2)  # [B, Hkv, D, Tk]
     out = torch.zeros(B, Tq, dtype=torch.float32, device=query.device)
     for s in range(max(first_position, 0), Tq, chunk_queries):
         e = min(s + chunk_queries, Tq)
@@ -85,17 +86,17 @@ def chunked_attention_entropy(
             scores = torch.tanh(scores / softcap).mul_(softcap)
         if mask is not None and mask.dtype != torch.bool:
             scores = scores + mask[:, :, s:e, :Tk].float()
-        allowed = _allowed_keys(mask, s, e, Tk, offset, query.device)       # [B|1, c, Tk]
+        allowed = _allowed_keys(mask, s, e, Tk, offset, query.device)  # [B|1, c, Tk]
         scores.masked_fill_(~allowed[:, None], float("-inf"))
-        out[:, s:e] = score_rows_entropy(scores.transpose(1, 2))           # [B, c, Hq, Tk] -> [B, c]
+        out[:, s:e] = score_rows_entropy(scores.transpose(1, 2))  # [B, c, Hq, Tk] -> [B, c]
     return out
 
 
 @torch.no_grad()
 def last_query_scores(
-    query: Tensor,                  # [B, Hq, Tq, D]: only the last query row is read
-    key: Tensor,                    # [B, Hkv, Tk, D]
-    mask: Tensor | None,            # as chunked_attention_entropy
+    query: Tensor,  # [B, Hq, Tq, D]: only the last query row is read
+    key: Tensor,  # [B, Hkv, Tk, D]
+    mask: Tensor | None,  # as chunked_attention_entropy
     scaling: float,
     *,
     softcap: float | None = None,
@@ -104,12 +105,12 @@ def last_query_scores(
     Generation keeps these per decoding step and reduces many steps at once (`score_rows_entropy`)."""
     B, Hq, _, D = query.shape
     Hkv, Tk = key.shape[1], key.shape[2]
-    q = query[:, :, -1].float().view(B, Hkv, Hq // Hkv, D)             # query heads of a kv head as rows
+    q = query[:, :, -1].float().view(B, Hkv, Hq // Hkv, D)  # query heads of a kv head as rows
     scores = torch.matmul(q, key.float().transpose(-1, -2)).view(B, Hq, Tk).mul_(scaling)
     if softcap is not None:
         scores = torch.tanh(scores / softcap).mul_(softcap)
-    if mask is not None:               # None: sdpa's causal skip, the newest query attends to every cached key
-        row = mask[:, 0, -1, :Tk]                                          # [B|1, Tk]
+    if mask is not None:  # None: sdpa's causal skip, the newest query attends to every cached key
+        row = mask[:, 0, -1, :Tk]  # [B|1, Tk]
         if row.dtype != torch.bool:
             scores = scores + row[:, None].float()
             row = row > torch.finfo(row.dtype).min / 2
@@ -120,8 +121,8 @@ def last_query_scores(
 @torch.no_grad()
 def score_rows_entropy(scores: Tensor) -> Tensor:
     """[..., Hq, Tk] scores (-inf = not attended) -> [...] float32 normalised entropy of the head-averaged row."""
-    n = torch.isfinite(scores[..., 0, :]).sum(-1)                          # attended keys (heads share the mask)
-    mean_row = scores.softmax(-1).mean(-2)                                 # ā
+    n = torch.isfinite(scores[..., 0, :]).sum(-1)  # attended keys (heads share the mask)
+    mean_row = scores.softmax(-1).mean(-2)  # ā
     entropy = -torch.special.xlogy(mean_row, mean_row).sum(-1)
     return torch.where(n > 1, entropy / n.clamp(min=2).float().log(), torch.zeros_like(entropy))
 
@@ -131,21 +132,28 @@ def _ae_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     layer = getattr(module, "layer_idx", None)
     if rec is not None and layer in rec.layers and layer not in rec.seen:
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-        if rec.last_query_only:        # generation: the newest query's scores, reduced later (generation.py)
-            rec.rows.append(last_query_scores(query.detach(), key.detach(), attention_mask, scale,
-                                              softcap=kwargs.get("softcap")))
+        if rec.last_query_only:  # generation: the newest query's scores, reduced later (generation.py)
+            rec.rows.append(
+                last_query_scores(query.detach(), key.detach(), attention_mask, scale, softcap=kwargs.get("softcap"))
+            )
             rec.seen.add(layer)
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                          scaling=scaling, **kwargs)
-        ae = chunked_attention_entropy(query.detach(), key.detach(), attention_mask, scale,
-                                       chunk_queries=rec.chunk_queries, first_position=rec.first_position,
-                                       softcap=kwargs.get("softcap"))
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
+        ae = chunked_attention_entropy(
+            query.detach(),
+            key.detach(),
+            attention_mask,
+            scale,
+            chunk_queries=rec.chunk_queries,
+            first_position=rec.first_position,
+            softcap=kwargs.get("softcap"),
+        )
         rec.total = ae if rec.total is None else rec.total + ae
         rec.seen.add(layer)
         if rec.stop_after_last and rec.seen == rec.layers:
             raise _StopForward
-    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                  **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def _register() -> None:
@@ -166,14 +174,14 @@ def unwrap_model(model):
 
 
 def resolve_layers(model, layers: int | Iterable[int] | None) -> tuple[int, ...]:
-    """Layer indices; None = num_hidden_layers // 2 (the middle layer, [ours]: methods/anchor.py); negatives count back."""
+    """Layer indices; None = num_hidden_layers // 2 (the middle layer, [ours]: methods/anchor.py); <0: from the end."""
     n = unwrap_model(model).config.get_text_config().num_hidden_layers
     if layers is None:
         layers = (n // 2,)
     elif isinstance(layers, int):
         layers = (layers,)
-    out = tuple(sorted({l + n if l < 0 else l for l in layers}))
-    bad = [l for l in out if not 0 <= l < n]
+    out = tuple(sorted({layer + n if layer < 0 else layer for layer in layers}))
+    bad = [layer for layer in out if not 0 <= layer < n]
     if not out or bad:
         raise ValueError(f"attention entropy layers {list(layers)} out of range for a model with {n} layers")
     return out
@@ -215,8 +223,10 @@ def _run(model, input_ids, attention_mask, layers, chunk_queries, first_position
     finally:
         _RECORDER.reset(token)
     if rec.seen != rec.layers:
-        raise RuntimeError(f"attention layers {sorted(rec.layers - rec.seen)} never called the registered "
-                           f"attention function: {type(base).__name__} may not use transformers' AttentionInterface")
+        raise RuntimeError(
+            f"attention layers {sorted(rec.layers - rec.seen)} never called the registered "
+            f"attention function: {type(base).__name__} may not use transformers' AttentionInterface"
+        )
     ae = rec.total / len(layers)
     if attention_mask is not None:  # where, not a product: hidden states of padding queries may be NaN
         ae = torch.where(attention_mask.bool(), ae, torch.zeros_like(ae))
@@ -225,8 +235,8 @@ def _run(model, input_ids, attention_mask, layers, chunk_queries, first_position
 
 def attention_entropy(
     model,
-    input_ids: Tensor,              # [B, T]
-    attention_mask: Tensor,         # [B, T] 1 = token, 0 = padding (left or right)
+    input_ids: Tensor,  # [B, T]
+    attention_mask: Tensor,  # [B, T] 1 = token, 0 = padding (left or right)
     layers: int | Iterable[int] | None = (6,),
     chunk_queries: int = 128,
     *,
@@ -245,8 +255,8 @@ def attention_entropy(
 
 def forward_with_stats(
     model,
-    input_ids: Tensor,              # [B, T]
-    attention_mask: Tensor,         # [B, T]
+    input_ids: Tensor,  # [B, T]
+    attention_mask: Tensor,  # [B, T]
     ae_layers: int | Iterable[int] | None = None,
     *,
     chunk_queries: int = 128,

@@ -28,11 +28,12 @@ cached step-by-step forward and the full forward add in other orders (tests/test
 completions TRL returns (several generate calls, a rollout_func, tool turns, paged generation):
 the caller then falls back to the statistics pass.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -53,36 +54,37 @@ GENERATION_STATISTICS = frozenset({"logp", "entropy", "p2", "p2logp", "attn_entr
 # FLUSH_ELEMENTS values (a few float32 buffers of that size are alive while reducing): a 152k
 # vocabulary with 64 rows flushes every 6 steps, with 512 rows every step.
 FLUSH_STEPS = 16
-FLUSH_ELEMENTS = 2 ** 26
+FLUSH_ELEMENTS = 2**26
 
 
 @dataclass
 class GenerationRecord:
-    want: tuple[str, ...]                                    # vocab statistics to keep per step
+    want: tuple[str, ...]  # vocab statistics to keep per step
     temperature: float
     cap: float | None
     scale: float | None
     ae: _Recorder | None = None
-    js_group: int | None = None                              # G: record JS over groups of G rows
-    eos_ids: tuple[int, ...] = ()                            # tokens that end a row (TRL's eos_token_ids)
+    js_group: int | None = None  # G: record JS over groups of G rows
+    eos_ids: tuple[int, ...] = ()  # tokens that end a row (TRL's eos_token_ids)
     flush_steps: int = FLUSH_STEPS
     chunks: dict[str, list[Tensor]] = field(default_factory=dict)  # name -> [B, m] pieces in step order
-    tokens: list[Tensor] = field(default_factory=list)             # sampled token of steps 0..n-2, [B]
-    pending: list[Tensor] = field(default_factory=list)            # newest logits [B, V] of unreduced steps
+    tokens: list[Tensor] = field(default_factory=list)  # sampled token of steps 0..n-2, [B]
+    pending: list[Tensor] = field(default_factory=list)  # newest logits [B, V] of unreduced steps
     pending_rows: list[list[Tensor]] = field(default_factory=list)  # AE: per step, each layer's [B, Hq, Tk]
-    pending_live: list[Tensor] = field(default_factory=list)       # JS: per step, [B] live rows
-    prev_logp: Tensor | None = None                                # [B, V] log p of a reduced step whose token
-    reduced: int = 0                                               # is not known yet; steps reduced so far
-    calls: int = 0                                                 # prefill steps seen (generate calls)
-    live: Tensor | None = None                                     # [B] bool: no end token sampled yet
-    live_chunks: list[Tensor] = field(default_factory=list)        # JS: [B, m] live rows of the reduced steps
+    pending_live: list[Tensor] = field(default_factory=list)  # JS: per step, [B] live rows
+    prev_logp: Tensor | None = None  # [B, V] log p of a reduced step whose token
+    reduced: int = 0  # is not known yet; steps reduced so far
+    calls: int = 0  # prefill steps seen (generate calls)
+    live: Tensor | None = None  # [B] bool: no end token sampled yet
+    live_chunks: list[Tensor] = field(default_factory=list)  # JS: [B, m] live rows of the reduced steps
 
     def on_logits(self, logits: Tensor) -> None:
-        z = logits[:, -1]                                            # [B, V] the newest position
+        z = logits[:, -1]  # [B, V] the newest position
         self.pending.append(z.clone() if logits.size(1) > 1 else z)  # a prefill's [B, P, V] is not kept alive
         if self.js_group:
-            self.pending_live.append(self.live if self.live is not None
-                                     else torch.ones(z.size(0), dtype=torch.bool, device=z.device))
+            self.pending_live.append(
+                self.live if self.live is not None else torch.ones(z.size(0), dtype=torch.bool, device=z.device)
+            )
         if self.ae is not None:
             self.pending_rows.append(self.ae.rows)
             self.ae.rows, self.ae.seen = [], set()
@@ -90,15 +92,15 @@ class GenerationRecord:
             self._flush()
 
     def on_input(self, input_ids: Tensor) -> None:
-        if input_ids.size(1) != 1:                                   # a prefill: a new generate call
+        if input_ids.size(1) != 1:  # a prefill: a new generate call
             self.calls += 1
             self.live = None
             return
-        if len(self.tokens) >= self.reduced + len(self.pending):     # no step's logits yet
+        if len(self.tokens) >= self.reduced + len(self.pending):  # no step's logits yet
             return
         tok = input_ids[:, 0]
         self.tokens.append(tok)
-        if self.prev_logp is not None:                               # the token of the last reduced step
+        if self.prev_logp is not None:  # the token of the last reduced step
             self.chunks.setdefault("logp", []).append(self.prev_logp.gather(-1, tok[:, None]))
             self.prev_logp = None
         if self.js_group:
@@ -111,18 +113,26 @@ class GenerationRecord:
         if not self.pending:
             return
         k, B = len(self.pending), self.pending[0].size(0)
-        z = torch.stack(self.pending, 1).flatten(0, 1)              # [B·k, V], a fresh buffer
+        z = torch.stack(self.pending, 1).flatten(0, 1)  # [B·k, V], a fresh buffer
         if self.scale not in (None, 1, 1.0):
             z = z / self.scale
-        red = reduce_logits(z, None, temperature=self.temperature, want=self.want, final_logit_softcapping=self.cap,
-                            inplace=True, return_log_p=True)
+        red = reduce_logits(
+            z,
+            None,
+            temperature=self.temperature,
+            want=self.want,
+            final_logit_softcapping=self.cap,
+            inplace=True,
+            return_log_p=True,
+        )
         log_p = red.pop("log_p").view(B, k, -1)
         for name, v in red.items():
             self.chunks.setdefault(name, []).append(v.view(B, k))
-        known = self.tokens[self.reduced:self.reduced + k - 1]      # every pending step's token but the last's
+        known = self.tokens[self.reduced : self.reduced + k - 1]  # every pending step's token but the last's
         if known:
             self.chunks.setdefault("logp", []).append(
-                log_p[:, :k - 1].gather(-1, torch.stack(known, 1)[..., None]).squeeze(-1))
+                log_p[:, : k - 1].gather(-1, torch.stack(known, 1)[..., None]).squeeze(-1)
+            )
         self.prev_logp = log_p[:, -1]
         if self.js_group:
             self._js(log_p, torch.stack(self.pending_live, 1))
@@ -136,12 +146,12 @@ class GenerationRecord:
         log_p [B, k, V], live [B, k]. Groups and steps together play the pass's positions."""
         B, k, V = log_p.shape
         G = self.js_group
-        if B % G:                                                    # not whole groups: the pass computes JS
+        if B % G:  # not whole groups: the pass computes JS
             self.js_group = None
             self.chunks.pop("js", None)
             self.live_chunks = []
             return
-        by_member = live.view(B // G, G, k).transpose(0, 1).reshape(G, -1)          # [G, groups·k]
+        by_member = live.view(B // G, G, k).transpose(0, 1).reshape(G, -1)  # [G, groups·k]
         u = _js_chunk(log_p.view(B // G, G, k, V).transpose(0, 1).reshape(G, -1, V), by_member)
         u = torch.where(by_member & (by_member.sum(0) >= 2), u, torch.zeros_like(u))
         self.chunks.setdefault("js", []).append(u.view(G, B // G, k).transpose(0, 1).reshape(B, k))
@@ -154,7 +164,7 @@ class GenerationRecord:
             per_step = [step[layer] for step in rows]
             width = max(r.size(-1) for r in per_step)
             padded = torch.stack([F.pad(r, (0, width - r.size(-1)), value=float("-inf")) for r in per_step], 1)
-            ae = score_rows_entropy(padded)                          # [B, k]
+            ae = score_rows_entropy(padded)  # [B, k]
             total = ae if total is None else total + ae
         self.chunks.setdefault("attn_entropy", []).append(total / len(self.ae.layers))
 
@@ -166,15 +176,15 @@ class GenerationRecord:
         if self.calls != 1 or n < T or self.prev_logp is None or self.prev_logp.size(0) != B:
             return None
         if self.tokens:
-            sampled = torch.stack(self.tokens, 1)[:, : T]                      # [B, n-1]
+            sampled = torch.stack(self.tokens, 1)[:, :T]  # [B, n-1]
             m = mask[:, : sampled.size(1)].bool()
             if sampled.size(1) < T - 1 or not torch.equal(sampled[m], completion_ids[:, : sampled.size(1)][m]):
                 return None
         chunks = {k: list(v) for k, v in self.chunks.items()}
-        if n == T:                                                   # the last step's token: the completion's
-            chunks.setdefault("logp", []).append(self.prev_logp.gather(-1, completion_ids[:, n - 1:n].clamp(min=0)))
+        if n == T:  # the last step's token: the completion's
+            chunks.setdefault("logp", []).append(self.prev_logp.gather(-1, completion_ids[:, n - 1 : n].clamp(min=0)))
         if self.live_chunks and not torch.equal(torch.cat(self.live_chunks, 1)[:, :T], mask.bool()):
-            chunks.pop("js", None)                   # the final mask is not the live mask (e.g. truncated rows)
+            chunks.pop("js", None)  # the final mask is not the live mask (e.g. truncated rows)
         out = {}
         for k, v in chunks.items():
             x = torch.cat(v, 1)[:, :T].float()
@@ -185,8 +195,16 @@ class GenerationRecord:
 
 
 @contextmanager
-def record_generation(model, needs, *, temperature: float = 1.0, attn_layers=None, chunk_queries: int = 128,
-                      js_group: int | None = None, eos_ids=()) -> Iterator[GenerationRecord | None]:
+def record_generation(
+    model,
+    needs,
+    *,
+    temperature: float = 1.0,
+    attn_layers=None,
+    chunk_queries: int = 128,
+    js_group: int | None = None,
+    eos_ids=(),
+) -> Iterator[GenerationRecord | None]:
     """Record the statistics in `needs` ∩ GENERATION_STATISTICS during the `generate` calls inside the block.
 
     JS is recorded only with `js_group` (G: each run of G rows in the generate batch is one group, all in
@@ -195,18 +213,25 @@ def record_generation(model, needs, *, temperature: float = 1.0, attn_layers=Non
     """
     needs = set(needs)
     if "js" in needs and not (js_group and js_group > 1 and eos_ids):
-        needs.discard("js")                         # the pass computes it
+        needs.discard("js")  # the pass computes it
     if not needs & GENERATION_STATISTICS:
         yield None
         return
     base = unwrap_model(model)
     text = base.config.get_text_config()
     want = tuple(w for w in WANTS if w in needs or w == "entropy")
-    rec = GenerationRecord(want=want, temperature=temperature, cap=getattr(text, "final_logit_softcapping", None),
-                           scale=getattr(text, "logits_scaling", None),
-                           js_group=js_group if "js" in needs else None, eos_ids=tuple(eos_ids))
-    handles = [base.get_output_embeddings().register_forward_hook(lambda m, i, o: rec.on_logits(o)),
-               base.get_input_embeddings().register_forward_pre_hook(lambda m, i: rec.on_input(i[0]))]
+    rec = GenerationRecord(
+        want=want,
+        temperature=temperature,
+        cap=getattr(text, "final_logit_softcapping", None),
+        scale=getattr(text, "logits_scaling", None),
+        js_group=js_group if "js" in needs else None,
+        eos_ids=tuple(eos_ids),
+    )
+    handles = [
+        base.get_output_embeddings().register_forward_hook(lambda m, i, o: rec.on_logits(o)),
+        base.get_input_embeddings().register_forward_pre_hook(lambda m, i: rec.on_input(i[0])),
+    ]
     token = None
     try:
         if "attn_entropy" in needs:

@@ -7,6 +7,7 @@ the same prompt that are still generating at position t (live),
 rollouts are live at t [ours]. All in log space; one group and `chunk_positions` positions at a
 time, so a few G×chunk×V float32 buffers are alive, never G×T×V.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,7 @@ def group_slices(group: Tensor) -> list[tuple[int, int]]:
     """[(start, end)] of each run of equal ids; rows of one group must be contiguous (stare_lab/stats.py)."""
     g = group.tolist()
     bounds = [0] + [i for i in range(1, len(g)) if g[i] != g[i - 1]] + [len(g)]
-    slices = list(zip(bounds[:-1], bounds[1:]))
+    slices = list(zip(bounds[:-1], bounds[1:], strict=True))
     if len({g[s] for s, _ in slices}) != len(slices):
         raise ValueError("js_to_group_mean: rows of one group must be contiguous")
     return slices
@@ -31,21 +32,21 @@ def group_slices(group: Tensor) -> list[tuple[int, int]]:
 
 def _js_chunk(logp: Tensor, live: Tensor) -> Tensor:
     """logp [G, c, V] float32 log p; live [G, c] bool -> JS [G, c] (garbage where < 2 live)."""
-    n_live = live.sum(0)                                                   # [c]
-    log_w = torch.where(live, 0.0, float("-inf")).unsqueeze(-1)            # [G, c, 1]
+    n_live = live.sum(0)  # [c]
+    log_w = torch.where(live, 0.0, float("-inf")).unsqueeze(-1)  # [G, c, 1]
     log_mean = torch.logsumexp(logp + log_w, dim=0) - n_live.clamp(min=1).log().unsqueeze(-1)  # [c, V] log P̄
-    log_m = torch.logaddexp(logp, log_mean.unsqueeze(0)) - _LOG2           # [G, c, V] log M
-    kl_p = torch.linalg.vecdot(logp.exp(), logp - log_m)                   # [G, c] KL(p_i ‖ M)
+    log_m = torch.logaddexp(logp, log_mean.unsqueeze(0)) - _LOG2  # [G, c, V] log M
+    kl_p = torch.linalg.vecdot(logp.exp(), logp - log_m)  # [G, c] KL(p_i ‖ M)
     kl_mean = torch.linalg.vecdot(log_mean.exp().unsqueeze(0), log_mean.unsqueeze(0) - log_m)  # KL(P̄ ‖ M)
     return (0.5 * (kl_p + kl_mean)).clamp_(0.0, _LOG2)
 
 
 @torch.no_grad()
 def chunked_js_to_group_mean(
-    hidden: Tensor,                          # [B, T, H]
-    project: Callable[[Tensor], Tensor],     # [..., H] -> [..., V] logits
-    group: Tensor,                           # [B] int
-    live_mask: Tensor,                       # [B, T] 1 where the row still generates (valid completion token)
+    hidden: Tensor,  # [B, T, H]
+    project: Callable[[Tensor], Tensor],  # [..., H] -> [..., V] logits
+    group: Tensor,  # [B] int
+    live_mask: Tensor,  # [B, T] 1 where the row still generates (valid completion token)
     *,
     temperature: float = 1.0,
     chunk_positions: int = 64,
@@ -58,8 +59,10 @@ def chunked_js_to_group_mean(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     B, T, _ = hidden.shape
     if group.shape != (B,) or live_mask.shape != (B, T):
-        raise ValueError(f"js_to_group_mean: group must be [{B}] and live_mask [{B}, {T}], "
-                         f"got {tuple(group.shape)} and {tuple(live_mask.shape)}")
+        raise ValueError(
+            f"js_to_group_mean: group must be [{B}] and live_mask [{B}, {T}], "
+            f"got {tuple(group.shape)} and {tuple(live_mask.shape)}"
+        )
     live_all = live_mask.bool()
     out = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
     for r0, r1 in group_slices(group):
@@ -67,11 +70,11 @@ def chunked_js_to_group_mean(
             continue
         for s in range(0, T, chunk_positions):
             e = min(s + chunk_positions, T)
-            live = live_all[r0:r1, s:e]                                    # [G, c]
-            several = live.sum(0) >= 2                                     # [c]
+            live = live_all[r0:r1, s:e]  # [G, c]
+            several = live.sum(0) >= 2  # [c]
             if not several.any():
                 continue
-            z = project(hidden[r0:r1, s:e]).float()                        # [G, c, V]
+            z = project(hidden[r0:r1, s:e]).float()  # [G, c, V]
             if final_logit_softcapping is not None:
                 z = torch.tanh(z / final_logit_softcapping).mul_(final_logit_softcapping)
             logp = torch.log_softmax(z / temperature if temperature != 1.0 else z, dim=-1)
@@ -84,10 +87,10 @@ def chunked_js_to_group_mean(
 
 @torch.no_grad()
 def js_to_group_mean(
-    hidden: Tensor,                # [B, T, H] last hidden states; position t generates token t+1
-    lm_head_weight: Tensor,        # [V, H]
-    group: Tensor,                 # [B] int: prompt index of each row, rows of a group contiguous
-    live_mask: Tensor,             # [B, T] 1 where the row is still generating at t
+    hidden: Tensor,  # [B, T, H] last hidden states; position t generates token t+1
+    lm_head_weight: Tensor,  # [V, H]
+    group: Tensor,  # [B] int: prompt index of each row, rows of a group contiguous
+    live_mask: Tensor,  # [B, T] 1 where the row is still generating at t
     *,
     temperature: float = 1.0,
     chunk_positions: int = 64,
@@ -95,9 +98,16 @@ def js_to_group_mean(
     final_logit_softcapping: float | None = None,
 ) -> Tensor:
     """[B, T] float32 u_i,t = JS(p_i,t ‖ P̄_t) ∈ [0, log 2] with P̄ over the live rollouts of the group."""
+
     def project(h: Tensor) -> Tensor:
         return F.linear(h.to(lm_head_weight.dtype), lm_head_weight, lm_head_bias)
 
-    return chunked_js_to_group_mean(hidden, project, group, live_mask, temperature=temperature,
-                                    chunk_positions=chunk_positions,
-                                    final_logit_softcapping=final_logit_softcapping)
+    return chunked_js_to_group_mean(
+        hidden,
+        project,
+        group,
+        live_mask,
+        temperature=temperature,
+        chunk_positions=chunk_positions,
+        final_logit_softcapping=final_logit_softcapping,
+    )

@@ -13,6 +13,7 @@
 - "pass": one no-grad forward after generation (signals.statistics.token_statistics).
 docs/pitfalls_signals.md, "Statistics paths", has the table per rule and configuration.
 """
+
 from __future__ import annotations
 
 from stare_lab.stats import STATISTICS
@@ -28,7 +29,8 @@ def trl_makes_old_logp_forward(trainer) -> bool:
     a = trainer.args
     generate_every = a.steps_per_generation * trainer.num_iterations
     return a.gradient_accumulation_steps % generate_every != 0 or bool(
-        trainer.use_vllm and trainer.vllm_importance_sampling_correction)
+        trainer.use_vllm and trainer.vllm_importance_sampling_correction
+    )
 
 
 def model_needs(trainer) -> frozenset[str]:
@@ -41,8 +43,12 @@ def model_needs(trainer) -> frozenset[str]:
 
 
 def transformers_generation(trainer) -> bool:
-    return not (trainer.use_vllm or getattr(trainer, "use_transformers_continuous_batching", False)
-                or getattr(trainer, "rollout_func", None) is not None or getattr(trainer, "tools", None))
+    return not (
+        trainer.use_vllm
+        or getattr(trainer, "use_transformers_continuous_batching", False)
+        or getattr(trainer, "rollout_func", None) is not None
+        or getattr(trainer, "tools", None)
+    )
 
 
 def generation_needs(trainer) -> frozenset[str]:
@@ -65,8 +71,12 @@ def ride_old_logp_forward(trainer, input_ids, attention_mask, logits_to_keep: in
     """TRL's old-log-prob call, answered by the statistics pass: (logp [B, T], None, None) as TRL expects,
     with the rule's statistics of the same forward kept in `trainer._taken`."""
     k = logits_to_keep
-    batch = {"prompt_ids": input_ids[:, :-k], "prompt_mask": attention_mask[:, :-k],
-             "completion_ids": input_ids[:, -k:], "completion_mask": attention_mask[:, -k:]}
+    batch = {
+        "prompt_ids": input_ids[:, :-k],
+        "prompt_mask": attention_mask[:, :-k],
+        "completion_ids": input_ids[:, -k:],
+        "completion_mask": attention_mask[:, -k:],
+    }
     batch.update({key: v for key, v in forward_kwargs.items() if key in MULTIMODAL_KEYS and v is not None})
     group = trainer._global_group(input_ids.size(0), input_ids.device)
     taken = trainer._statistics(batch, model_needs(trainer) | {"logp"}, group)

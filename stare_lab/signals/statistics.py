@@ -13,6 +13,7 @@ config's `final_logit_softcapping`, so it equals `model(...).logits` (tests/test
 A batch whose rule declares nothing that needs the model runs no forward at all; a rule that reads
 only attention entropy stops the forward after its last layer and builds no logits.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -44,18 +45,18 @@ def check_needs(needs: Iterable[str]) -> frozenset[str]:
 @torch.no_grad()
 def token_statistics(
     model,
-    batch: Mapping[str, Tensor],     # TRL's generation batch: prompt_ids/mask [B, P], completion_ids/mask [B, T], ...
+    batch: Mapping[str, Tensor],  # TRL's generation batch: prompt_ids/mask [B, P], completion_ids/mask [B, T], ...
     needs: Iterable[str],
     *,
-    num_generations: int,            # G: rows of one prompt are contiguous groups of G
+    num_generations: int,  # G: rows of one prompt are contiguous groups of G
     temperature: float = 1.0,
     attn_layers: int | Iterable[int] | None = None,  # the rule's layers (None = the middle layer)
-    rows_per_forward: int | None = None,             # whole groups per forward (None: the whole batch)
+    rows_per_forward: int | None = None,  # whole groups per forward (None: the whole batch)
     chunk_tokens: int = 1024,
     chunk_queries: int = 128,
     chunk_positions: int = 64,
-    group: Tensor | None = None,     # [B] global prompt index of each row (None: arange(B) // G, one process)
-    accelerator=None,                # an accelerate Accelerator or ProcessGroup: JS of groups split over ranks
+    group: Tensor | None = None,  # [B] global prompt index of each row (None: arange(B) // G, one process)
+    accelerator=None,  # an accelerate Accelerator or ProcessGroup: JS of groups split over ranks
     given: Mapping[str, Tensor] | None = None,  # statistics another source already computed (generation)
 ) -> dict[str, Tensor]:
     """{name: [B, T] float32} for every declared statistic, plus `FREE_WITH_LOGITS` when logits were built.
@@ -75,9 +76,22 @@ def token_statistics(
     sources = {STATISTICS[n].source for n in missing}
     out: dict[str, Tensor] = {}
     if sources & {"vocab", "group", "attention"} or (
-            "old_logp" in missing and _missing(batch, "old_logp") and "logp" not in given):
-        out = _forward_statistics(model, batch, missing, num_generations, temperature, attn_layers,
-                                  rows_per_forward, chunk_tokens, chunk_queries, chunk_positions, group, accelerator)
+        "old_logp" in missing and _missing(batch, "old_logp") and "logp" not in given
+    ):
+        out = _forward_statistics(
+            model,
+            batch,
+            missing,
+            num_generations,
+            temperature,
+            attn_layers,
+            rows_per_forward,
+            chunk_tokens,
+            chunk_queries,
+            chunk_positions,
+            group,
+            accelerator,
+        )
     out.update(given)
     for name in needs:
         stat = STATISTICS[name]
@@ -87,8 +101,10 @@ def token_statistics(
         if value is None and name == "old_logp":
             value = out["logp"]  # on-policy: TRL computed no old log-probs, π_old is the rollout policy
         if value is None:
-            raise ValueError(f"statistic {name!r} needs {stat.key!r} in the generation batch, which TRL did not "
-                             f"compute ({stat.meaning})")
+            raise ValueError(
+                f"statistic {name!r} needs {stat.key!r} in the generation batch, which TRL did not "
+                f"compute ({stat.meaning})"
+            )
         out[name] = value.float()
     return out
 
@@ -120,8 +136,18 @@ def row_chunks(group: Tensor, num_generations: int, rows: int) -> list[tuple[int
 
 # The inputs besides ids and mask that TRL 1.16 passes to the policy's forward
 # (GRPOTrainer._get_per_token_logps_and_entropies): per row, or per image where noted.
-MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "image_sizes",
-                   "token_type_ids", "mm_token_type_ids", "spatial_shapes", "num_tiles", "image_position_ids")
+MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "spatial_shapes",
+    "num_tiles",
+    "image_position_ids",
+)
 
 
 def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
@@ -136,7 +162,7 @@ def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
     if grid is not None and pixel_values is not None:
         rows_per_sample = torch.stack([s.sum() for s in torch.split(grid.prod(dim=-1), list(num_images))])
         cum_rows = torch.cat([torch.tensor([0], device=rows_per_sample.device), rows_per_sample.cumsum(0)])
-        out["pixel_values"] = pixel_values[cum_rows[start].item():cum_rows[end].item()]
+        out["pixel_values"] = pixel_values[cum_rows[start].item() : cum_rows[end].item()]
         out["image_grid_thw"] = grid[img_start:img_end]
     elif b["image_position_ids"] is not None and pixel_values is not None:
         out["pixel_values"] = pixel_values[img_start:img_end]
@@ -147,9 +173,9 @@ def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
         out["pixel_values"] = pixel_values[tile_start:tile_end]
         out["pixel_attention_mask"] = b["pixel_attention_mask"][tile_start:tile_end]
         out["spatial_shapes"] = b["spatial_shapes"][tile_start:tile_end]
-    elif num_tiles is not None and pixel_values is not None:          # InternVL: tile-indexed
+    elif num_tiles is not None and pixel_values is not None:  # InternVL: tile-indexed
         cum_tiles = torch.tensor([0] + list(num_tiles)).cumsum(0)
-        out["pixel_values"] = pixel_values[cum_tiles[start]:cum_tiles[end]]
+        out["pixel_values"] = pixel_values[cum_tiles[start] : cum_tiles[end]]
     elif pixel_values is not None and num_images is not None and pixel_values.size(0) == sum(num_images):
         out["pixel_values"] = pixel_values[img_start:img_end]
     elif pixel_values is not None:
@@ -164,8 +190,20 @@ def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
     return out
 
 
-def _forward_statistics(model, batch, needs, G, temperature, attn_layers, rows, chunk_tokens, chunk_queries,
-                        chunk_positions, group=None, accelerator=None) -> dict[str, Tensor]:
+def _forward_statistics(
+    model,
+    batch,
+    needs,
+    G,
+    temperature,
+    attn_layers,
+    rows,
+    chunk_tokens,
+    chunk_queries,
+    chunk_positions,
+    group=None,
+    accelerator=None,
+) -> dict[str, Tensor]:
     from stare_lab.distributed import comm_of, js_for_split_groups
 
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
@@ -182,7 +220,7 @@ def _forward_statistics(model, batch, needs, G, temperature, attn_layers, rows, 
     want = tuple(w for w in WANTS if w in needs or w in FREE_WITH_LOGITS)
     head, cap = lm_head_of(model) if build_logits else (None, None)
     chunks: dict[str, list[Tensor]] = {}
-    split_hidden: list[Tensor] = []     # final hidden states of rows of groups split over ranks (JS)
+    split_hidden: list[Tensor] = []  # final hidden states of rows of groups split over ranks (JS)
     split_at: list[tuple[int, int]] = []
     for start, end, split in row_chunks(group, G, rows):
         sl = slice(start, end)
@@ -190,15 +228,30 @@ def _forward_statistics(model, batch, needs, G, temperature, attn_layers, rows, 
         attention_mask = torch.cat([prompt_mask[sl], mask[sl]], dim=1)
         extra = multimodal_slice(batch, start, end)
         if not build_logits:  # attention entropy only: stop after the last chosen layer
-            ae = attention_entropy(model, input_ids, attention_mask, layers, chunk_queries, first_position=P - 1,
-                                   **extra)
+            ae = attention_entropy(
+                model, input_ids, attention_mask, layers, chunk_queries, first_position=P - 1, **extra
+            )
             chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
             continue
-        hidden, ae = forward_with_stats(model, input_ids, attention_mask, ae_layers=layers,
-                                        chunk_queries=chunk_queries, first_position=P - 1, **extra)
+        hidden, ae = forward_with_stats(
+            model,
+            input_ids,
+            attention_mask,
+            ae_layers=layers,
+            chunk_queries=chunk_queries,
+            first_position=P - 1,
+            **extra,
+        )
         h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
-        vs = chunked_vocab_stats(h, head, completion_ids[sl], temperature=temperature, want=want,
-                                 chunk_tokens=chunk_tokens, final_logit_softcapping=cap)
+        vs = chunked_vocab_stats(
+            h,
+            head,
+            completion_ids[sl],
+            temperature=temperature,
+            want=want,
+            chunk_tokens=chunk_tokens,
+            final_logit_softcapping=cap,
+        )
         for k, v in vs.items():
             chunks.setdefault(k, []).append(v)
         if ae is not None:
@@ -209,18 +262,37 @@ def _forward_statistics(model, batch, needs, G, temperature, attn_layers, rows, 
                 split_at.append((start, end))
                 chunks.setdefault("js", []).append(torch.zeros(end - start, T, device=h.device))
             else:
-                chunks.setdefault("js", []).append(chunked_js_to_group_mean(
-                    h, head, group[sl], mask[sl], temperature=temperature, chunk_positions=chunk_positions,
-                    final_logit_softcapping=cap))
+                chunks.setdefault("js", []).append(
+                    chunked_js_to_group_mean(
+                        h,
+                        head,
+                        group[sl],
+                        mask[sl],
+                        temperature=temperature,
+                        chunk_positions=chunk_positions,
+                        final_logit_softcapping=cap,
+                    )
+                )
     out = {k: torch.cat(v, dim=0).float() for k, v in chunks.items()}
     if "js" in needs and several:  # every rank calls it, with or without split rows
         rows_idx = [r for s, e in split_at for r in range(s, e)]
         H = unwrap_model(model).config.get_text_config().hidden_size
-        hidden = torch.cat(split_hidden) if split_hidden else torch.zeros(0, T, H, device=mask.device,
-                                                                          dtype=next(model.parameters()).dtype)
+        hidden = (
+            torch.cat(split_hidden)
+            if split_hidden
+            else torch.zeros(0, T, H, device=mask.device, dtype=next(model.parameters()).dtype)
+        )
         idx = torch.tensor(rows_idx, dtype=torch.long, device=mask.device)
-        js = js_for_split_groups(hidden, mask[idx], group[idx], head, accelerator, temperature=temperature,
-                                 chunk_positions=chunk_positions, final_logit_softcapping=cap)
+        js = js_for_split_groups(
+            hidden,
+            mask[idx],
+            group[idx],
+            head,
+            accelerator,
+            temperature=temperature,
+            chunk_positions=chunk_positions,
+            final_logit_softcapping=cap,
+        )
         if rows_idx:
             out["js"][idx] = js.float()
     return out

@@ -7,6 +7,7 @@ chunk reduced at once to per-position scalars. Everything here is a detached sta
 Alignment: the value at input position t describes the distribution that generates token t+1,
 exactly like `logits[:, t]` of a forward pass (docs/pitfalls_signals.md).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -27,9 +28,16 @@ def _check_want(want: Iterable[str]) -> tuple[str, ...]:
 
 
 @torch.no_grad()
-def reduce_logits(z: Tensor, targets: Tensor | None, *, temperature: float = 1.0, want: tuple[str, ...] = ("entropy",),
-                  final_logit_softcapping: float | None = None, inplace: bool = False,
-                  return_log_p: bool = False) -> dict[str, Tensor]:
+def reduce_logits(
+    z: Tensor,
+    targets: Tensor | None,
+    *,
+    temperature: float = 1.0,
+    want: tuple[str, ...] = ("entropy",),
+    final_logit_softcapping: float | None = None,
+    inplace: bool = False,
+    return_log_p: bool = False,
+) -> dict[str, Tensor]:
     """{name: [n] float32} of `p = softmax(cap(z)/τ)` for logits z [n, V] (any dtype): "logp" of `targets`
     (0 outside [0, V)) when given, and the `want` statistics. The one reduction the statistics pass and
     generation-time recording (signals/generation.py) share, so both give the same numbers.
@@ -42,20 +50,20 @@ def reduce_logits(z: Tensor, targets: Tensor | None, *, temperature: float = 1.0
     if temperature != 1.0:
         z, fresh = z / temperature, True
     if not fresh:
-        z = z.clone()                                        # the caller's logits stay as they are
+        z = z.clone()  # the caller's logits stay as they are
     V = z.shape[-1]
-    z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))         # z is now log p, in place
+    z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))  # z is now log p, in place
     out: dict[str, Tensor] = {}
     if targets is not None:
-        ok = (targets >= 0) & (targets < V)                  # e.g. -100 labels: logp 0
+        ok = (targets >= 0) & (targets < V)  # e.g. -100 labels: logp 0
         lp = z.gather(-1, targets.clamp(0, V - 1).unsqueeze(-1)).squeeze(-1)
         out["logp"] = torch.where(ok, lp, torch.zeros_like(lp))
     if want:
-        p = z.exp()                                          # [n, V]
+        p = z.exp()  # [n, V]
         if "entropy" in want:
             out["entropy"] = -torch.linalg.vecdot(p, z)
         if "p2" in want or "p2logp" in want:
-            p.mul_(p)                                        # p is now p², in place
+            p.mul_(p)  # p is now p², in place
             if "p2" in want:
                 out["p2"] = p.sum(-1)
             if "p2logp" in want:
@@ -67,9 +75,9 @@ def reduce_logits(z: Tensor, targets: Tensor | None, *, temperature: float = 1.0
 
 @torch.no_grad()
 def chunked_vocab_stats(
-    hidden: Tensor,                                  # [B, T, H]
-    project: Callable[[Tensor], Tensor],             # [N, H] -> [N, V] logits (any dtype)
-    targets: Tensor | None,                          # [B, T] long, or None (no logp)
+    hidden: Tensor,  # [B, T, H]
+    project: Callable[[Tensor], Tensor],  # [N, H] -> [N, V] logits (any dtype)
+    targets: Tensor | None,  # [B, T] long, or None (no logp)
     *,
     temperature: float = 1.0,
     want: Iterable[str] = ("entropy",),
@@ -89,9 +97,14 @@ def chunked_vocab_stats(
     flat_targets = targets.reshape(B * T) if targets is not None else None
     for s in range(0, B * T, chunk_tokens):
         e = min(s + chunk_tokens, B * T)
-        reduced = reduce_logits(project(flat[s:e]), flat_targets[s:e] if flat_targets is not None else None,
-                                temperature=temperature, want=want, final_logit_softcapping=final_logit_softcapping,
-                                inplace=True)
+        reduced = reduce_logits(
+            project(flat[s:e]),
+            flat_targets[s:e] if flat_targets is not None else None,
+            temperature=temperature,
+            want=want,
+            final_logit_softcapping=final_logit_softcapping,
+            inplace=True,
+        )
         for k, v in reduced.items():
             out[k][s:e] = v
     return {k: v.view(B, T) for k, v in out.items()}
@@ -99,9 +112,9 @@ def chunked_vocab_stats(
 
 @torch.no_grad()
 def vocab_stats(
-    hidden: Tensor,                # [B, T, H] last hidden states (after the final norm)
-    lm_head_weight: Tensor,        # [V, H]
-    targets: Tensor,               # [B, T] long: the sampled token each position generates
+    hidden: Tensor,  # [B, T, H] last hidden states (after the final norm)
+    lm_head_weight: Tensor,  # [V, H]
+    targets: Tensor,  # [B, T] long: the sampled token each position generates
     *,
     temperature: float = 1.0,
     want: Iterable[str] = ("entropy",),
@@ -116,11 +129,19 @@ def vocab_stats(
     Logits are computed in the weight's dtype (as a forward pass would), then reduced in float32;
     at most a few `chunk_tokens`×V float32 buffers are alive at once.
     """
+
     def project(h: Tensor) -> Tensor:
         return F.linear(h.to(lm_head_weight.dtype), lm_head_weight, lm_head_bias)
 
-    return chunked_vocab_stats(hidden, project, targets, temperature=temperature, want=want,
-                               chunk_tokens=chunk_tokens, final_logit_softcapping=final_logit_softcapping)
+    return chunked_vocab_stats(
+        hidden,
+        project,
+        targets,
+        temperature=temperature,
+        want=want,
+        chunk_tokens=chunk_tokens,
+        final_logit_softcapping=final_logit_softcapping,
+    )
 
 
 def lm_head_of(model) -> tuple[Callable[[Tensor], Tensor], float | None]:
@@ -144,8 +165,8 @@ def lm_head_of(model) -> tuple[Callable[[Tensor], Tensor], float | None]:
 @torch.no_grad()
 def predictive_entropy(
     model,
-    input_ids: Tensor,             # [B, T]
-    attention_mask: Tensor,        # [B, T] 1 = token, 0 = padding (left or right)
+    input_ids: Tensor,  # [B, T]
+    attention_mask: Tensor,  # [B, T] 1 = token, 0 = padding (left or right)
     temperature: float = 1.0,
     *,
     chunk_tokens: int = 1024,
@@ -159,7 +180,14 @@ def predictive_entropy(
 
     hidden, _ = forward_with_stats(model, input_ids, attention_mask)
     head, cap = lm_head_of(model)
-    stats = chunked_vocab_stats(hidden, head, None, temperature=temperature, want=("entropy",),
-                                chunk_tokens=chunk_tokens, final_logit_softcapping=cap)
+    stats = chunked_vocab_stats(
+        hidden,
+        head,
+        None,
+        temperature=temperature,
+        want=("entropy",),
+        chunk_tokens=chunk_tokens,
+        final_logit_softcapping=cap,
+    )
     entropy = stats["entropy"]
     return torch.where(attention_mask.bool(), entropy, torch.zeros_like(entropy))

@@ -8,6 +8,7 @@
 User mistakes print one line on stderr and exit 2 with nothing launched. `run` exits 0 when
 every run (or, for a search, at least one trial) finished, 1 otherwise, 130 on Ctrl-C.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--launcher", choices=("local", "slurm"), help="override the sweep's launcher")
     run.add_argument("--dry-run", action="store_true", help="print the expanded runs and launch nothing")
     run.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    run.add_argument("--rerun-other-code", action="store_true",
-                     help="redo finished runs whose last attempt ran other code than this checkout")
+    run.add_argument(
+        "--rerun-other-code",
+        action="store_true",
+        help="redo finished runs whose last attempt ran other code than this checkout",
+    )
     run.add_argument("--workers", type=int, help="parallel runs: local workers, or the Slurm array's parallelism")
     run.add_argument("--partition")
     run.add_argument("--account")
@@ -62,15 +66,26 @@ def main(argv: list[str] | None = None, execute: Execute | None = None) -> int:
     except KeyboardInterrupt:  # the launcher has already said what it stopped, in one line
         return 130
     except OSError as e:  # e.g. the disk filled up while writing records
-        print(f"stare-lab: error: {e.filename or 'writing the sweep records'}: {e.strerror or e}; "
-              "`sweep status` shows each run's state", file=sys.stderr)
+        print(
+            f"stare-lab: error: {e.filename or 'writing the sweep records'}: {e.strerror or e}; "
+            "`sweep status` shows each run's state",
+            file=sys.stderr,
+        )
         return 1
 
 
 def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
-    opts = {"name": args.launcher, "partition": args.partition, "account": args.account,
-            "processes": args.processes, "nodes": args.nodes, "gpus_per_node": args.gpus, "cpus_per_task": args.cpus, "mem_gb": args.mem_gb,
-            "timeout_min": args.time_min}
+    opts = {
+        "name": args.launcher,
+        "partition": args.partition,
+        "account": args.account,
+        "processes": args.processes,
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus,
+        "cpus_per_task": args.cpus,
+        "mem_gb": args.mem_gb,
+        "timeout_min": args.time_min,
+    }
     return {k: v for k, v in opts.items() if v is not None}
 
 
@@ -104,13 +119,20 @@ def _launch(spec, runs, retry_failed: bool, execute: Execute | None, rerun_other
 
     with SweepLock(spec.folder, spec.name):
         verify_run(runs[0])
-        write_manifest(spec.folder, spec.name, spec.digest, launcher=spec.launcher["name"],
-                       runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs])
+        write_manifest(
+            spec.folder,
+            spec.name,
+            spec.digest,
+            launcher=spec.launcher["name"],
+            runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs],
+        )
         if spec.path is not None:
             atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
         plan = plan_runs(runs, retry_failed, rerun_other_code)
-        print(f"sweep {spec.name!r} ({spec.launcher['name']}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
-              flush=True)
+        print(
+            f"sweep {spec.name!r} ({spec.launcher['name']}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
+            flush=True,
+        )
         counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True), execute=execute)
     print("done: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
     bad = len(runs) - counts.get("finished", 0)
@@ -124,8 +146,11 @@ def _run_search(spec, args: argparse.Namespace, execute: Execute | None) -> int:
 
     s = spec.search
     if args.dry_run:
-        print(f"sweep {spec.name!r}: Optuna search, {s.trials} trials, {s.parallelism} at a time, "
-              f"{s.direction} {s.metric}, sampler {s.sampler}, pruner {s.pruner.get('name')}, launcher {spec.launcher['name']}")
+        print(
+            f"sweep {spec.name!r}: Optuna search, {s.trials} trials, {s.parallelism} at a time, "
+            f"{s.direction} {s.metric}, sampler {s.sampler}, pruner {s.pruner.get('name')}, "
+            f"launcher {spec.launcher['name']}"
+        )
         for k, p in s.params.items():
             print(f"  {k}: {p}")
         return 0
@@ -172,12 +197,15 @@ def _resources(la: dict[str, Any], runs: int) -> str:
     from stare_lab.sweep.schema import gpus_per_run, processes_per_run, tasks_per_node
 
     procs = processes_per_run(la)
-    shape = f"{la.get('nodes', 1)} node(s) × {tasks_per_node(la)}" if la["name"] == "slurm" else f"{procs} on this machine"
+    shape = (
+        f"{la.get('nodes', 1)} node(s) × {tasks_per_node(la)}" if la["name"] == "slurm" else f"{procs} on this machine"
+    )
     line = f"processes per run: {procs} ({shape})"
     if la["name"] == "slurm":
         gpus = gpus_per_run(la)
         at_once = min(runs, int(la["array_parallelism"]))
-        line += f"; GPUs: {gpus} per run, {gpus * runs} for the sweep ({gpus * at_once} at once, {at_once} runs in parallel)"
+        line += f"; GPUs: {gpus} per run, {gpus * runs} for the sweep "
+        line += f"({gpus * at_once} at once, {at_once} runs in parallel)"
     else:
         line += f"; {min(runs, int(la['workers'])) * procs} processes at once ({la['workers']} workers)"
     return line

@@ -10,6 +10,7 @@ overrides to plain dicts, converting each distinct value through the dataclass s
 `verify_run` checks a run against the real `compose`; the launcher does so before it starts
 anything, and the tests do it for every run of the shipped sweeps.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,8 @@ from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups, process
 
 @dataclass
 class RunSpec:
-    overrides: list[str]          # Hydra overrides: compose(overrides) gives this run's config
-    config: dict[str, Any]        # the resolved config as plain data
+    overrides: list[str]  # Hydra overrides: compose(overrides) gives this run's config
+    config: dict[str, Any]  # the resolved config as plain data
     id: str
     label: str
     variant: str | None
@@ -60,7 +61,7 @@ def fmt_value(v: Any) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def expand_sweep(spec: SweepSpec, composer: "Composer | None" = None) -> list[RunSpec]:
+def expand_sweep(spec: SweepSpec, composer: Composer | None = None) -> list[RunSpec]:
     """Every run of a grid sweep, in a stable order (grid, then variants, then seeds)."""
     composer = composer or Composer(spec)
     axes = list(spec.grid.items())
@@ -78,8 +79,10 @@ def expand_sweep(spec: SweepSpec, composer: "Composer | None" = None) -> list[Ru
                 label = " ".join(delta + [f"seed={seed}"])
                 run = composer.run(assigned, seed=seed, label=label, variant=vname)
                 if run.id in seen:
-                    raise SweepError(f"{spec.where()}: runs '{seen[run.id]}' and '{label}' resolve to the same "
-                                     f"config (run id {run.id}); drop one")
+                    raise SweepError(
+                        f"{spec.where()}: runs '{seen[run.id]}' and '{label}' resolve to the same "
+                        f"config (run id {run.id}); drop one"
+                    )
                 seen[run.id] = label
                 runs.append(run)
     return runs
@@ -87,7 +90,7 @@ def expand_sweep(spec: SweepSpec, composer: "Composer | None" = None) -> list[Ru
 
 def _short_names(keys: list[str]) -> dict[str, str]:
     leaves = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: (leaf if leaves.count(leaf) == 1 else k) for k, leaf in zip(keys, leaves)}
+    return {k: (leaf if leaves.count(leaf) == 1 else k) for k, leaf in zip(keys, leaves, strict=True)}
 
 
 def _delta(short: str, v: Any, groups: set[str]) -> str:
@@ -99,8 +102,9 @@ def verify_run(run: RunSpec) -> None:
     exact = OmegaConf.to_container(compose(run.overrides), resolve=True)
     if exact != run.config:
         diff = sorted(k for k in set(exact) | set(run.config) if exact.get(k) != run.config.get(k))
-        raise RuntimeError(f"sweep expansion differs from compose() for run {run.label!r} in {diff}; "
-                           "report this as a stare_lab bug")
+        raise RuntimeError(
+            f"sweep expansion differs from compose() for run {run.label!r} in {diff}; report this as a stare_lab bug"
+        )
 
 
 class Composer:
@@ -116,8 +120,9 @@ class Composer:
         self._base: dict | None = None
         self._sections: dict[tuple[str, str], dict | None] = {}
         self._checked: set[tuple[str, ...]] = set()
-        self.base = [(k, v, "base.overrides." + k if not k.startswith("eval.") else k)
-                     for k, v in spec.overrides.items()]
+        self.base = [
+            (k, v, "base.overrides." + k if not k.startswith("eval.") else k) for k, v in spec.overrides.items()
+        ]
 
     def run(self, assigned: list[tuple[str, Any, str]], *, seed: int, label: str, variant: str | None) -> RunSpec:
         spec = self.spec
@@ -127,23 +132,35 @@ class Composer:
         for k, v, origin in self.base + assigned:
             (groups.__setitem__(k, v) if "." not in k else dotted.append((k, v, origin)))
             origins[k] = origin
-        run_block = {"root": str(spec.output), "sweep": spec.name, "label": label, "variant": variant,
-                     "processes": processes_per_run(spec.launcher)}
+        run_block = {
+            "root": str(spec.output),
+            "sweep": spec.name,
+            "label": label,
+            "variant": variant,
+            "processes": processes_per_run(spec.launcher),
+        }
         overrides = [self._override(g, c) for g, c in groups.items()]
         overrides += [self._override(k, v) for k, v, _ in dotted]
-        signature = tuple(overrides)                 # the run's config but for its seed and run block
+        signature = tuple(overrides)  # the run's config but for its seed and run block
         overrides += [f"seed={seed}"] + [self._override(f"run.{k}", v) for k, v in run_block.items() if k != "label"]
         overrides.append(f"run.label={fmt_value(label)}")
         cfg = self._resolve(groups, dotted, origins, label)
         cfg["seed"] = seed
         cfg["run"] = {**run_block, "id": None}
         finalize(cfg)
-        if signature not in self._checked:           # seeds are checked by the schema (schema._seeds)
+        if signature not in self._checked:  # seeds are checked by the schema (schema._seeds)
             self._check(cfg, origins, label)
             self._checked.add(signature)
         run_id = cfg["run"]["id"]
-        return RunSpec(overrides=overrides, config=cfg, id=run_id, label=label, variant=variant,
-                       seed=seed, run_dir=spec.folder / run_id)
+        return RunSpec(
+            overrides=overrides,
+            config=cfg,
+            id=run_id,
+            label=label,
+            variant=variant,
+            seed=seed,
+            run_dir=spec.folder / run_id,
+        )
 
     def _check(self, cfg: dict, origins: dict[str, str], label: str) -> None:
         """`check_values` on a run, its error named by where the sweep set the bad key."""
@@ -153,8 +170,8 @@ class Composer:
             msg = str(e)
             key = msg.split(":", 1)[0]
             origin = origins.get(key) or origins.get(key.split("[")[0])
-            if origin and key in origin:             # base.overrides.trainer.max_steps: must be ≥ 1, ...
-                msg = origin + msg[len(key):]
+            if origin and key in origin:  # base.overrides.trainer.max_steps: must be ≥ 1, ...
+                msg = origin + msg[len(key) :]
             elif origin and not key.startswith(origin):
                 msg = f"{origin}: {msg}"
             raise SweepError(f"{self.spec.where()}: {msg} (run '{label}')") from None
@@ -182,10 +199,10 @@ class Composer:
                 d[section] = dict(d[section]) if isinstance(d.get(section), dict) else {}
                 copied.add(section)
             if section == "method" and rest.startswith("params."):
-                d["method"]["params"] = {**d["method"].get("params", {}), rest[len("params."):]: value}
+                d["method"]["params"] = {**d["method"].get("params", {}), rest[len("params.") :]: value}
             else:
                 d[section][rest] = self._convert(key, value, origin, groups)
-        d["trainer"] = dict(d["trainer"])           # finalize fills it in place; the combo is shared
+        d["trainer"] = dict(d["trainer"])  # finalize fills it in place; the combo is shared
         d["method"] = dict(d["method"])
         d["method"]["params"] = self._filled_params(d["method"], d["trainer"], origins, label)
         return d
@@ -218,7 +235,7 @@ class Composer:
         return self._sections[(group, choice)]
 
     def _load_section(self, group: str, choice: str) -> dict | None:
-        if group == "method":                       # generated from the registry (config.store_methods)
+        if group == "method":  # generated from the registry (config.store_methods)
             return {"name": choice, "params": {}}
         if group not in Config.__dataclass_fields__:
             return None
@@ -230,10 +247,10 @@ class Composer:
         hint = typing.get_type_hints(Config)[group]
         base = OmegaConf.structured(hint) if dataclasses.is_dataclass(hint) else OmegaConf.create({})
         defaults = node.pop("defaults", None)
-        if defaults is not None:                    # a base plus differences (conf/trainer/gpu_stare.yaml)
+        if defaults is not None:  # a base plus differences (conf/trainer/gpu_stare.yaml)
             if list(defaults)[1:] == ["_self_"] and isinstance(defaults[0], str) and "${" not in defaults[0]:
                 base = self._section(group, defaults[0])
-            else:                                   # any other defaults list: Hydra composes it
+            else:  # any other defaults list: Hydra composes it
                 node = OmegaConf.create(OmegaConf.to_container(hydra_raw([f"{group}={choice}"])[group]))
         if base is None:
             return None
@@ -274,7 +291,9 @@ class Composer:
         assigns values to, one at a time, to read them back as the schema stores them."""
         if section not in self._schema_nodes:
             hint = typing.get_type_hints(Config)[section]
-            self._schema_nodes[section] = OmegaConf.structured(hint) if dataclasses.is_dataclass(hint) else OmegaConf.create({})
+            self._schema_nodes[section] = (
+                OmegaConf.structured(hint) if dataclasses.is_dataclass(hint) else OmegaConf.create({})
+            )
         return self._schema_nodes[section]
 
     def _compose_error(self, key: str, value: Any, groups: dict[str, str]) -> str:
@@ -288,7 +307,7 @@ class Composer:
         from stare_lab.methods import TrainerValues
 
         params = method.get("params") or {}
-        values = TrainerValues.from_config(trainer)     # all a rule may read of the trainer
+        values = TrainerValues.from_config(trainer)  # all a rule may read of the trainer
         cache_key = (repr((method["name"], sorted(params.items()))), values)
         if cache_key not in self._params:
             try:
@@ -296,7 +315,9 @@ class Composer:
             except ConfigError as e:
                 msg = str(e)
                 bad = re.search(r"parameter '([^']+)'", msg)
-                origin = origins.get(f"method.params.{bad.group(1)}" if bad else "method") or origins.get("method", "base")
+                origin = origins.get(f"method.params.{bad.group(1)}" if bad else "method") or origins.get(
+                    "method", "base"
+                )
                 raise SweepError(f"{self.spec.where()}: {origin}: {msg} (run '{label}')") from None
         return dict(self._params[cache_key])
 

@@ -12,6 +12,7 @@ whose job ended without the worker recording it (killed, out of memory, node los
 finds the run claimed by another leaves it; the launcher then watches that run. The caller holds
 the sweep lock.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,13 +20,26 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import OmegaConf
 
-from stare_lab.record import CONFIG_FILE, CORRUPT, STATUS_FILE, code_version, first_line, new_status, provenance
-from stare_lab.record import claim_held, read_status, set_aside, update_status, write_status
+from stare_lab.record import (
+    CONFIG_FILE,
+    CORRUPT,
+    STATUS_FILE,
+    claim_held,
+    code_version,
+    first_line,
+    new_status,
+    provenance,
+    read_status,
+    set_aside,
+    update_status,
+    write_status,
+)
 from stare_lab.sweep.expand import RunSpec
 from stare_lab.sweep.records import LIVE, Liveness, process_start
 from stare_lab.sweep.schema import SweepError, SweepSpec, processes_per_run, tasks_per_node
@@ -40,29 +54,35 @@ STOP_WAIT_S = 30.0
 
 @dataclass
 class Plan:
-    start: list[tuple[RunSpec, str]] = field(default_factory=list)   # (run, "new" | "resume" | "retry" | "rerun")
+    start: list[tuple[RunSpec, str]] = field(default_factory=list)  # (run, "new" | "resume" | "retry" | "rerun")
     finished: list[RunSpec] = field(default_factory=list)
-    failed: list[RunSpec] = field(default_factory=list)              # left alone without retry_failed
-    corrupt: list[RunSpec] = field(default_factory=list)             # unreadable status.json, left alone
-    active: list[RunSpec] = field(default_factory=list)              # a live worker or job has it
-    other_code: dict[str, int] = field(default_factory=dict)        # code version → finished runs kept
+    failed: list[RunSpec] = field(default_factory=list)  # left alone without retry_failed
+    corrupt: list[RunSpec] = field(default_factory=list)  # unreadable status.json, left alone
+    active: list[RunSpec] = field(default_factory=list)  # a live worker or job has it
+    other_code: dict[str, int] = field(default_factory=dict)  # code version → finished runs kept
     current_code: str | None = None
 
     def summary(self) -> str:
         kinds = {k: sum(1 for _, r in self.start if r == k) for k in ("new", "resume", "retry", "rerun")}
-        parts = [f"{len(self.start)} to run ({', '.join(f'{v} {k}' for k, v in kinds.items() if v) or 'none'})",
-                 f"{len(self.finished)} finished (skipped)"]
+        parts = [
+            f"{len(self.start)} to run ({', '.join(f'{v} {k}' for k, v in kinds.items() if v) or 'none'})",
+            f"{len(self.finished)} finished (skipped)",
+        ]
         if self.failed:
             parts.append(f"{len(self.failed)} failed (skipped; --retry-failed retries them)")
         if self.corrupt:
-            parts.append(f"{len(self.corrupt)} with an unreadable status.json (skipped; `sweep status` names "
-                         "them, --retry-failed sets the file aside and resumes them)")
+            parts.append(
+                f"{len(self.corrupt)} with an unreadable status.json (skipped; `sweep status` names "
+                "them, --retry-failed sets the file aside and resumes them)"
+            )
         if self.active:
             parts.append(f"{len(self.active)} still running from an earlier launch (watched)")
         if self.other_code:
             versions = ", ".join(f"{v or 'unrecorded'}: {n}" for v, n in sorted(self.other_code.items(), key=str))
-            parts.append(f"note: {sum(self.other_code.values())} finished run(s) came from other code than "
-                         f"{self.current_code} ({versions}); --rerun-other-code redoes them")
+            parts.append(
+                f"note: {sum(self.other_code.values())} finished run(s) came from other code than "
+                f"{self.current_code} ({versions}); --rerun-other-code redoes them"
+            )
         return "; ".join(parts)
 
 
@@ -73,7 +93,7 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
     plan = Plan(current_code=code_version(provenance()))
     statuses = [read_status(run.run_dir) for run in runs]
     live = Liveness.probe(statuses, launcher_alive=False)
-    for run, status in zip(runs, statuses):
+    for run, status in zip(runs, statuses, strict=True):
         state = status.get("state") if status else None
         if state is None:
             plan.start.append((run, "new"))
@@ -87,7 +107,11 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
                 plan.finished.append(run)
                 plan.other_code[code] = plan.other_code.get(code, 0) + 1
         elif state in ("failed", CORRUPT):
-            (plan.start.append((run, "retry")) if retry_failed else (plan.failed if state == "failed" else plan.corrupt).append(run))
+            (
+                plan.start.append((run, "retry"))
+                if retry_failed
+                else (plan.failed if state == "failed" else plan.corrupt).append(run)
+            )
         elif live.alive(run.run_dir, status):
             plan.active.append(run)
         else:
@@ -104,7 +128,9 @@ def check_output(spec: SweepSpec) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
-        raise SweepError(f"{spec.where()}: output: can not write the sweep folder {folder}: {e.strerror or e}") from None
+        raise SweepError(
+            f"{spec.where()}: output: can not write the sweep folder {folder}: {e.strerror or e}"
+        ) from None
 
 
 def prepare(run: RunSpec, fresh: bool = False) -> None:
@@ -121,8 +147,17 @@ def prepare(run: RunSpec, fresh: bool = False) -> None:
         kept = set_aside(run.run_dir / STATUS_FILE)
         status = {**new_status(), "note": f"the earlier unreadable status.json is kept as {kept.name}"}
     status = status or new_status(run.label, run.variant, run.seed)
-    status.update(state="pending", label=run.label, variant=run.variant, seed=run.seed,
-                  slurm_job_id=None, pid=None, pid_start=None, error=None, traceback=None)
+    status.update(
+        state="pending",
+        label=run.label,
+        variant=run.variant,
+        seed=run.seed,
+        slurm_job_id=None,
+        pid=None,
+        pid_start=None,
+        error=None,
+        traceback=None,
+    )
     write_status(run.run_dir, status)
 
 
@@ -145,12 +180,21 @@ def make_executor(spec: SweepSpec):
         return ex
     ex = submitit.SlurmExecutor(folder=logs, max_num_timeout=la["max_requeue"])
     params: dict[str, Any] = dict(
-        job_name=f"stare_lab:{spec.name}", partition=la["partition"], account=la["account"], qos=la["qos"],
-        constraint=la["constraint"], cpus_per_task=la["cpus_per_task"], mem=f"{la['mem_gb']}GB",
-        time=int(la["timeout_min"]), array_parallelism=la["array_parallelism"], nodes=la["nodes"],
+        job_name=f"stare_lab:{spec.name}",
+        partition=la["partition"],
+        account=la["account"],
+        qos=la["qos"],
+        constraint=la["constraint"],
+        cpus_per_task=la["cpus_per_task"],
+        mem=f"{la['mem_gb']}GB",
+        time=int(la["timeout_min"]),
+        array_parallelism=la["array_parallelism"],
+        nodes=la["nodes"],
         ntasks_per_node=tasks_per_node(la),
-        signal_delay_s=la["signal_delay_s"], setup=list(la["setup"]),
-        additional_parameters={"requeue": True, **la["additional"]})
+        signal_delay_s=la["signal_delay_s"],
+        setup=list(la["setup"]),
+        additional_parameters={"requeue": True, **la["additional"]},
+    )
     if la["gpus_per_node"]:
         params["gpus_per_node"] = la["gpus_per_node"]
     if processes_per_run(la) > 1:  # a rank that exits with an error ends the others at once (not after ddp_timeout)
@@ -162,9 +206,9 @@ def make_executor(spec: SweepSpec):
 @dataclass
 class Tracked:
     run: RunSpec
-    job: Any = None             # a submitit Job of this run alone, or None (see `queue_workers`)
+    job: Any = None  # a submitit Job of this run alone, or None (see `queue_workers`)
     queue_workers: list = field(default_factory=list)  # local QueueWorker jobs given this run; with none
-                                                       # and no job, the run is watched through its record
+    # and no job, the run is watched through its record
 
 
 def submit_run(executor, worker: RunWorker, run: RunSpec):
@@ -185,7 +229,7 @@ def submit_queue(executor, worker: QueueWorker, runs: list[RunSpec], timeout_min
 
 
 def _lease(runs: list[RunSpec], job) -> None:
-    pid = getattr(getattr(job, "_process", None), "pid", None)   # the local job's controller process
+    pid = getattr(getattr(job, "_process", None), "pid", None)  # the local job's controller process
     if not pid:
         return
     start, host = process_start(pid), socket.gethostname()
@@ -206,7 +250,7 @@ class Starter:
         la, threads = spec.launcher, worker_threads(spec)
         self.executor = executor
         self.queued = la["name"] == "local" and tasks_per_node(la) == 1
-        self.workers = int(la.get("workers") or 10**9)   # Slurm: the array's parallelism caps it
+        self.workers = int(la.get("workers") or 10**9)  # Slurm: the array's parallelism caps it
         self.timeout_min = float(la["timeout_min"])
         self.worker = QueueWorker(execute, threads) if self.queued else RunWorker(execute, threads)
         self.queue_jobs: list = []
@@ -254,8 +298,9 @@ def stop_job(job) -> None:
         job.cancel(check=False)
 
 
-def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print, executor=None,
-                execute: Execute | None = None) -> dict[str, int]:
+def launch_runs(
+    spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print, executor=None, execute: Execute | None = None
+) -> dict[str, int]:
     """Start the plan's runs, watch them and the active ones until all end; returns counts by state.
     `execute` replaces the real runner in the workers (tests)."""
     executor = executor or make_executor(spec)
@@ -277,9 +322,9 @@ def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print
                 for t in [t for t in waiting if watch.ended(t, live, fresh)]:
                     waiting.remove(t)
                     state = reconcile(t)
-                    if state == "watch":            # another worker holds the run: follow it instead
+                    if state == "watch":  # another worker holds the run: follow it instead
                         waiting.append(Tracked(t.run))
-                    elif state == "resume":         # its earlier worker died while we watched
+                    elif state == "resume":  # its earlier worker died while we watched
                         prepare(t.run)
                         queue.append(t.run)
                     else:
@@ -300,11 +345,11 @@ def _submit_array(executor, worker: RunWorker, runs: list[RunSpec]) -> list[Trac
             jobs = [executor.submit(worker, str(run.run_dir)) for run in runs]
     except (FailedJobError, OSError) as e:
         raise SweepError(f"launcher: Slurm refused the job array: {first_line(str(e).split('stderr:')[-1])}") from None
-    for run, job in zip(runs, jobs):
+    for run, job in zip(runs, jobs, strict=True):
         status = read_status(run.run_dir) or {}
         if status.get("state") == "pending":  # the worker may already have started and written its own
             update_status(run.run_dir, slurm_job_id=str(job.job_id))
-    return [Tracked(run, job) for run, job in zip(runs, jobs)]
+    return [Tracked(run, job) for run, job in zip(runs, jobs, strict=True)]
 
 
 class SlurmWatch:
@@ -338,7 +383,9 @@ class SlurmWatch:
             return _queued_run_ended(t)
         if t.job is None:  # another worker's run: its record and its liveness tell
             status = read_status(t.run.run_dir) or {}
-            return status.get("state") not in ("pending", "running") or (fresh and not live.alive(t.run.run_dir, status))
+            return status.get("state") not in ("pending", "running") or (
+                fresh and not live.alive(t.run.run_dir, status)
+            )
         if not _is_slurm(t.job):  # local jobs: submitit knows their process
             return t.job.done()
         if not t.job.done(force_check=fresh):
@@ -376,7 +423,7 @@ def _queued_state(t: Tracked) -> str | None:
     state = (read_status(run_dir) or {}).get("state")
     if state != "running" or claim_held(run_dir):
         return state
-    state = (read_status(run_dir) or {}).get("state")   # read again: it may have ended meanwhile
+    state = (read_status(run_dir) or {}).get("state")  # read again: it may have ended meanwhile
     return "orphaned" if state == "running" else state
 
 
@@ -410,8 +457,13 @@ def reconcile(t: Tracked) -> str:
         from stare_lab.sweep.ranks import latest_peer_failure
 
         error = latest_peer_failure(t.run.run_dir) or error  # a multi-process run: the first rank that failed
-        update_status(t.run.run_dir, state="failed", error=error or "the job ended without a result",
-                      traceback=_job_log_tail(t.job), pid=None)
+        update_status(
+            t.run.run_dir,
+            state="failed",
+            error=error or "the job ended without a result",
+            traceback=_job_log_tail(t.job),
+            pid=None,
+        )
         state = "failed"
     return state or "failed"
 

@@ -4,6 +4,7 @@ The kernel drops an flock when its holder dies (even by SIGKILL), so a crash nev
 sweep locked. Python opens files non-inheritable, so the worker processes the launcher starts do
 not hold it. The file also records who holds it, for the error message.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -24,7 +25,7 @@ class SweepLock:
         self.sweep = sweep
         self._fd: int | None = None
 
-    def acquire(self) -> "SweepLock":
+    def acquire(self) -> SweepLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -44,7 +45,7 @@ class SweepLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "SweepLock":
+    def __enter__(self) -> SweepLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

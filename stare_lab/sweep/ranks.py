@@ -18,6 +18,7 @@ status.json, metrics.jsonl and the W&B run. Ranks meet in `<run_dir>/.ranks/<att
 Rendezvous itself is submitit's job environment (`TorchDistributedEnvironment().export`): see
 docs/distributed.md §5.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,19 @@ GO_WAIT_S = 300.0
 # Rank 0, failing, waits this long for a peer's error line to land (the peer fails at the same moment).
 PEER_WAIT_S = 5.0
 # Rank 0 errors that only echo a peer's death: the run's error is then the peer's line.
-ECHOES = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-          "received sigterm", "nccl", "gloo", "socket", "terminated", "watchdog")
+ECHOES = (
+    "connection closed by peer",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "received sigterm",
+    "nccl",
+    "gloo",
+    "socket",
+    "terminated",
+    "watchdog",
+)
 
 
 def attempt_key() -> str:
@@ -91,7 +103,9 @@ class RankGate:
                 if info.get("error"):
                     errors.append((info.get("time") or 0, r, info["error"]))
                 elif count_dead and dead is None and _dead_here(info):
-                    dead = f"rank {r} (pid {info['pid']}) died without an error line (killed by a signal or out of memory)"
+                    dead = (
+                        f"rank {r} (pid {info['pid']}) died without an error line (killed by a signal or out of memory)"
+                    )
             if errors:
                 _, r, line = min(errors)
                 return f"rank {r}: {line}"
@@ -116,14 +130,18 @@ def is_echo(error: str) -> bool:
 def _dead_here(info: dict[str, Any]) -> bool:
     from stare_lab.sweep.records import process_start
 
-    return bool(info.get("pid")) and info.get("host") == socket.gethostname() and process_start(int(info["pid"])) is None
+    return (
+        bool(info.get("pid")) and info.get("host") == socket.gethostname() and process_start(int(info["pid"])) is None
+    )
 
 
 def latest_peer_failure(run_dir: Path | str) -> str | None:
     """The first error line any rank wrote in the newest attempt of a run (for a job that ended
     without its rank 0 recording anything)."""
     root = Path(run_dir) / RANKS_DIR
-    attempts = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime) if root.is_dir() else []
+    attempts = (
+        sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime) if root.is_dir() else []
+    )
     if not attempts:
         return None
     errors = []

@@ -14,15 +14,17 @@ batched Slurm query per look (`Liveness.probe`) and one policy (`Liveness.alive`
 5. a pid on another host without Slurm is judged by its claim alone (rule 2): without it, dead;
 6. a pending run with neither has one while the `sweep run` that queued it holds the sweep lock.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import socket
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from stare_lab.record import claim_held, new_status, now_iso  # noqa: F401 - new_status: benchmarks/sweep_scale.py
 from stare_lab.utils import atomic_write_json
@@ -30,8 +32,21 @@ from stare_lab.utils import atomic_write_json
 MANIFEST_FILE = "manifest.json"
 LIVE = ("pending", "running")
 # Slurm states of a job that will not run again (anything else is queued, running or requeued)
-SLURM_ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                         "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"})
+SLURM_ENDED = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
 
 
 def process_start(pid: int) -> str | None:
@@ -49,8 +64,9 @@ def slurm_states() -> dict[str, str] | None:
     Empty where Slurm is not installed (no job of this machine's can be alive); None when
     squeue does not answer (a busy controller)."""
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-o", "%i %T"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "--states=all", "-o", "%i %T"], capture_output=True, text=True, timeout=30
+        )
     except FileNotFoundError:
         return {}
     except (OSError, subprocess.TimeoutExpired):
@@ -70,12 +86,13 @@ class Liveness:
     """One look at the workers of a set of runs (see the module docstring for the policy)."""
 
     host: str
-    slurm: dict[str, str] | None      # squeue's answer; None: not asked or no answer
-    launcher_alive: bool              # the `sweep run` that queued pending runs still runs
+    slurm: dict[str, str] | None  # squeue's answer; None: not asked or no answer
+    launcher_alive: bool  # the `sweep run` that queued pending runs still runs
 
     @classmethod
-    def probe(cls, statuses: Iterable[dict[str, Any] | None], launcher_alive: bool = False,
-              ask_slurm: bool = False) -> "Liveness":
+    def probe(
+        cls, statuses: Iterable[dict[str, Any] | None], launcher_alive: bool = False, ask_slurm: bool = False
+    ) -> Liveness:
         """Slurm is asked once, when a live record names a job (or `ask_slurm`)."""
         ask_slurm = ask_slurm or any(s and s.get("state") in LIVE and s.get("slurm_job_id") for s in statuses)
         return cls(socket.gethostname(), slurm_states() if ask_slurm else None, launcher_alive)
@@ -106,14 +123,21 @@ def self_identity() -> dict[str, Any]:
     job = env.get("SLURM_JOB_ID")
     if env.get("SLURM_ARRAY_JOB_ID"):
         job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID', '0')}"
-    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-            "slurm_job_id": job, "restarts": int(env.get("SLURM_RESTART_COUNT", "0") or 0)}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": process_start(os.getpid()),
+        "slurm_job_id": job,
+        "restarts": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+    }
 
 
 def write_manifest(folder: Path, sweep: str, digest: str, runs: list[dict[str, Any]], launcher: str) -> None:
     """The runs a `sweep run` planned: what `sweep status` lists without expanding the sweep again."""
-    atomic_write_json(Path(folder) / MANIFEST_FILE, {"sweep": sweep, "digest": digest, "launcher": launcher,
-                                                     "written": now_iso(), "runs": runs})
+    atomic_write_json(
+        Path(folder) / MANIFEST_FILE,
+        {"sweep": sweep, "digest": digest, "launcher": launcher, "written": now_iso(), "runs": runs},
+    )
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

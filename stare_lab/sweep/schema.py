@@ -8,6 +8,7 @@ schemas (the `search:` block: search_spec.py); whether each run composes into a 
 checked by `expand.expand_sweep`, which reports errors in the same form. Size, encoding and run
 count are limited (MAX_FILE_BYTES, MAX_RUNS), so a huge file or grid is refused at once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,8 +20,18 @@ from typing import Any
 
 import yaml
 
-from stare_lab.config import (CONF_DIR, LAUNCHER_SCHEMAS, Config, EvalConfig, field_problem, group_names,
-                              group_options, packaged_sweeps, schema_fields, sweep_path)
+from stare_lab.config import (
+    CONF_DIR,
+    LAUNCHER_SCHEMAS,
+    Config,
+    EvalConfig,
+    field_problem,
+    group_names,
+    group_options,
+    packaged_sweeps,
+    schema_fields,
+    sweep_path,
+)
 
 TOP_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "eval", "launcher", "output", "search")
 EVAL_KEYS = tuple(schema_fields(EvalConfig))
@@ -41,31 +52,31 @@ class SweepError(ValueError):
 
 @dataclass
 class SearchSpec:
-    params: dict[str, dict[str, Any]]       # dotted key -> {low, high, log, step, type} | {choices}
-    metric: str                              # eval/<benchmark>/<metric> or train/<key>
+    params: dict[str, dict[str, Any]]  # dotted key -> {low, high, log, step, type} | {choices}
+    metric: str  # eval/<benchmark>/<metric> or train/<key>
     direction: str
     trials: int
     parallelism: int
     sampler: str = "tpe"
     seed: int = 0
     pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
-    storage: str | None = None               # None: sqlite (local) or a journal file (slurm) in the sweep folder
+    storage: str | None = None  # None: sqlite (local) or a journal file (slurm) in the sweep folder
 
 
 @dataclass
 class SweepSpec:
     name: str
-    groups: dict[str, str]                   # config group -> option (base choices)
-    overrides: dict[str, Any]                # base dotted overrides, eval block included
+    groups: dict[str, str]  # config group -> option (base choices)
+    overrides: dict[str, Any]  # base dotted overrides, eval block included
     grid: dict[str, list[Any]]
     variants: dict[str, dict[str, Any]]
     seeds: list[int]
-    launcher: dict[str, Any]                 # name + every parameter, defaults filled in
-    output: Path                             # absolute root; the sweep folder is output/name
+    launcher: dict[str, Any]  # name + every parameter, defaults filled in
+    output: Path  # absolute root; the sweep folder is output/name
     search: SearchSpec | None = None
     path: Path | None = None
     description: str = ""
-    digest: str = ""                         # sha256 of the file text: status notices an edited sweep
+    digest: str = ""  # sha256 of the file text: status notices an edited sweep
 
     @property
     def folder(self) -> Path:
@@ -89,8 +100,9 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise SweepError(f"line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                             f"(first at line {seen[key] + 1})")
+            raise SweepError(
+                f"line {key_node.start_mark.line + 1}: duplicate key {key!r} (first at line {seen[key] + 1})"
+            )
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
@@ -98,7 +110,9 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_sweep(path: Path | str, *, launcher: dict[str, Any] | None = None, output: Path | str | None = None) -> SweepSpec:
+def load_sweep(
+    path: Path | str, *, launcher: dict[str, Any] | None = None, output: Path | str | None = None
+) -> SweepSpec:
     """Read and validate a sweep file (a path or a packaged sweep's name, see `config.sweep_path`).
     `launcher` (CLI options) and `output` override the file."""
     path = sweep_path(path)
@@ -106,14 +120,18 @@ def load_sweep(path: Path | str, *, launcher: dict[str, Any] | None = None, outp
         raise SweepError(f"{path}: no such sweep file (or packaged sweep name: {', '.join(packaged_sweeps())})")
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
-        raise SweepError(f"{path}: {size:,} bytes; a sweep file is at most {MAX_FILE_BYTES:,} bytes "
-                         "(list values in grid:, seeds: N for N seeds)")
+        raise SweepError(
+            f"{path}: {size:,} bytes; a sweep file is at most {MAX_FILE_BYTES:,} bytes "
+            "(list values in grid:, seeds: N for N seeds)"
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise SweepError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); save it as UTF-8") from None
+        raise SweepError(
+            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); save it as UTF-8"
+        ) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except SweepError as e:
@@ -127,8 +145,9 @@ def load_sweep(path: Path | str, *, launcher: dict[str, Any] | None = None, outp
     return spec
 
 
-def parse_sweep(data: Any, *, where: str = "<sweep>", launcher: dict[str, Any] | None = None,
-                output: Path | str | None = None) -> SweepSpec:
+def parse_sweep(
+    data: Any, *, where: str = "<sweep>", launcher: dict[str, Any] | None = None, output: Path | str | None = None
+) -> SweepSpec:
     def fail(key: str, msg: str) -> None:
         raise SweepError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
 
@@ -163,8 +182,18 @@ def parse_sweep(data: Any, *, where: str = "<sweep>", launcher: dict[str, Any] |
         search = parse_search(data["search"], fail, launch)
     _check_run_count(grid, variants, seeds, fail)
     desc = data.get("description") or ""
-    return SweepSpec(name=name, groups=groups, overrides=overrides, grid=grid, variants=variants, seeds=seeds,
-                     launcher=launch, output=Path(out).expanduser().absolute(), search=search, description=str(desc))
+    return SweepSpec(
+        name=name,
+        groups=groups,
+        overrides=overrides,
+        grid=grid,
+        variants=variants,
+        seeds=seeds,
+        launcher=launch,
+        output=Path(out).expanduser().absolute(),
+        search=search,
+        description=str(desc),
+    )
 
 
 def check_key(key: Any, path: str, fail) -> None:
@@ -193,8 +222,11 @@ def _split(mapping: dict, path: str, fail) -> tuple[dict[str, str], dict[str, An
             _check_choice(k, v, f"{path}.{k}", fail)
             groups[k] = v
         elif "." not in k:
-            fail(f"{path}.{k}", f"unknown config group {k!r}; valid groups: {', '.join(known)} "
-                 "(or a dotted key such as trainer.max_steps)")
+            fail(
+                f"{path}.{k}",
+                f"unknown config group {k!r}; valid groups: {', '.join(known)} "
+                "(or a dotted key such as trainer.max_steps)",
+            )
         else:
             if isinstance(v, dict):
                 fail(f"{path}.{k}", "an override value is a scalar or a list, not a mapping")
@@ -210,10 +242,13 @@ def _base(base: Any, fail) -> tuple[dict[str, str], dict[str, Any]]:
     extra = base.get("overrides") or {}
     if not isinstance(extra, dict):
         fail("base.overrides", f"expected a mapping of dotted keys to values, got {type(extra).__name__}")
-    for k, v in extra.items():
+    for k in extra:
         if isinstance(k, str) and "." not in k:
-            fail(f"base.overrides.{k}", f"{k!r} is a group choice or a section: write it under base: "
-                 "or use a dotted key such as trainer.max_steps")
+            fail(
+                f"base.overrides.{k}",
+                f"{k!r} is a group choice or a section: write it under base: "
+                "or use a dotted key such as trainer.max_steps",
+            )
     g2, o2 = _split(extra, "base.overrides", fail)
     overrides.update(o2)
     return groups, overrides
@@ -229,7 +264,10 @@ def _eval(block: Any, fail) -> dict[str, Any]:
     fields = schema_fields(EvalConfig)
     for k, v in block.items():
         if k not in fields:
-            fail(f"eval.{k}", f"unknown key; valid keys: {', '.join(EVAL_KEYS)} (choose eval configs in base: eval: NAME)")
+            fail(
+                f"eval.{k}",
+                f"unknown key; valid keys: {', '.join(EVAL_KEYS)} (choose eval configs in base: eval: NAME)",
+            )
         problem = field_problem(v, *fields[k])
         if problem:
             fail(f"eval.{k}", problem)
@@ -246,7 +284,7 @@ def _grid(grid: Any, fail) -> dict[str, list[Any]]:
     out = {}
     for k, values in grid.items():
         check_key(k, f"grid.{k}", fail)
-        if values == "all" and k in config_groups():   # every option; for method, every registered rule
+        if values == "all" and k in config_groups():  # every option; for method, every registered rule
             values = _all_options(k)
         if not isinstance(values, list):
             fail(f"grid.{k}", f"expected a list of values, got {values!r}")
@@ -269,16 +307,19 @@ def _all_options(group: str) -> list[str]:
     if group == "method":
         from stare_lab.methods import list_methods
 
-        return list(list_methods())                   # registration order
+        return list(list_methods())  # registration order
     return group_options(group)
 
 
 def _check_run_count(grid: dict[str, list[Any]], variants: dict[str, Any], seeds: list[int], fail) -> None:
     sizes = [len(v) for v in grid.values()] + [max(len(variants), 1), len(seeds)]
     if math.prod(sizes) > MAX_RUNS:
-        fail("", f"{math.prod(sizes):,} runs (grid {' × '.join(str(len(v)) for v in grid.values()) or '1'} × "
-             f"{max(len(variants), 1)} variants × {len(seeds):,} seeds); a sweep is at most {MAX_RUNS:,} runs: "
-             "split it or search it (search:)")
+        fail(
+            "",
+            f"{math.prod(sizes):,} runs (grid {' × '.join(str(len(v)) for v in grid.values()) or '1'} × "
+            f"{max(len(variants), 1)} variants × {len(seeds):,} seeds); a sweep is at most {MAX_RUNS:,} runs: "
+            "split it or search it (search:)",
+        )
 
 
 def _variants(variants: Any, fail, grid: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:
@@ -354,9 +395,17 @@ def _launcher(block: Any, cli: dict[str, Any], fail) -> dict[str, Any]:
         if problem:
             fail(f"launcher.{k}", problem)
         out[k] = v
-    if name == "slurm" and out["tasks_per_node"] and out["gpus_per_node"] and out["tasks_per_node"] != out["gpus_per_node"]:
-        fail("launcher.tasks_per_node", f"{out['tasks_per_node']} tasks on {out['gpus_per_node']} GPUs per node: "
-             "a run has one process per GPU (leave tasks_per_node null, or gpus_per_node 0 for CPU runs)")
+    if (
+        name == "slurm"
+        and out["tasks_per_node"]
+        and out["gpus_per_node"]
+        and out["tasks_per_node"] != out["gpus_per_node"]
+    ):
+        fail(
+            "launcher.tasks_per_node",
+            f"{out['tasks_per_node']} tasks on {out['gpus_per_node']} GPUs per node: "
+            "a run has one process per GPU (leave tasks_per_node null, or gpus_per_node 0 for CPU runs)",
+        )
     return out
 
 

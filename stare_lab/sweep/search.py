@@ -9,15 +9,26 @@ checkpoints) before asking for new trials. With a pruner, the driver reads each 
 intermediate values (intermediate evaluations for an eval metric, metrics.jsonl rows for a train metric),
 reports them, and stops a trial Optuna prunes (its run is recorded interrupted, "pruned ...").
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from stare_lab.sweep.expand import Composer, RunSpec, fmt_value
 from stare_lab.record import eval_metric, read_eval_results, read_metrics, read_status, update_status
-from stare_lab.sweep.launch import POLL_S, Tracked, make_executor, prepare, reconcile, stop_job, submit_run, worker_threads
+from stare_lab.sweep.expand import Composer, RunSpec, fmt_value
+from stare_lab.sweep.launch import (
+    POLL_S,
+    Tracked,
+    make_executor,
+    prepare,
+    reconcile,
+    stop_job,
+    submit_run,
+    worker_threads,
+)
 from stare_lab.sweep.schema import SearchSpec, SweepSpec
 from stare_lab.sweep.worker import Execute, RunWorker
 
@@ -51,14 +62,20 @@ def load_study(spec: SweepSpec, create: bool = False):
         return optuna.load_study(study_name=spec.name, storage=storage)
     pruner = optuna.pruners.NopPruner()
     if s.pruner.get("name") == "median":
-        pruner = optuna.pruners.MedianPruner(n_startup_trials=int(s.pruner.get("n_startup_trials", 2)),
-                                             n_warmup_steps=int(s.pruner.get("n_warmup_steps", 0)))
-    study = optuna.create_study(study_name=spec.name, storage=storage, load_if_exists=True,
-                                direction=s.direction, pruner=pruner)
+        pruner = optuna.pruners.MedianPruner(
+            n_startup_trials=int(s.pruner.get("n_startup_trials", 2)),
+            n_warmup_steps=int(s.pruner.get("n_warmup_steps", 0)),
+        )
+    study = optuna.create_study(
+        study_name=spec.name, storage=storage, load_if_exists=True, direction=s.direction, pruner=pruner
+    )
     # A resumed study must not replay the first launch's suggestions: seed by trials so far.
     seed = s.seed + len(study.trials)
-    study.sampler = (optuna.samplers.RandomSampler(seed=seed) if s.sampler == "random"
-                     else optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(1, s.trials // 3))))
+    study.sampler = (
+        optuna.samplers.RandomSampler(seed=seed)
+        if s.sampler == "random"
+        else optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(1, s.trials // 3)))
+    )
     return study
 
 
@@ -104,8 +121,9 @@ def trial_run(composer: Composer, spec: SweepSpec, number: int, params: dict[str
     return composer.run(assigned, seed=spec.seeds[0], label=label, variant=None)
 
 
-def run_search(spec: SweepSpec, echo: Callable[[str], None] = print, executor=None,
-               execute: Execute | None = None) -> dict[str, int]:
+def run_search(
+    spec: SweepSpec, echo: Callable[[str], None] = print, executor=None, execute: Execute | None = None
+) -> dict[str, int]:
     """Run the study until `trials` trials have ended; returns counts of trial states. `execute`
     replaces the real runner in the workers (tests)."""
     from optuna.trial import Trial, TrialState
@@ -118,7 +136,10 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print, executor=No
     stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     if stale:
         echo(f"resuming {len(stale)} trial(s) left running by an earlier launch")
-    ended = lambda: len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+
+    def ended() -> int:
+        return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+
     inflight: list[tuple[Trial, Tracked]] = []
     done = ended()
     echo(f"study {spec.name!r}: {done} of {s.trials} trials ended; up to {s.parallelism} at a time")
@@ -147,10 +168,10 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print, executor=No
             elif _job_done(tracked):
                 inflight.remove((trial, tracked))
                 state = reconcile(tracked)
-                if state == "watch":      # a worker of an earlier launch holds the run: follow it
+                if state == "watch":  # a worker of an earlier launch holds the run: follow it
                     inflight.append((trial, Tracked(tracked.run)))
                     continue
-                if state == "resume":     # ... and it died while we watched
+                if state == "resume":  # ... and it died while we watched
                     prepare(tracked.run)
                     inflight.append((trial, Tracked(tracked.run, submit_run(executor, worker, tracked.run))))
                     continue
@@ -212,5 +233,11 @@ def best_trial(spec: SweepSpec) -> dict[str, Any] | None:
         t = study.best_trial
     except ValueError:
         return None
-    return {"number": t.number, "value": t.value, "params": t.params, "run_id": t.user_attrs.get("run_id"),
-            "label": t.user_attrs.get("label"), "n_trials": len(study.trials)}
+    return {
+        "number": t.number,
+        "value": t.value,
+        "params": t.params,
+        "run_id": t.user_attrs.get("run_id"),
+        "label": t.user_attrs.get("label"),
+        "n_trials": len(study.trials),
+    }

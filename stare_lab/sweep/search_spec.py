@@ -1,6 +1,7 @@
 """The `search:` block of a sweep file (an Optuna study instead of a grid), checked like the rest
 of the file (stare_lab.sweep.schema): one line naming the key path, the value and the choices.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,13 +28,19 @@ def parse_search(block: Any, fail, launch: dict[str, Any]) -> SearchSpec:
         _param(k, p, fail)
     obj = block.get("objective")
     if not isinstance(obj, dict) or "metric" not in obj:
-        fail("search.objective", "expected {metric: eval/<benchmark>/<metric> | train/<key>, direction: maximize|minimize}")
+        fail(
+            "search.objective",
+            "expected {metric: eval/<benchmark>/<metric> | train/<key>, direction: maximize|minimize}",
+        )
     for k in obj:
         if k not in ("metric", "direction"):
             fail(f"search.objective.{k}", "unknown key; valid keys: metric, direction")
     metric = obj["metric"]
     if not isinstance(metric, str) or not re.match(r"^(eval/[^/]+/\S+|train/\S+)$", metric):
-        fail("search.objective.metric", f"{metric!r}: expected eval/<benchmark>/<metric> (e.g. eval/arithmetic/avg@32) or train/<key>")
+        fail(
+            "search.objective.metric",
+            f"{metric!r}: expected eval/<benchmark>/<metric> (e.g. eval/arithmetic/avg@32) or train/<key>",
+        )
     direction = obj.get("direction", "maximize")
     if direction not in DIRECTIONS:
         fail("search.objective.direction", f"unknown direction {direction!r}; valid: {', '.join(DIRECTIONS)}")
@@ -61,8 +68,17 @@ def parse_search(block: Any, fail, launch: dict[str, Any]) -> SearchSpec:
     storage = block.get("storage")
     if storage is not None and not isinstance(storage, str):
         fail("search.storage", f"expected a path or an sqlite:/// URL, got {storage!r}")
-    return SearchSpec(params=params, metric=metric, direction=direction, trials=ints["trials"],
-                      parallelism=ints["parallelism"], sampler=sampler, seed=ints["seed"], pruner=pruner, storage=storage)
+    return SearchSpec(
+        params=params,
+        metric=metric,
+        direction=direction,
+        trials=ints["trials"],
+        parallelism=ints["parallelism"],
+        sampler=sampler,
+        seed=ints["seed"],
+        pruner=pruner,
+        storage=storage,
+    )
 
 
 def _param(key: Any, p: Any, fail) -> None:

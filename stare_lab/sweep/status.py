@@ -6,6 +6,7 @@ A `pending`/`running` run without a live worker (the policy of stare_lab.sweep.r
 shared with `sweep run`) is shown as `stalled`: `sweep run` resumes it. A status.json that can not
 be parsed is shown as `corrupt` with the problem; nothing is changed.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,18 +27,31 @@ def collect(folder: Path) -> dict[str, Any]:
     planned = {r["id"]: r for r in manifest["runs"]}
     ids = list(planned)
     if folder.is_dir():
-        ids += sorted(e.name for e in os.scandir(folder)
-                      if e.is_dir() and e.name not in planned and os.path.exists(os.path.join(e.path, STATUS_FILE)))
+        ids += sorted(
+            e.name
+            for e in os.scandir(folder)
+            if e.is_dir() and e.name not in planned and os.path.exists(os.path.join(e.path, STATUS_FILE))
+        )
     rows = []
     for run_id in ids:
         status = read_status(folder / run_id)
         meta = planned.get(run_id, {})
         s = status or {}
-        rows.append({"id": run_id, "label": s.get("label") or meta.get("label", ""),
-                     "planned": run_id in planned, "state": s.get("state") or "not started",
-                     "attempts": s.get("attempts", 0), "job": s.get("slurm_job_id"),
-                     "host": s.get("host"), "duration_s": s.get("duration_s"),
-                     "error": s.get("error"), "code": code_version(status), "_status": status})
+        rows.append(
+            {
+                "id": run_id,
+                "label": s.get("label") or meta.get("label", ""),
+                "planned": run_id in planned,
+                "state": s.get("state") or "not started",
+                "attempts": s.get("attempts", 0),
+                "job": s.get("slurm_job_id"),
+                "host": s.get("host"),
+                "duration_s": s.get("duration_s"),
+                "error": s.get("error"),
+                "code": code_version(status),
+                "_status": status,
+            }
+        )
     _mark_stalled(rows, folder)
     return {"rows": rows, "manifest": manifest}
 
@@ -59,13 +73,21 @@ def mixed_code_note(rows: list[dict[str, Any]]) -> str | None:
         codes[r.get("code") or "unrecorded"] = codes.get(r.get("code") or "unrecorded", 0) + 1
     if len(codes) < 2:
         return None
-    return ("warning: finished runs come from different code versions ("
-            + ", ".join(f"{c}: {n} run{'s' * (n > 1)}" for c, n in sorted(codes.items())) + "); "
-            "`sweep run --rerun-other-code` redoes those not from this checkout")
+    return (
+        "warning: finished runs come from different code versions ("
+        + ", ".join(f"{c}: {n} run{'s' * (n > 1)}" for c, n in sorted(codes.items()))
+        + "); "
+        "`sweep run --rerun-other-code` redoes those not from this checkout"
+    )
 
 
-def format_status(name: str, data: dict[str, Any], digest: str | None = None, show_all: bool = False,
-                  best: dict[str, Any] | None = None) -> str:
+def format_status(
+    name: str,
+    data: dict[str, Any],
+    digest: str | None = None,
+    show_all: bool = False,
+    best: dict[str, Any] | None = None,
+) -> str:
     rows, manifest = data["rows"], data["manifest"]
     if not rows:
         return f"sweep {name!r}: not started (no runs under the sweep folder)"
@@ -86,16 +108,20 @@ def format_status(name: str, data: dict[str, Any], digest: str | None = None, sh
             continue
         lines.append(f"\n{state} ({len(group)}):")
         for r in group:
-            extra = [f"job {r['job']}" if r["job"] else None,
-                     f"attempts {r['attempts']}" if r["attempts"] else None,
-                     f"{r['duration_s']:.0f}s" if r.get("duration_s") else None,
-                     "not in the current plan" if not r["planned"] and manifest["runs"] else None]
+            extra = [
+                f"job {r['job']}" if r["job"] else None,
+                f"attempts {r['attempts']}" if r["attempts"] else None,
+                f"{r['duration_s']:.0f}s" if r.get("duration_s") else None,
+                "not in the current plan" if not r["planned"] and manifest["runs"] else None,
+            ]
             line = f"  {r['label']:<{width}}  {r['id']}  " + "  ".join(x for x in extra if x)
             if state in ("failed", "interrupted", "stalled", CORRUPT) and r["error"]:
                 line += f"\n  {'':<{width}}  error: {r['error']}"
             lines.append(line)
     if best is not None:
         params = " ".join(f"{k}={v}" for k, v in best["params"].items())
-        lines.append(f"\nbest trial: #{best['number']} value={best['value']:.6g} {params} (run {best['run_id']}; "
-                     f"{best['n_trials']} trials in the study)")
+        lines.append(
+            f"\nbest trial: #{best['number']} value={best['value']:.6g} {params} (run {best['run_id']}; "
+            f"{best['n_trials']} trials in the study)"
+        )
     return "\n".join(lines)

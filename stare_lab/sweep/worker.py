@@ -18,6 +18,7 @@ job of several tasks is one multi-process run (`run_rank`): rank 0 is the worker
 ranks train with it and keep no record. Thread count and warning filters are set by
 `start_worker` when a worker process starts, never on import.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,9 +28,10 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import submitit
 
@@ -66,9 +68,15 @@ def start_worker(threads: int | None = None) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
 
 
-def run_one(run_dir: Path | str, *, execute: Execute | None = None, force: bool = False,
-            gate: RankGate | None = None, only_pending: bool = False,
-            code: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_one(
+    run_dir: Path | str,
+    *,
+    execute: Execute | None = None,
+    force: bool = False,
+    gate: RankGate | None = None,
+    only_pending: bool = False,
+    code: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) the run in `run_dir`; returns its final status. Raises what the run raised.
 
     A finished run is not run again unless `force`. `execute` defaults to the real runner; tests
@@ -118,8 +126,13 @@ def run_rank(run_dir: Path, rank: int, world: int, key: str, execute: Execute | 
     return {"rank": rank, "state": "finished"}
 
 
-def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: RankGate | None = None,
-                 code: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run_claimed(
+    run_dir: Path,
+    execute: Execute | None,
+    force: bool,
+    gate: RankGate | None = None,
+    code: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     status = read_status(run_dir) or new_status()
     if status.get("state") == CORRUPT:
         if gate is not None:
@@ -136,13 +149,23 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: Rank
         ident["slurm_job_id"] = status.get("slurm_job_id") if ident["host"] == status.get("host") else None
     t0 = time.time()
     attempt = int(status.get("attempts") or 0) + 1
-    status.update(ident, state="running", attempts=attempt, error=None, world_size=gate.world if gate else 1,
-                  traceback=None, finished=None, started=status.get("started") or now_iso(),
-                  attempt_started=now_iso())
+    status.update(
+        ident,
+        state="running",
+        attempts=attempt,
+        error=None,
+        world_size=gate.world if gate else 1,
+        traceback=None,
+        finished=None,
+        started=status.get("started") or now_iso(),
+        attempt_started=now_iso(),
+    )
     # which code ran each attempt: `sweep run` and the tables compare it with the current code
     code = code or provenance(_device())
-    status["provenance"] = [*(status.get("provenance") or []),
-                            {"attempt": attempt, "started": status["attempt_started"], **code}]
+    status["provenance"] = [
+        *(status.get("provenance") or []),
+        {"attempt": attempt, "started": status["attempt_started"], **code},
+    ]
     write_status(run_dir, status)
     if gate is not None:
         gate.open(True)
@@ -154,18 +177,27 @@ def _run_claimed(run_dir: Path, execute: Execute | None, force: bool, gate: Rank
         if gate is not None:
             gate.failed(error)
             # under SIGTERM Slurm's KillWait is short: look once, briefly, for a peer's error line
-            peer = (gate.peer_failure(wait_s=1.0, count_dead=False) if interrupted
-                    else gate.peer_failure() if is_echo(error) else None)
+            peer = (
+                gate.peer_failure(wait_s=1.0, count_dead=False)
+                if interrupted
+                else gate.peer_failure()
+                if is_echo(error)
+                else None
+            )
             if peer:  # this rank only saw another one die: that one's line is the run's error
                 interrupted, error = False, peer
-        status.update(state="interrupted" if interrupted else "failed",
-                      error=error, traceback=traceback.format_exc(),
-                      duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3),
-                      finished=None if interrupted else now_iso())
+        status.update(
+            state="interrupted" if interrupted else "failed",
+            error=error,
+            traceback=traceback.format_exc(),
+            duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3),
+            finished=None if interrupted else now_iso(),
+        )
         _record_end(run_dir, status)
         raise
-    status.update(state="finished", finished=now_iso(),
-                  duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3))
+    status.update(
+        state="finished", finished=now_iso(), duration_s=round(float(status.get("duration_s") or 0) + elapsed(t0), 3)
+    )
     write_status(run_dir, status)
     return status
 
@@ -226,9 +258,19 @@ def _leave_on_sigterm() -> Iterator[None]:
 
 
 # What a run imports (the runner imports most of it lazily, at first use)
-RUNNER_MODULES = ("stare_lab.runner", "stare_lab.trainer", "stare_lab.trl_loss", "stare_lab.tracking",
-                  "stare_lab.models", "stare_lab.tasks", "stare_lab.eval_run", "stare_lab.evaluation",
-                  "stare_lab.viewer.wandb_export", "stare_lab.viewer.page", "stare_lab.viewer.figures")
+RUNNER_MODULES = (
+    "stare_lab.runner",
+    "stare_lab.trainer",
+    "stare_lab.trl_loss",
+    "stare_lab.tracking",
+    "stare_lab.models",
+    "stare_lab.tasks",
+    "stare_lab.eval_run",
+    "stare_lab.evaluation",
+    "stare_lab.viewer.wandb_export",
+    "stare_lab.viewer.page",
+    "stare_lab.viewer.figures",
+)
 
 
 def loaded_code() -> dict[str, Any]:
@@ -266,7 +308,7 @@ class QueueWorker:
         try:
             return run_one(run_dir, execute=self.execute, only_pending=True, code=code)
         except Exception:  # noqa: BLE001 - run_one recorded it in the run's status.json; the next run goes on
-            traceback.print_exc()   # into this worker's submitit log as well
+            traceback.print_exc()  # into this worker's submitit log as well
             return read_status(run_dir) or {}
 
 
@@ -293,8 +335,12 @@ class RunWorker(submitit.helpers.Checkpointable):
     def checkpoint(self, run_dir: str, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The trainer checkpoints every save_steps on its own; there is nothing more to dump here.
         try:
-            update_status(Path(run_dir), state="interrupted", requeued=now_iso(),
-                          error="requeued by Slurm (pre-emption or time-out)")
+            update_status(
+                Path(run_dir),
+                state="interrupted",
+                requeued=now_iso(),
+                error="requeued by Slurm (pre-emption or time-out)",
+            )
         except OSError:
             pass
         return submitit.helpers.DelayedSubmission(self, run_dir, *args, **kwargs)

@@ -4,17 +4,27 @@ A task has `name`, `train_dataset()`, `heldout_dataset()` (datasets with columns
 `answer`, `problem_id`), `extract(completion)`, `verify(completion, answer)` and
 `reward(completions, answer, **kwargs)` (a TRL reward function).
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_boxed, math_reward
 
 TASK_NAMES = ("arithmetic", "math")
 
-__all__ = ["MATH_TEMPLATE", "MathTask", "TASK_NAMES", "build_prompt", "build_task", "extract_boxed",
-           "load_records", "math_reward"]
+__all__ = [
+    "MATH_TEMPLATE",
+    "MathTask",
+    "TASK_NAMES",
+    "build_prompt",
+    "build_task",
+    "extract_boxed",
+    "load_records",
+    "math_reward",
+]
 
 
 def build_task(cfg: Mapping[str, Any] | Any):

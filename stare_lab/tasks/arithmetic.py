@@ -50,9 +50,15 @@ class ArithmeticTask:
 
     name = "arithmetic"
 
-    def __init__(self, train_size: int = 2000, heldout_size: int = 200, seed: int = 0,
-                 a_range: tuple[int, int] = (10, 99), b_range: tuple[int, int] = (10, 99),
-                 c_range: tuple[int, int] = (2, 9)):
+    def __init__(
+        self,
+        train_size: int = 2000,
+        heldout_size: int = 200,
+        seed: int = 0,
+        a_range: tuple[int, int] = (10, 99),
+        b_range: tuple[int, int] = (10, 99),
+        c_range: tuple[int, int] = (2, 9),
+    ):
         self.train_size = train_size
         self.heldout_size = heldout_size
         self.seed = seed
@@ -62,8 +68,9 @@ class ArithmeticTask:
             n_problems *= hi - lo + 1
         # ~10% of problems are held out; refuse sizes the split cannot supply without repeats.
         if heldout_size > n_problems // (2 * _HELDOUT_BUCKETS) or train_size > n_problems * 8 // 10:
-            raise ValueError(f"train_size={train_size}/heldout_size={heldout_size} too large "
-                             f"for {n_problems} distinct problems")
+            raise ValueError(
+                f"train_size={train_size}/heldout_size={heldout_size} too large for {n_problems} distinct problems"
+            )
 
     def _draw(self, rng: random.Random, n: int, heldout: bool) -> datasets.Dataset:
         seen: set[str] = set()

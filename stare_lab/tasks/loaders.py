@@ -5,12 +5,14 @@ Every loader returns plain dicts with the canonical keys `problem`, `answer` and
 candidate columns (the first present one wins), so one benchmark config serves both a hub copy
 (`question`) and a local file (`problem`).
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 DEFAULT_FIELDS: dict[str, Any] = {"problem": "problem", "answer": "answer", "id": None}
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")

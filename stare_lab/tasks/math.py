@@ -11,13 +11,15 @@ math-verify 0.9 notes (ENVIRONMENT.md):
    fragment (`3`) without delimiters; wrapped as `\boxed{...}` all 500 MATH-500 answers parse.
 3. An equation prediction `x=5` verifies against gold `5` (math-verify takes the right-hand side).
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import threading
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 MATH_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -28,7 +30,9 @@ _BOX_RE = re.compile(r"\\(?:boxed|fbox)")
 # so real tabs (MATH-500 rows 17 and 426: Asymptote code, "have\tequal") stay as they are.
 # Short names whose tail is an English word (\tan, \to, \tau, \top) are left out on purpose.
 _TAB_COMMANDS = ("triangle", "times", "theta", "text", "textbf", "textit", "tfrac", "tilde", "therefore")
-_BROKEN_TAB_RE = re.compile(r"\t(" + "|".join(c[1:] for c in sorted(_TAB_COMMANDS, key=len, reverse=True)) + r")(?![A-Za-z])")
+_BROKEN_TAB_RE = re.compile(
+    r"\t(" + "|".join(c[1:] for c in sorted(_TAB_COMMANDS, key=len, reverse=True)) + r")(?![A-Za-z])"
+)
 
 
 def repair_latex_escapes(text: str) -> str:
@@ -100,8 +104,11 @@ def _parse_gold(gold: str, timeouts: bool) -> list:
     if "\\boxed" in gold:
         return parse(gold, parsing_timeout=timeout)
     # `\$36` (MATH-500's money answers) contains "$" but is not math-mode delimited: wrap it too.
-    return (parse("\\boxed{" + gold + "}", parsing_timeout=timeout) or parse("$" + gold + "$", parsing_timeout=timeout)
-            or parse(gold, parsing_timeout=timeout))
+    return (
+        parse("\\boxed{" + gold + "}", parsing_timeout=timeout)
+        or parse("$" + gold + "$", parsing_timeout=timeout)
+        or parse(gold, parsing_timeout=timeout)
+    )
 
 
 def verify_boxed(pred: str | None, gold: str) -> bool:
@@ -126,7 +133,9 @@ def math_reward(completions: Sequence[Any], answers: Sequence[str]) -> list[floa
     r"""1.0 where the completion's last `\boxed{}` answer verifies against the gold answer, else 0.0."""
     if len(completions) != len(answers):
         raise ValueError(f"math_reward: {len(completions)} completions but {len(answers)} answers")
-    return [float(verify_boxed(extract_boxed(completion_text(c)), a)) for c, a in zip(completions, answers)]
+    return [
+        float(verify_boxed(extract_boxed(completion_text(c)), a)) for c, a in zip(completions, answers, strict=True)
+    ]
 
 
 class MathTask:
@@ -158,12 +167,17 @@ class MathTask:
         if "{problem}" not in template:
             raise ValueError(f"math task template must contain '{{problem}}', got {template!r}")
         self.train = dict(source=train_source, split=train_split, subset=train_subset, fields=fields, limit=train_limit)
-        self.heldout = dict(source=heldout_source, split=heldout_split, subset=heldout_subset,
-                            fields=heldout_fields if heldout_fields is not None else fields, limit=heldout_limit)
+        self.heldout = dict(
+            source=heldout_source,
+            split=heldout_split,
+            subset=heldout_subset,
+            fields=heldout_fields if heldout_fields is not None else fields,
+            limit=heldout_limit,
+        )
         self.template, self.chat, self.system_prompt = template, chat, system_prompt
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "MathTask":
+    def from_config(cls, cfg: Mapping[str, Any]) -> MathTask:
         import inspect
 
         kwargs = {k: v for k, v in dict(cfg).items() if k != "name"}
@@ -185,10 +199,14 @@ class MathTask:
 
         if not spec["source"]:
             raise ValueError(f"task.{which}_source is not set for task 'math'")
-        records = load_records(spec["source"], split=spec["split"], fields=spec["fields"],
-                               subset=spec["subset"], limit=spec["limit"])
+        records = load_records(
+            spec["source"], split=spec["split"], fields=spec["fields"], subset=spec["subset"], limit=spec["limit"]
+        )
         return datasets.Dataset.from_list(
-            [{"prompt": self.prompt(r["problem"]), "answer": r["answer"], "problem_id": r["problem_id"]} for r in records]
+            [
+                {"prompt": self.prompt(r["problem"]), "answer": r["answer"], "problem_id": r["problem_id"]}
+                for r in records
+            ]
         )
 
     def train_dataset(self):

@@ -18,6 +18,7 @@ Attention entropy depends on the layers: the key `attn_entropy` holds the layers
 `meta["attn_layers"]` (resolved indices, or null when unknown); other layer sets are stored as
 `attn_entropy@3,5`. `Batch.token_stats(layers)` picks the one a rule reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,22 +59,22 @@ def kept_steps(run_dir: Path | str) -> list[int]:
 
 
 def attn_key(layers: tuple[int, ...] | None) -> str:
-    return ATTN if layers is None else f"{ATTN}@{','.join(str(int(l)) for l in layers)}"
+    return ATTN if layers is None else f"{ATTN}@{','.join(str(int(layer)) for layer in layers)}"
 
 
 @dataclass
 class Batch:
     step: int
-    completion_ids: Tensor            # [B, T] long
-    mask: Tensor                      # [B, T] float32
-    rewards: Tensor                   # [B] float32
-    advantages: Tensor                # [B] or [B, T] float32
-    group: Tensor                     # [B] long
-    stats: dict[str, Tensor]          # name -> [B, T] float32 ("logp" always)
-    prompts: list[str]                # [B] prompt text of each row
-    pieces: dict[int, str]            # token id -> its decoded text
-    run_rule: dict[str, Any]          # {"name": str, "params": dict}
-    rule_state: dict[str, Any]        # RuleState.to_dict() as it was before the run's rule ran
+    completion_ids: Tensor  # [B, T] long
+    mask: Tensor  # [B, T] float32
+    rewards: Tensor  # [B] float32
+    advantages: Tensor  # [B] or [B, T] float32
+    group: Tensor  # [B] long
+    stats: dict[str, Tensor]  # name -> [B, T] float32 ("logp" always)
+    prompts: list[str]  # [B] prompt text of each row
+    pieces: dict[int, str]  # token id -> its decoded text
+    run_rule: dict[str, Any]  # {"name": str, "params": dict}
+    rule_state: dict[str, Any]  # RuleState.to_dict() as it was before the run's rule ran
     meta: dict[str, Any] = field(default_factory=dict)
     trained_weights: Tensor | None = None  # [B, T] float32
     prompt_ids: Tensor | None = None  # [B, P] long
@@ -100,7 +101,7 @@ class Batch:
         if layers is None:
             return (int(n) // 2,)
         items = [layers] if isinstance(layers, int) else list(layers)
-        return tuple(sorted({l + n if l < 0 else l for l in items}))
+        return tuple(sorted({layer + n if layer < 0 else layer for layer in items}))
 
     def attn_for(self, layers: int | tuple[int, ...] | None) -> Tensor | None:
         """The stored attention entropy for a rule's `layers`, or None when it was not kept."""
@@ -114,8 +115,14 @@ class Batch:
     def token_stats(self, attn_layers: int | tuple[int, ...] | None = None) -> TokenStats:
         """TokenStats of the batch, with the attention entropy of `attn_layers` (None = the middle layer)."""
         fields = {k: self.stats[k] for k in STAT_FIELDS if k in self.stats}
-        return TokenStats(logp=self.stats["logp"], mask=self.mask, advantages=self.advantages, group=self.group,
-                          attn_entropy=self.attn_for(attn_layers), **fields)
+        return TokenStats(
+            logp=self.stats["logp"],
+            mask=self.mask,
+            advantages=self.advantages,
+            group=self.group,
+            attn_entropy=self.attn_for(attn_layers),
+            **fields,
+        )
 
 
 def _as(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -126,15 +133,15 @@ def save_batch(
     path: Path | str,
     step: int,
     *,
-    completion_ids: Tensor,               # [B, T]
-    mask: Tensor,                         # [B, T]
-    rewards: Tensor,                      # [B]
-    advantages: Tensor,                   # [B] or [B, T]
-    group: Tensor,                        # [B]
-    stats: dict[str, Tensor],             # name -> [B, T]; "logp" required
-    token_pieces: dict[int, str],         # id -> decoded text, for every id in completion_ids
-    prompts: list[str],                   # [B]
-    run_rule: dict[str, Any],             # {"name", "params"}
+    completion_ids: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T]
+    rewards: Tensor,  # [B]
+    advantages: Tensor,  # [B] or [B, T]
+    group: Tensor,  # [B]
+    stats: dict[str, Tensor],  # name -> [B, T]; "logp" required
+    token_pieces: dict[int, str],  # id -> decoded text, for every id in completion_ids
+    prompts: list[str],  # [B]
+    run_rule: dict[str, Any],  # {"name", "params"}
     rule_state: dict[str, Any] | None = None,
     prompt_ids: Tensor | None = None,
     prompt_mask: Tensor | None = None,
@@ -149,26 +156,37 @@ def save_batch(
         raise ValueError("save_batch: stats must hold 'logp'")
     if len(prompts) != B:
         raise ValueError(f"save_batch: {len(prompts)} prompts for {B} rows")
-    tensors = {"completion_ids": _as(completion_ids, torch.int32), "mask": _as(mask > 0, torch.uint8),
-               "rewards": _as(rewards, torch.float32), "advantages": _as(advantages, torch.float32),
-               "group": _as(group, torch.int32)}
+    tensors = {
+        "completion_ids": _as(completion_ids, torch.int32),
+        "mask": _as(mask > 0, torch.uint8),
+        "rewards": _as(rewards, torch.float32),
+        "advantages": _as(advantages, torch.float32),
+        "group": _as(group, torch.int32),
+    }
     for name, value in stats.items():
         if value is None:
             continue
         if tuple(value.shape) != (B, T):
             raise ValueError(f"save_batch: stat {name!r} has shape {tuple(value.shape)}, expected {(B, T)}")
         tensors[f"stat/{name}"] = _as(value, torch.float32)
-    optional = {"prompt_ids": (prompt_ids, torch.int32), "prompt_mask": (prompt_mask, torch.uint8),
-                "trained_weights": (trained_weights, torch.float32)}
+    optional = {
+        "prompt_ids": (prompt_ids, torch.int32),
+        "prompt_mask": (prompt_mask, torch.uint8),
+        "trained_weights": (trained_weights, torch.float32),
+    }
     for name, (value, dtype) in optional.items():
         if value is not None:
             tensors[name] = _as(value if name != "prompt_mask" else value > 0, dtype)
     used = set(completion_ids.reshape(-1).tolist())
-    header = {"format": FORMAT, "step": int(step), "prompts": list(prompts),
-              "pieces": {str(i): token_pieces.get(i, f"<{i}>") for i in sorted(used)},
-              "run_rule": {"name": str(run_rule["name"]), "params": dict(run_rule.get("params") or {})},
-              "rule_state": rule_state or {"step": int(step), "total_steps": 1, "seed": 0, "memory": {}},
-              "meta": meta or {}}
+    header = {
+        "format": FORMAT,
+        "step": int(step),
+        "prompts": list(prompts),
+        "pieces": {str(i): token_pieces.get(i, f"<{i}>") for i in sorted(used)},
+        "run_rule": {"name": str(run_rule["name"]), "params": dict(run_rule.get("params") or {})},
+        "rule_state": rule_state or {"step": int(step), "total_steps": 1, "seed": 0, "memory": {}},
+        "meta": meta or {},
+    }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -201,14 +219,22 @@ def load_batch(path: Path | str) -> Batch:
         mask = tensors["mask"].float()
         stats = {k[5:]: v.float() for k, v in tensors.items() if k.startswith("stat/")}
         batch = Batch(
-            step=int(header["step"]), completion_ids=tensors["completion_ids"].long(), mask=mask,
-            rewards=tensors["rewards"].float(), advantages=tensors["advantages"].float(),
-            group=tensors["group"].long(), stats=stats, prompts=list(header["prompts"]),
-            pieces={int(k): v for k, v in header["pieces"].items()}, run_rule=dict(header["run_rule"]),
-            rule_state=dict(header["rule_state"]), meta=dict(header.get("meta") or {}),
+            step=int(header["step"]),
+            completion_ids=tensors["completion_ids"].long(),
+            mask=mask,
+            rewards=tensors["rewards"].float(),
+            advantages=tensors["advantages"].float(),
+            group=tensors["group"].long(),
+            stats=stats,
+            prompts=list(header["prompts"]),
+            pieces={int(k): v for k, v in header["pieces"].items()},
+            run_rule=dict(header["run_rule"]),
+            rule_state=dict(header["rule_state"]),
+            meta=dict(header.get("meta") or {}),
             trained_weights=tensors.get("trained_weights"),
             prompt_ids=tensors["prompt_ids"].long() if "prompt_ids" in tensors else None,
-            prompt_mask=tensors["prompt_mask"].float() if "prompt_mask" in tensors else None)
+            prompt_mask=tensors["prompt_mask"].float() if "prompt_mask" in tensors else None,
+        )
         batch.token_stats()  # checks every shape
     except BatchError:
         raise
@@ -223,8 +249,10 @@ def load_run_batch(run_dir: Path | str, step: int | None = None) -> Batch:
     run_dir = Path(run_dir)
     steps = kept_steps(run_dir)
     if not steps:
-        raise BatchError(f"run {run_dir} has no kept batches ({BATCH_DIR}/step-<N>.safetensors); "
-                         f"set trainer.keep_batches_every to keep them")
+        raise BatchError(
+            f"run {run_dir} has no kept batches ({BATCH_DIR}/step-<N>.safetensors); "
+            f"set trainer.keep_batches_every to keep them"
+        )
     if step is None:
         step = steps[-1]
     if step not in steps:

@@ -2,6 +2,7 @@
 
 Used by the tests, the benchmark and the demo's screenshot; `stare-lab view` itself needs no browser.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -10,8 +11,15 @@ import tempfile
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
-         "--disable-extensions", "--hide-scrollbars")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+    "--disable-extensions",
+    "--hide-scrollbars",
+)
 
 
 def chromium_path() -> str | None:
@@ -24,8 +32,12 @@ def _run(page: Path, *extra: str, timeout: float) -> subprocess.CompletedProcess
     if exe is None:
         raise FileNotFoundError("headless Chromium is not installed (apt-get install -y chromium)")
     with tempfile.TemporaryDirectory(prefix="stare_lab_chromium_") as profile:
-        return subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", *extra, Path(page).resolve().as_uri()],
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [exe, *FLAGS, f"--user-data-dir={profile}", *extra, Path(page).resolve().as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def dump_dom(page: Path | str, *, budget_ms: int = 5000, timeout: float = 120) -> str:
@@ -38,13 +50,24 @@ def dump_dom(page: Path | str, *, budget_ms: int = 5000, timeout: float = 120) -
     return done.stdout
 
 
-def screenshot(page: Path | str, out: Path | str, *, size: tuple[int, int] = (1400, 1000), budget_ms: int = 5000,
-               timeout: float = 120) -> Path:
+def screenshot(
+    page: Path | str,
+    out: Path | str,
+    *,
+    size: tuple[int, int] = (1400, 1000),
+    budget_ms: int = 5000,
+    timeout: float = 120,
+) -> Path:
     """A PNG of the page's first screen."""
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = _run(Path(page), f"--virtual-time-budget={budget_ms}", f"--screenshot={out}",
-                f"--window-size={size[0]},{size[1]}", timeout=timeout)
+    done = _run(
+        Path(page),
+        f"--virtual-time-budget={budget_ms}",
+        f"--screenshot={out}",
+        f"--window-size={size[0]},{size[1]}",
+        timeout=timeout,
+    )
     if not out.is_file():
         raise RuntimeError(f"chromium --screenshot wrote nothing ({done.returncode}): {done.stderr.strip()[-500:]}")
     return out

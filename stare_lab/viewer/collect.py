@@ -6,6 +6,7 @@ statistics with one more no-grad pass (only on kept steps: a run that keeps no b
 Statistics the trainer already computed are kept as they are, so the run's own rule reproduces
 its training weights exactly on the saved batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,9 +37,18 @@ def needed_statistics(run_rule=None, trainer=None) -> tuple[set[str], list[tuple
 
 
 @torch.no_grad()
-def stats_for_all_rules(model, out: dict[str, Tensor], stats: TokenStats | None = None, *, num_generations: int,
-                        temperature: float = 1.0, run_rule=None, trainer=None, rows_per_forward: int | None = None,
-                        **chunks: int) -> dict[str, Tensor]:
+def stats_for_all_rules(
+    model,
+    out: dict[str, Tensor],
+    stats: TokenStats | None = None,
+    *,
+    num_generations: int,
+    temperature: float = 1.0,
+    run_rule=None,
+    trainer=None,
+    rows_per_forward: int | None = None,
+    **chunks: int,
+) -> dict[str, Tensor]:
     """Every statistic any registered rule (and `run_rule`) reads, for TRL's generation batch `out`.
 
     Returns name -> [B, T] float32 ("logp", "entropy", "p2", "p2logp", "js", "old_logp", ... as the
@@ -63,14 +73,15 @@ def stats_for_all_rules(model, out: dict[str, Tensor], stats: TokenStats | None 
             have[attn_key(resolve_layers(base, run_rule.attn_layers))] = stats.attn_entropy.float()
     kw = dict(num_generations=num_generations, temperature=temperature, rows_per_forward=rows_per_forward, **chunks)
     plain = (needs - {"attn_entropy"}) | {"logp"}
-    wanted = dict.fromkeys(resolve_layers(base, lay) for lay in layer_sets)   # resolved, in order
+    wanted = dict.fromkeys(resolve_layers(base, lay) for lay in layer_sets)  # resolved, in order
     missing_attn = [lay for lay in wanted if attn_key(lay) not in have]
     result = dict(have)
     todo = plain - set(have)
     if todo:  # one forward gives the vocabulary and group statistics and one attention layer set
         first = missing_attn.pop(0) if missing_attn else None
-        computed = token_statistics(model, out, todo | ({"attn_entropy"} if first is not None else set()),
-                                    attn_layers=first, **kw)
+        computed = token_statistics(
+            model, out, todo | ({"attn_entropy"} if first is not None else set()), attn_layers=first, **kw
+        )
         if first is not None:
             result[attn_key(first)] = computed.pop("attn_entropy")
         result.update({k: v for k, v in computed.items() if k not in have})
@@ -86,9 +97,8 @@ def stats_for_all_rules(model, out: dict[str, Tensor], stats: TokenStats | None 
 def token_pieces(tokenizer, ids: Tensor) -> dict[int, str]:
     """id -> decoded text of that single token, for every id in `ids`."""
     unique = sorted(set(ids.reshape(-1).tolist()))
-    texts = tokenizer.batch_decode([[i] for i in unique], skip_special_tokens=False,
-                                   clean_up_tokenization_spaces=False)
-    return dict(zip(unique, texts))
+    texts = tokenizer.batch_decode([[i] for i in unique], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return dict(zip(unique, texts, strict=True))
 
 
 def rewards_from_trainer(trainer, rows: int, *, global_rows: bool = False) -> Tensor:
@@ -102,7 +112,7 @@ def rewards_from_trainer(trainer, rows: int, *, global_rows: bool = False) -> Te
     if not names or any(len(logs.get(n, ())) < rows * world for n in names):
         return torch.full((rows,), float("nan"))
     first = 0 if global_rows else trainer.accelerator.process_index * rows
-    per_func = torch.tensor([list(logs[n])[-rows * world:][first: first + rows] for n in names]).T  # [rows, F]
+    per_func = torch.tensor([list(logs[n])[-rows * world :][first : first + rows] for n in names]).T  # [rows, F]
     w = weights.float().cpu() if weights is not None else torch.ones(len(names))
     return (per_func.float() * w).nansum(1)
 
@@ -111,9 +121,17 @@ def keep_due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | None, *, run_dir: Path | str, every: int,
-                        rule_state: dict[str, Any], trained_weights: Tensor | None = None,
-                        meta: dict[str, Any] | None = None) -> Path | None:
+def collect_for_trainer(
+    trainer,
+    out: dict[str, Tensor],
+    stats: TokenStats | None,
+    *,
+    run_dir: Path | str,
+    every: int,
+    rule_state: dict[str, Any],
+    trained_weights: Tensor | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path | None:
     """The trainer hook: on a kept step (`trainer.state.global_step % every == 0`) write
     `<run_dir>/batches/step-<N>.safetensors` with every statistic any rule reads; else None.
 
@@ -142,37 +160,72 @@ def collect_for_trainer(trainer, out: dict[str, Tensor], stats: TokenStats | Non
     local = _local_stats(stats, acc.process_index * B, B, T) if stats is not None else None
     # the model stays in the mode the trainer's own statistics pass ran in, so the values agree
     all_stats = stats_for_all_rules(
-        model, out, local, num_generations=G, temperature=temperature, run_rule=trainer.rule, trainer=values,
+        model,
+        out,
+        local,
+        num_generations=G,
+        temperature=temperature,
+        run_rule=trainer.rule,
+        trainer=values,
         rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
         chunk_tokens=getattr(trainer, "stats_chunk_tokens", 1024),
         chunk_queries=getattr(trainer, "attn_chunk_queries", 128),
-        chunk_positions=getattr(trainer, "js_chunk_positions", 64), group=group, accelerator=acc)
+        chunk_positions=getattr(trainer, "js_chunk_positions", 64),
+        group=group,
+        accelerator=acc,
+    )
     rows = distributed.gather_rows(
-        {"completion_ids": out["completion_ids"], "mask": out["completion_mask"], "advantages": out["advantages"],
-         "group": group, "prompt_ids": out["prompt_ids"], "prompt_mask": out["prompt_mask"],
-         **{f"stat:{k}": v for k, v in all_stats.items()}}, acc, left_padded=("prompt_ids", "prompt_mask"))
+        {
+            "completion_ids": out["completion_ids"],
+            "mask": out["completion_mask"],
+            "advantages": out["advantages"],
+            "group": group,
+            "prompt_ids": out["prompt_ids"],
+            "prompt_mask": out["prompt_mask"],
+            **{f"stat:{k}": v for k, v in all_stats.items()},
+        },
+        acc,
+        left_padded=("prompt_ids", "prompt_mask"),
+    )
     if not acc.is_main_process:
         return None
     all_stats = {k[5:]: v for k, v in rows.items() if k.startswith("stat:")}
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
     prompt_ids, prompt_mask = rows["prompt_ids"], rows["prompt_mask"]
-    prompts = tok.batch_decode([row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask)],
-                               skip_special_tokens=True)
+    prompts = tok.batch_decode(
+        [row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)], skip_special_tokens=True
+    )
     base = unwrap_model(model)
-    info = {"num_layers": int(base.config.get_text_config().num_hidden_layers),
-            "attn_layers": list(resolve_layers(base, None)), "num_generations": G,
-            "temperature": temperature, "model": type(base).__name__,
-            "trainer": dataclasses.asdict(values) if values is not None else None,
-            "num_processes": int(acc.num_processes), **(meta or {})}
+    info = {
+        "num_layers": int(base.config.get_text_config().num_hidden_layers),
+        "attn_layers": list(resolve_layers(base, None)),
+        "num_generations": G,
+        "temperature": temperature,
+        "model": type(base).__name__,
+        "trainer": dataclasses.asdict(values) if values is not None else None,
+        "num_processes": int(acc.num_processes),
+        **(meta or {}),
+    }
     n = rows["completion_ids"].size(0)
     return save_batch(
-        batch_path(run_dir, step), step, completion_ids=rows["completion_ids"], mask=rows["mask"],
-        rewards=rewards_from_trainer(trainer, n, global_rows=True), advantages=rows["advantages"],
-        group=rows["group"], stats=all_stats, token_pieces=token_pieces(tok, rows["completion_ids"]),
-        prompts=prompts, run_rule={"name": trainer.rule.name, "params": _params_dict(trainer.rule.params)},
-        rule_state=rule_state, prompt_ids=prompt_ids, prompt_mask=prompt_mask, trained_weights=trained_weights,
-        meta=info)
+        batch_path(run_dir, step),
+        step,
+        completion_ids=rows["completion_ids"],
+        mask=rows["mask"],
+        rewards=rewards_from_trainer(trainer, n, global_rows=True),
+        advantages=rows["advantages"],
+        group=rows["group"],
+        stats=all_stats,
+        token_pieces=token_pieces(tok, rows["completion_ids"]),
+        prompts=prompts,
+        run_rule={"name": trainer.rule.name, "params": _params_dict(trainer.rule.params)},
+        rule_state=rule_state,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        trained_weights=trained_weights,
+        meta=info,
+    )
 
 
 def _local_stats(stats: TokenStats, first: int, B: int, T: int) -> TokenStats:

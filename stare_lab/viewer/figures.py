@@ -6,6 +6,7 @@
 - `selection-steps-<run>.png`: per rule, the selected fraction and the Jaccard overlap with the
   run's own rule over the kept steps.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,8 +34,13 @@ def find_runs(run_dir_or_runs: Path | str | Iterable[Path | str]) -> list[Path]:
     roots = [run_dir_or_runs] if isinstance(run_dir_or_runs, (str, Path)) else list(run_dir_or_runs)
     found: list[Path] = []
     for root in map(Path, roots):
-        candidates = [root] if (root / BATCH_DIR).is_dir() else sorted(
-            p.parent for depth in ("*", "*/*", "*/*/*") for p in root.glob(f"{depth}/{BATCH_DIR}") if p.is_dir())
+        candidates = (
+            [root]
+            if (root / BATCH_DIR).is_dir()
+            else sorted(
+                p.parent for depth in ("*", "*/*", "*/*/*") for p in root.glob(f"{depth}/{BATCH_DIR}") if p.is_dir()
+            )
+        )
         found += [d for d in candidates if kept_steps(d)]
     return sorted(dict.fromkeys(found))
 
@@ -52,7 +58,7 @@ def quadrant_figure(batch: Batch, views: list[RuleView], path: Path, title: str)
     rows = (len(shown) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), sharex=True, sharey=True, squeeze=False)
     h_mid, s_mid = float(_median(H)), float(_median(s))
-    for ax, view in zip(axes.flat, shown):
+    for ax, view in zip(axes.flat, shown, strict=True):
         sel = view.selected[valid].numpy()
         ax.scatter(H, s, s=3, c="#d0d0d0", linewidths=0, rasterized=True)
         for label, keep in (("A > 0", a > 0), ("A < 0", a < 0), ("A = 0", a == 0)):
@@ -61,7 +67,7 @@ def quadrant_figure(batch: Batch, views: list[RuleView], path: Path, title: str)
         ax.axvline(h_mid, ls="--", lw=0.7, c="#555")
         ax.axhline(s_mid, ls="--", lw=0.7, c="#555")
         ax.set_title(f"{view.label}: {selected_fraction(view, batch.mask):.0%}", fontsize=9)
-    for ax in axes.flat[len(shown):]:
+    for ax in axes.flat[len(shown) :]:
         ax.axis("off")
     for ax in axes[:, 0]:
         ax.set_ylabel("surprisal −log π")
@@ -103,8 +109,9 @@ def selection_over_steps(run_dir: Path, path: Path, title: str) -> Path | None:
         ax1.plot(steps, frac[key], **style)
         ax2.plot(steps, overlap[key], **style)
     ax1.set(title="selected fraction", xlabel="step", ylabel="fraction of valid tokens", ylim=(0, 1.05))
-    ax2.set(title=f"Jaccard overlap with this run's rule ({views[0].name})", xlabel="step", ylabel="Jaccard",
-            ylim=(0, 1.05))
+    ax2.set(
+        title=f"Jaccard overlap with this run's rule ({views[0].name})", xlabel="step", ylabel="Jaccard", ylim=(0, 1.05)
+    )
     ax2.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.suptitle(f"{title}: kept batches", fontsize=10)
     return _save(fig, path)

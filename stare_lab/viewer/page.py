@@ -5,6 +5,7 @@ the fields). Per-token arrays hold the valid tokens of every rollout, row after 
 little-endian float32 (weights, signals), int32 (token ids) or uint8 (selected): the page shows
 exactly the float32 weights the rules returned. Nothing is written when the input is bad.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,13 +20,24 @@ import numpy as np
 import torch
 
 from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch
-from stare_lab.viewer.selection import (RuleView, apply_all_rules, one_thread, overlap_matrix, position_histogram,
-                                        selected_fraction, top_tokens)
+from stare_lab.viewer.selection import (
+    RuleView,
+    apply_all_rules,
+    one_thread,
+    overlap_matrix,
+    position_histogram,
+    selected_fraction,
+    top_tokens,
+)
 from stare_lab.viewer.template import CSS, HTML, SCRIPT
 
 BINS = 20
-SIGNAL_LABELS = {"entropy": "entropy", "surprisal": "surprisal (−log π)", "js": "JS to group mean",
-                 "p2": "collision prob Σp²"}
+SIGNAL_LABELS = {
+    "entropy": "entropy",
+    "surprisal": "surprisal (−log π)",
+    "js": "JS to group mean",
+    "p2": "collision prob Σp²",
+}
 
 
 class ViewError(ValueError):
@@ -65,22 +77,33 @@ def _signal_entry(key: str, label: str, values: torch.Tensor, valid: torch.Tenso
 
 
 def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, Any]:
-    entry: dict[str, Any] = {"key": view.key, "name": view.name, "label": view.label, "own": view.own,
-                             "params": _clean(view.params),
-                             "computable": view.computable, "reason": view.reason}
+    entry: dict[str, Any] = {
+        "key": view.key,
+        "name": view.name,
+        "label": view.label,
+        "own": view.own,
+        "params": _clean(view.params),
+        "computable": view.computable,
+        "reason": view.reason,
+    }
     if not view.computable:
         return entry
     w = _flat(view.weights, valid)
     n = max(int(valid.sum()), 1)
-    entry.update({
-        "normalize": view.normalize, "metrics": _clean(view.metrics),
-        "weights": _b64(w, "<f4"), "selected": _b64(_flat(view.selected, valid), "u1"),
-        "selected_frac": selected_fraction(view, batch.mask), "weight_mean": float(w.double().sum()) / n,
-        "weight_max": float(w.max()) if w.numel() else 0.0,
-        "binary": bool(((w == 0) | (w == 1)).all()),
-        "positions": position_histogram(view.selected, batch.mask, BINS),
-        "top_tokens": [list(t) for t in top_tokens(batch, view.selected)],
-    })
+    entry.update(
+        {
+            "normalize": view.normalize,
+            "metrics": _clean(view.metrics),
+            "weights": _b64(w, "<f4"),
+            "selected": _b64(_flat(view.selected, valid), "u1"),
+            "selected_frac": selected_fraction(view, batch.mask),
+            "weight_mean": float(w.double().sum()) / n,
+            "weight_max": float(w.max()) if w.numel() else 0.0,
+            "binary": bool(((w == 0) | (w == 1)).all()),
+            "positions": position_histogram(view.selected, batch.mask, BINS),
+            "top_tokens": [list(t) for t in top_tokens(batch, view.selected)],
+        }
+    )
     if view.own and batch.trained_weights is not None:
         entry["reproduces_training"] = bool(torch.equal(view.weights, batch.trained_weights.float()))
     return entry
@@ -95,17 +118,36 @@ def arm_data(batch: Batch, *, label: str, run_dir: Path | str, views: list[RuleV
     adv = batch.advantages
     row_adv = ((adv * batch.mask).sum(1) / batch.mask.sum(1).clamp(min=1)) if adv.dim() == 2 else adv
     prompts = list(dict.fromkeys(batch.prompts))
-    rollouts = [{"row": i, "group": int(batch.group[i]), "prompt": prompts.index(batch.prompts[i]),
-                 "reward": _num(batch.rewards[i]), "advantage": _num(row_adv[i]), "length": lengths[i],
-                 "offset": int(offsets[i])} for i in range(batch.shape[0])]
+    rollouts = [
+        {
+            "row": i,
+            "group": int(batch.group[i]),
+            "prompt": prompts.index(batch.prompts[i]),
+            "reward": _num(batch.rewards[i]),
+            "advantage": _num(row_adv[i]),
+            "length": lengths[i],
+            "offset": int(offsets[i]),
+        }
+        for i in range(batch.shape[0])
+    ]
     keys, matrix = overlap_matrix(views)
     rule = batch.run_rule
-    info = (f"run {Path(run_dir).name} · rule {rule['name']} · step {batch.step} · {batch.shape[0]} rollouts · "
-            f"{int(valid.sum())} tokens · kept steps: {', '.join(map(str, kept_steps(run_dir))) or batch.step}")
+    info = (
+        f"run {Path(run_dir).name} · rule {rule['name']} · step {batch.step} · {batch.shape[0]} rollouts · "
+        f"{int(valid.sum())} tokens · kept steps: {', '.join(map(str, kept_steps(run_dir))) or batch.step}"
+    )
     return {
-        "label": label, "run_dir": str(run_dir), "step": batch.step, "info": info, "run_rule": rule,
-        "B": batch.shape[0], "T": batch.shape[1], "rollouts": rollouts, "prompts": prompts,
-        "vocab": {str(k): v for k, v in batch.pieces.items()}, "ids": _b64(_flat(batch.completion_ids, valid), "<i4"),
+        "label": label,
+        "run_dir": str(run_dir),
+        "step": batch.step,
+        "info": info,
+        "run_rule": rule,
+        "B": batch.shape[0],
+        "T": batch.shape[1],
+        "rollouts": rollouts,
+        "prompts": prompts,
+        "vocab": {str(k): v for k, v in batch.pieces.items()},
+        "ids": _b64(_flat(batch.completion_ids, valid), "<i4"),
         "signals": [_signal_entry(k, lab, v, valid) for k, (lab, v) in signal_tensors(batch).items()],
         "rules": [_rule_entry(v, batch, valid) for v in views],
         "overlap": {"keys": keys, "matrix": matrix.tolist()},
@@ -192,16 +234,19 @@ def render_sweep(sweep_yaml: Path | str, step: int | None = None, out: Path | st
     kept = {d: kept_steps(d) for _, d in runs}
     with_batches = [(lab, d) for lab, d in runs if kept[d]]
     if not with_batches:
-        raise ViewError(f"no run of sweep {sweep_yaml} has kept batches (batches/step-<N>.safetensors); "
-                        f"set trainer.keep_batches_every to keep them")
+        raise ViewError(
+            f"no run of sweep {sweep_yaml} has kept batches (batches/step-<N>.safetensors); "
+            f"set trainer.keep_batches_every to keep them"
+        )
     all_steps = sorted({s for _, d in with_batches for s in kept[d]})
     if step is None:
         common = set.intersection(*(set(kept[d]) for _, d in with_batches))
         step = max(common) if common else max(all_steps)
     chosen = [(lab, d) for lab, d in with_batches if step in kept[d]]
     if not chosen:
-        raise ViewError(f"step {step} was not kept by any run of sweep {sweep_yaml}; kept steps: "
-                        f"{', '.join(map(str, all_steps))}")
+        raise ViewError(
+            f"step {step} was not kept by any run of sweep {sweep_yaml}; kept steps: {', '.join(map(str, all_steps))}"
+        )
     arms = []
     for lab, d in chosen:
         try:

@@ -6,6 +6,7 @@ run's own rule runs with its parameters and its memory as it was before the rule
 the rule's `selected` set, or every valid token for a rule without one (the trainer's definition
 of `tokens/selected_frac`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,15 +25,15 @@ OWN_PREFIX = "run:"
 
 @dataclass
 class RuleView:
-    key: str                          # unique: the rule name, or "run:<name>" for the run's own rule
+    key: str  # unique: the rule name, or "run:<name>" for the run's own rule
     name: str
-    params: dict[str, Any]            # every field of the rule's Params
+    params: dict[str, Any]  # every field of the rule's Params
     own: bool = False
-    weights: Tensor | None = None     # [B, T] float32, 0 on padding
-    selected: Tensor | None = None    # [B, T] bool, within valid tokens
+    weights: Tensor | None = None  # [B, T] float32, 0 on padding
+    selected: Tensor | None = None  # [B, T] bool, within valid tokens
     normalize: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    reason: str | None = None         # why the rule could not run on this batch ("not computable: needs X")
+    reason: str | None = None  # why the rule could not run on this batch ("not computable: needs X")
 
     @property
     def computable(self) -> bool:
@@ -87,8 +88,11 @@ def apply_rule(batch: Batch, name: str, params: dict[str, Any] | None = None, *,
     try:
         out = rule(stats, state)
     except Exception as err:  # shown on the page for this rule instead of failing the whole page
-        view.reason = f"not computable: {err}" if isinstance(err, ValueError) else \
-            f"failed on this batch: {type(err).__name__}: {err}"
+        view.reason = (
+            f"not computable: {err}"
+            if isinstance(err, ValueError)
+            else f"failed on this batch: {type(err).__name__}: {err}"
+        )
         return view
     valid = stats.valid
     view.weights = out.weights.float()
@@ -135,7 +139,7 @@ def overlap_matrix(views: list[RuleView]) -> tuple[list[str], np.ndarray]:
     """(keys, [R, R] Jaccard of the selected sets) over the computable rules."""
     ok = [v for v in views if v.computable]
     flat = torch.stack([v.selected.reshape(-1) for v in ok]).float() if ok else torch.zeros(0, 0)
-    inter = (flat @ flat.T).double()                                      # [R, R] |a ∩ b|
+    inter = (flat @ flat.T).double()  # [R, R] |a ∩ b|
     size = flat.sum(1).double()
     union = size[:, None] + size[None, :] - inter
     m = torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(inter))
@@ -144,7 +148,7 @@ def overlap_matrix(views: list[RuleView]) -> tuple[list[str], np.ndarray]:
 
 def position_histogram(selected: Tensor, mask: Tensor, bins: int = 20) -> list[int]:
     """Counts of selected tokens by relative position t / length of their response, in `bins` bins."""
-    lengths = mask.sum(1, keepdim=True).clamp(min=1)                      # [B, 1]
+    lengths = mask.sum(1, keepdim=True).clamp(min=1)  # [B, 1]
     t = torch.arange(mask.size(1), dtype=torch.float32).expand_as(mask)
     rel = (t / lengths).clamp(max=1 - 1e-9)
     idx = (rel[selected & (mask > 0)] * bins).long()
@@ -158,6 +162,9 @@ def top_tokens(batch: Batch, selected: Tensor, k: int = 12) -> list[tuple[str, i
     size = int(ids.max()) + 1 if ids.numel() else 1
     chosen = torch.bincount(ids[selected & valid], minlength=size)
     everywhere = torch.bincount(ids[valid], minlength=size)
-    order = torch.argsort(-chosen, stable=True)[:k]                      # ties: the smaller id first
-    return [(batch.pieces.get(i, f"<{i}>"), int(chosen[i]), int(chosen[i]) / int(everywhere[i]))
-            for i in order.tolist() if chosen[i] > 0]
+    order = torch.argsort(-chosen, stable=True)[:k]  # ties: the smaller id first
+    return [
+        (batch.pieces.get(i, f"<{i}>"), int(chosen[i]), int(chosen[i]) / int(everywhere[i]))
+        for i in order.tolist()
+        if chosen[i] > 0
+    ]

@@ -3,6 +3,7 @@
 Statistics are drawn with the ranges the real ones have (entropy ≥ 0, AE ∈ [0, 1], JS ∈ [0, log 2],
 p2 ∈ (0, 1]), completions have random lengths (some rows empty) and rewards vary within groups.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,9 +21,9 @@ def random_batch_tensors(B: int = 16, T: int = 24, G: int = 4, seed: int = 0) ->
     """Keyword arguments of `save_batch` (without path and step) for a random batch."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, T + 1, (B,), generator=g)
-    lengths[0] = T                                                    # one full-length row
+    lengths[0] = T  # one full-length row
     if B > 2:
-        lengths[1] = 0                                                # one empty completion
+        lengths[1] = 0  # one empty completion
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     logits_p = torch.rand(B, T, generator=g)
     logp = torch.log(logits_p.clamp(min=1e-4)) * mask
@@ -31,7 +32,8 @@ def random_batch_tensors(B: int = 16, T: int = 24, G: int = 4, seed: int = 0) ->
     r = rewards.view(-1, G)
     adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).view(-1)
     stats = {
-        "logp": logp, "old_logp": logp.clone(),
+        "logp": logp,
+        "old_logp": logp.clone(),
         "entropy": torch.rand(B, T, generator=g).pow(2) * 3 * mask,
         "attn_entropy": torch.rand(B, T, generator=g) * mask,
         "js": torch.rand(B, T, generator=g) * math.log(2) * mask,
@@ -40,17 +42,47 @@ def random_batch_tensors(B: int = 16, T: int = 24, G: int = 4, seed: int = 0) ->
     stats["p2logp"] = stats["p2"] * torch.log(stats["p2"].clamp(min=1e-6)) * mask
     ids = torch.randint(0, len(PIECES), (B, T), generator=g) * mask.long()
     prompts = [f"What is {3 * int(i) + 7} + {int(i) * 11}?" for i in group]
-    return dict(completion_ids=ids, mask=mask, rewards=rewards, advantages=adv, group=group, stats=stats,
-                token_pieces=dict(enumerate(PIECES)), prompts=prompts)
+    return dict(
+        completion_ids=ids,
+        mask=mask,
+        rewards=rewards,
+        advantages=adv,
+        group=group,
+        stats=stats,
+        token_pieces=dict(enumerate(PIECES)),
+        prompts=prompts,
+    )
 
 
-def write_random_batch(run_dir: Path | str, step: int, *, B: int = 16, T: int = 24, G: int = 4, seed: int = 0,
-                       run_rule: dict | None = None, num_layers: int = 4) -> Path:
+def write_random_batch(
+    run_dir: Path | str,
+    step: int,
+    *,
+    B: int = 16,
+    T: int = 24,
+    G: int = 4,
+    seed: int = 0,
+    run_rule: dict | None = None,
+    num_layers: int = 4,
+) -> Path:
     """Write `<run_dir>/batches/step-<step>.safetensors` with random statistics."""
     kw = random_batch_tensors(B, T, G, seed + step)
-    return save_batch(batch_path(run_dir, step), step, **kw,
-                      run_rule=run_rule or {"name": "stare", "params": {"H_tgt": 10.0}},
-                      rule_state={"step": step, "total_steps": 20, "seed": seed, "memory": {}},
-                      meta={"num_layers": num_layers, "attn_layers": [num_layers // 2], "synthetic": True,
-                            "trainer": {"epsilon_low": 0.2, "epsilon_high": 0.28, "beta": 0.0, "loss_type": "dapo",
-                                        "num_generations": G}})
+    return save_batch(
+        batch_path(run_dir, step),
+        step,
+        **kw,
+        run_rule=run_rule or {"name": "stare", "params": {"H_tgt": 10.0}},
+        rule_state={"step": step, "total_steps": 20, "seed": seed, "memory": {}},
+        meta={
+            "num_layers": num_layers,
+            "attn_layers": [num_layers // 2],
+            "synthetic": True,
+            "trainer": {
+                "epsilon_low": 0.2,
+                "epsilon_high": 0.28,
+                "beta": 0.0,
+                "loss_type": "dapo",
+                "num_generations": G,
+            },
+        },
+    )

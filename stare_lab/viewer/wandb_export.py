@@ -19,6 +19,7 @@ Keys
   `passk/<benchmark>` (line series of pass@k against k per rule), summary
   `passk/<benchmark>/<rule>/pass@<k>`, and any figure as `figures/<stem>` (wandb.Image).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -101,8 +102,9 @@ def page_data(page: Path | str) -> dict[str, Any]:
     return json.loads(html.split('<script id="data" type="application/json">', 1)[1].split("</script>", 1)[0])
 
 
-def log_token_page(run_dir: Path | str, page: Path | str, figures: list[Path | str] = (),
-                   run=None) -> dict[str, Any] | None:
+def log_token_page(
+    run_dir: Path | str, page: Path | str, figures: list[Path | str] = (), run=None
+) -> dict[str, Any] | None:
     """Log the token page (wandb.Html), the selection figures (wandb.Image) and the page's selected
     fractions and overlap matrix into the run's W&B record. Returns the summary entries, or None.
     `run`: an open W&B run to log into (left open); None opens the run's own and finishes it."""
@@ -117,10 +119,15 @@ def log_token_page(run_dir: Path | str, page: Path | str, figures: list[Path | s
     try:
         run.define_metric("tokens/step")
         run.define_metric("tokens/*", step_metric="tokens/step")
-        table = wandb.Table(columns=["rule", *overlap["keys"]],
-                            data=[[k, *row] for k, row in zip(overlap["keys"], overlap["matrix"])])
-        media: dict[str, Any] = {"tokens/step": summary["tokens/step"], "tokens/overlap": table,
-                                 "tokens/page": wandb.Html(Path(page).read_text(encoding="utf-8"), inject=False)}
+        table = wandb.Table(
+            columns=["rule", *overlap["keys"]],
+            data=[[k, *row] for k, row in zip(overlap["keys"], overlap["matrix"], strict=True)],
+        )
+        media: dict[str, Any] = {
+            "tokens/step": summary["tokens/step"],
+            "tokens/overlap": table,
+            "tokens/page": wandb.Html(Path(page).read_text(encoding="utf-8"), inject=False),
+        }
         for fig in figures:
             media[f"tokens/{Path(fig).stem}"] = wandb.Image(str(fig))
         run.log(media)
@@ -167,9 +174,17 @@ def summary_run_id(sweep: str) -> str:
     return "summary-" + hashlib.sha256(sweep.encode()).hexdigest()[:12]
 
 
-def log_sweep_summary(sweep: str, table, passk: dict[str, Any] | None = None, figures: list[Path | str] = (), *,
-                      out_dir: Path | str, project: str = "stare_lab", entity: str | None = None,
-                      mode: str = "auto") -> dict[str, Any]:
+def log_sweep_summary(
+    sweep: str,
+    table,
+    passk: dict[str, Any] | None = None,
+    figures: list[Path | str] = (),
+    *,
+    out_dir: Path | str,
+    project: str = "stare_lab",
+    entity: str | None = None,
+    mode: str = "auto",
+) -> dict[str, Any]:
     """One W&B run in the sweep's group with the finished table and the pass@k curves.
 
     table: a `stare_lab.analysis.tables.Table` (results_table); passk: {benchmark: passk_table(...)};
@@ -183,10 +198,20 @@ def log_sweep_summary(sweep: str, table, passk: dict[str, Any] | None = None, fi
     os.environ.setdefault("WANDB_SILENT", "true")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project=project, entity=entity, group=sweep, name=f"{sweep} summary", job_type="summary",
-                     id=summary_run_id(sweep), resume="allow", dir=str(out_dir), mode=wandb_mode(mode),
-                     config={"sweep": sweep, "metric": table.metric}, tags=["summary"],
-                     settings=wandb.Settings(console="off", x_disable_stats=True))
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        group=sweep,
+        name=f"{sweep} summary",
+        job_type="summary",
+        id=summary_run_id(sweep),
+        resume="allow",
+        dir=str(out_dir),
+        mode=wandb_mode(mode),
+        config={"sweep": sweep, "metric": table.metric},
+        tags=["summary"],
+        settings=wandb.Settings(console="off", x_disable_stats=True),
+    )
     summary: dict[str, Any] = {"table/metric": table.metric}
     try:
         means, stds = table.pivot("mean"), table.pivot("std")
@@ -201,8 +226,12 @@ def log_sweep_summary(sweep: str, table, passk: dict[str, Any] | None = None, fi
             ks = [int(k) for k in pk.columns]
             shown = [r for r in pk.rules if any(_finite(m.loc[r, k]) for k in pk.columns)]
             log[f"passk/{bench}"] = wandb.plot.line_series(
-                xs=ks, ys=[[float(m.loc[r, k]) for k in pk.columns] for r in shown], keys=shown,
-                title=f"pass@k on {bench}", xname="k")
+                xs=ks,
+                ys=[[float(m.loc[r, k]) for k in pk.columns] for r in shown],
+                keys=shown,
+                title=f"pass@k on {bench}",
+                xname="k",
+            )
             for r in shown:
                 for k in pk.columns:
                     if _finite(m.loc[r, k]):
