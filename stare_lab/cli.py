@@ -18,6 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from stare_lab.record import CONFIG_FILE
+
 
 class UserError(Exception):
     pass
@@ -74,7 +76,7 @@ def cmd_train(argv: list[str]) -> int:
     if cfg.run.label is None:
         cfg.run.label = " ".join(overrides) or "default"
     run_dir = run_dir or Path(cfg.run.root) / cfg.run.sweep / cfg.run.id
-    config_path = run_dir / "config.yaml"
+    config_path = run_dir / CONFIG_FILE
     if config_path.exists():
         from stare_lab.config import load_config
 
@@ -151,8 +153,8 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--benchmarks", nargs="*", default=None)
     p.add_argument("--force", action="store_true", help="re-evaluate even if a result under the same settings exists")
     a = _parse(p, argv)
-    if not (a.run_dir / "config.yaml").is_file():
-        raise UserError(f"{a.run_dir} is not a run directory (no config.yaml)")
+    if not (a.run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"{a.run_dir} is not a run directory (no {CONFIG_FILE})")
     overrides = {"n": a.n, "temperature": a.temperature, "top_p": a.top_p, "max_tokens": a.max_tokens}
     overrides = {k: v for k, v in overrides.items() if v is not None}
     _check_eval_settings(overrides)
@@ -160,7 +162,7 @@ def cmd_eval(argv: list[str]) -> int:
     from stare_lab.eval_run import evaluate_run
     from stare_lab.sweep.worker import start_worker
 
-    cfg = load_config(a.run_dir / "config.yaml")
+    cfg = load_config(a.run_dir / CONFIG_FILE)
     if a.benchmarks:
         cfg.eval.benchmarks = a.benchmarks
     start_worker()

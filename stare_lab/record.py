@@ -130,9 +130,14 @@ def update_status(run_dir: Path | str, **changes: Any) -> dict[str, Any]:
     return write_status(run_dir, status)
 
 
+def bad_copy_path(path: Path) -> Path:
+    """Where a damaged record file is kept: `<name>.bad-<time>` beside it."""
+    return path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+
+
 def set_aside(path: Path) -> Path:
-    """Rename a damaged record file out of the way, keeping it: `<name>.bad-<time>`."""
-    dest = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+    """Rename a damaged record file out of the way, keeping it (`bad_copy_path`)."""
+    dest = bad_copy_path(path)
     os.replace(path, dest)
     return dest
 
@@ -246,7 +251,7 @@ def truncate_metrics(run_dir_or_file: Path | str, last_step: int) -> tuple[int, 
     n_lines = len(path.read_text(errors="replace").splitlines())
     kept_copy = None
     if any(n != n_lines for n, _ in bad):
-        kept_copy = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+        kept_copy = bad_copy_path(path)
         atomic_write(kept_copy, lambda tmp: Path(tmp).write_bytes(path.read_bytes()))
     keep = [r for r in rows if r["step"] <= last_step]
     # rewritten even when nothing is dropped: a torn last line must go too

@@ -31,8 +31,11 @@ from stare_lab.methods import Rule, RuleState, TrainerValues
 from stare_lab.methods.microbatch import check_microbatch_scope, defer_to_loss, microbatch_weights
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
+from stare_lab.signals.attention import CHUNK_QUERIES
 from stare_lab.signals.generation import record_generation
+from stare_lab.signals.js import CHUNK_POSITIONS
 from stare_lab.signals.paths import generation_needs, ride_old_logp_forward, stats_path
+from stare_lab.signals.vocab import CHUNK_TOKENS
 from stare_lab.stats import TokenStats
 from stare_lab.utils import atomic_write_json
 
@@ -46,9 +49,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         rule: Rule,
         rule_state: RuleState | None = None,
         grad_geometry_every: int = 0,
-        stats_chunk_tokens: int = 1024,
-        attn_chunk_queries: int = 128,
-        js_chunk_positions: int = 64,
+        stats_chunk_tokens: int = CHUNK_TOKENS,
+        attn_chunk_queries: int = CHUNK_QUERIES,
+        js_chunk_positions: int = CHUNK_POSITIONS,
         keep_batches_every: int = 0,
         run_dir: str | Path | None = None,
         stats_at_generation: bool = True,

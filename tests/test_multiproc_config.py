@@ -5,7 +5,7 @@ processes per run and GPUs; the engine's TrainingArguments; checkpoints of anoth
 from __future__ import annotations
 
 import pytest
-from sweep_fixtures import write_sweep
+from sweep_fixtures import slurm_cluster, write_sweep  # noqa: F401
 
 from stare_lab.config import ConfigError, compose, run_id
 from stare_lab.sweep.cli import main
@@ -144,7 +144,9 @@ def test_dry_run_of_a_two_node_run(tmp_path, capsys):
     )
 
 
-def test_slurm_executor_asks_for_one_task_per_gpu_and_kill_on_bad_exit(tmp_path):
+@pytest.mark.slurm
+def test_slurm_executor_asks_for_one_task_per_gpu_and_kill_on_bad_exit(slurm_cluster, tmp_path):
+    # submitit's SlurmExecutor looks for `srun` when it is built: without a cluster this skips (slurm_cluster)
     from stare_lab.sweep.launch import make_executor
     from stare_lab.sweep.schema import load_sweep
 
@@ -155,6 +157,12 @@ def test_slurm_executor_asks_for_one_task_per_gpu_and_kill_on_bad_exit(tmp_path)
     one = load_sweep(write_sweep(tmp_path, "one", launcher={"name": "slurm"}))
     p = make_executor(one).parameters
     assert (p["nodes"], p["ntasks_per_node"]) == (1, 1) and "srun_args" not in p  # one process: as before
+
+
+def test_local_executor_starts_one_task_per_process(tmp_path):
+    from stare_lab.sweep.launch import make_executor
+    from stare_lab.sweep.schema import load_sweep
+
     local = load_sweep(write_sweep(tmp_path, "loc", overrides=TWO, launcher={"name": "local", "processes": 2}))
     assert make_executor(local).parameters["tasks_per_node"] == 2
 

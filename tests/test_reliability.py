@@ -82,10 +82,12 @@ def test_driver_sigkilled_six_times_trains_each_run_once(tmp_path):
 
 
 def test_ctrl_c_ends_in_one_line_and_records_runs_interrupted(tmp_path):
+    # runs far longer than any wait below (40,000 stand-in steps): the interrupt always finds them running,
+    # however loaded the machine
     path = write_sweep(
         tmp_path,
         "ctrlc",
-        overrides={"trainer.max_steps": 40},
+        overrides={"trainer.max_steps": 40_000},
         grid={"method": ["full", "random"]},
         launcher={"name": "local", "workers": 2},
     )

@@ -28,6 +28,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 AE_IMPLEMENTATION = "stare_lab_ae"
+CHUNK_QUERIES = 128  # query rows of one attention map scored at once: bounds the [B, heads, chunk, T] kept
 
 
 @dataclass
@@ -66,7 +67,7 @@ def chunked_attention_entropy(
     mask: Tensor | None,  # [B, 1, Tq, Tk] bool (True = attend) or additive float, or None = causal
     scaling: float,
     *,
-    chunk_queries: int = 128,
+    chunk_queries: int = CHUNK_QUERIES,
     first_position: int = 0,
     softcap: float | None = None,
 ) -> Tensor:
@@ -238,7 +239,7 @@ def attention_entropy(
     input_ids: Tensor,  # [B, T]
     attention_mask: Tensor,  # [B, T] 1 = token, 0 = padding (left or right)
     layers: int | Iterable[int] | None = (6,),
-    chunk_queries: int = 128,
+    chunk_queries: int = CHUNK_QUERIES,
     *,
     first_position: int = 0,
     **model_kwargs,
@@ -259,7 +260,7 @@ def forward_with_stats(
     attention_mask: Tensor,  # [B, T]
     ae_layers: int | Iterable[int] | None = None,
     *,
-    chunk_queries: int = 128,
+    chunk_queries: int = CHUNK_QUERIES,
     first_position: int = 0,
     **model_kwargs,
 ) -> tuple[Tensor, Tensor | None]:

@@ -39,7 +39,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import _RECORDER, _ae_implementation, _Recorder, resolve_layers, score_rows_entropy, unwrap_model
+from .attention import (
+    _RECORDER,
+    CHUNK_QUERIES,
+    _ae_implementation,
+    _Recorder,
+    resolve_layers,
+    score_rows_entropy,
+    unwrap_model,
+)
 from .js import _js_chunk
 from .vocab import WANTS, reduce_logits
 
@@ -201,7 +209,7 @@ def record_generation(
     *,
     temperature: float = 1.0,
     attn_layers=None,
-    chunk_queries: int = 128,
+    chunk_queries: int = CHUNK_QUERIES,
     js_group: int | None = None,
     eos_ids=(),
 ) -> Iterator[GenerationRecord | None]:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+CHUNK_POSITIONS = 64  # positions whose [G, chunk, V] group distributions are held at once
+
 _LOG2 = math.log(2.0)
 
 
@@ -49,7 +51,7 @@ def chunked_js_to_group_mean(
     live_mask: Tensor,  # [B, T] 1 where the row still generates (valid completion token)
     *,
     temperature: float = 1.0,
-    chunk_positions: int = 64,
+    chunk_positions: int = CHUNK_POSITIONS,
     final_logit_softcapping: float | None = None,
 ) -> Tensor:
     """Core of `js_to_group_mean` with an arbitrary projection (a weight, or the model's LM head)."""
@@ -93,7 +95,7 @@ def js_to_group_mean(
     live_mask: Tensor,  # [B, T] 1 where the row is still generating at t
     *,
     temperature: float = 1.0,
-    chunk_positions: int = 64,
+    chunk_positions: int = CHUNK_POSITIONS,
     lm_head_bias: Tensor | None = None,
     final_logit_softcapping: float | None = None,
 ) -> Tensor:

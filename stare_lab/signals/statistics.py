@@ -23,9 +23,9 @@ from torch import Tensor
 
 from stare_lab.stats import STATISTICS
 
-from .attention import attention_entropy, forward_with_stats, resolve_layers, unwrap_model
-from .js import chunked_js_to_group_mean
-from .vocab import WANTS, chunked_vocab_stats, lm_head_of
+from .attention import CHUNK_QUERIES, attention_entropy, forward_with_stats, resolve_layers, unwrap_model
+from .js import CHUNK_POSITIONS, chunked_js_to_group_mean
+from .vocab import CHUNK_TOKENS, WANTS, chunked_vocab_stats, lm_head_of
 
 # Computed whenever logits are built anyway (for the trainer's entropy metric), declared or not.
 FREE_WITH_LOGITS = ("logp", "entropy")
@@ -52,9 +52,9 @@ def token_statistics(
     temperature: float = 1.0,
     attn_layers: int | Iterable[int] | None = None,  # the rule's layers (None = the middle layer)
     rows_per_forward: int | None = None,  # whole groups per forward (None: the whole batch)
-    chunk_tokens: int = 1024,
-    chunk_queries: int = 128,
-    chunk_positions: int = 64,
+    chunk_tokens: int = CHUNK_TOKENS,
+    chunk_queries: int = CHUNK_QUERIES,
+    chunk_positions: int = CHUNK_POSITIONS,
     group: Tensor | None = None,  # [B] global prompt index of each row (None: arange(B) // G, one process)
     accelerator=None,  # an accelerate Accelerator or ProcessGroup: JS of groups split over ranks
     given: Mapping[str, Tensor] | None = None,  # statistics another source already computed (generation)

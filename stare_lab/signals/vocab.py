@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 WANTS = ("entropy", "p2", "p2logp")
+CHUNK_TOKENS = 1024  # positions projected to logits at once: bounds the [chunk, V] float32 kept in memory
 
 
 def _check_want(want: Iterable[str]) -> tuple[str, ...]:
@@ -81,7 +82,7 @@ def chunked_vocab_stats(
     *,
     temperature: float = 1.0,
     want: Iterable[str] = ("entropy",),
-    chunk_tokens: int = 1024,
+    chunk_tokens: int = CHUNK_TOKENS,
     final_logit_softcapping: float | None = None,
 ) -> dict[str, Tensor]:
     """Core of `vocab_stats` with an arbitrary projection (a weight, or the model's LM head module)."""
@@ -118,7 +119,7 @@ def vocab_stats(
     *,
     temperature: float = 1.0,
     want: Iterable[str] = ("entropy",),
-    chunk_tokens: int = 1024,
+    chunk_tokens: int = CHUNK_TOKENS,
     lm_head_bias: Tensor | None = None,
     final_logit_softcapping: float | None = None,
 ) -> dict[str, Tensor]:
@@ -169,7 +170,7 @@ def predictive_entropy(
     attention_mask: Tensor,  # [B, T] 1 = token, 0 = padding (left or right)
     temperature: float = 1.0,
     *,
-    chunk_tokens: int = 1024,
+    chunk_tokens: int = CHUNK_TOKENS,
 ) -> Tensor:
     """[B, T] float32: entropy of softmax(logits/τ) at every input position; 0 at padding.
 

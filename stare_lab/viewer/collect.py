@@ -149,7 +149,9 @@ def collect_for_trainer(
         return None
     from stare_lab import distributed
     from stare_lab.signals import resolve_layers
-    from stare_lab.signals.attention import unwrap_model
+    from stare_lab.signals.attention import CHUNK_QUERIES, unwrap_model
+    from stare_lab.signals.js import CHUNK_POSITIONS
+    from stare_lab.signals.vocab import CHUNK_TOKENS
 
     acc = trainer.accelerator
     model = acc.unwrap_model(trainer.model)
@@ -168,9 +170,9 @@ def collect_for_trainer(
         run_rule=trainer.rule,
         trainer=values,
         rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
-        chunk_tokens=getattr(trainer, "stats_chunk_tokens", 1024),
-        chunk_queries=getattr(trainer, "attn_chunk_queries", 128),
-        chunk_positions=getattr(trainer, "js_chunk_positions", 64),
+        chunk_tokens=getattr(trainer, "stats_chunk_tokens", CHUNK_TOKENS),
+        chunk_queries=getattr(trainer, "attn_chunk_queries", CHUNK_QUERIES),
+        chunk_positions=getattr(trainer, "js_chunk_positions", CHUNK_POSITIONS),
         group=group,
         accelerator=acc,
     )

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from stare_lab.record import CONFIG_FILE
 from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch
 from stare_lab.viewer.selection import (
     RuleView,
@@ -193,7 +194,7 @@ def _run_label(run_dir: Path) -> str:
     import yaml
 
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
         return str((cfg.get("run") or {}).get("label") or (cfg.get("run") or {}).get("id") or run_dir.name)
     except (OSError, yaml.YAMLError):
         return run_dir.name

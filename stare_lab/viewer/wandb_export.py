@@ -29,6 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from stare_lab.record import CONFIG_FILE
+
 SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "num_problems", "step")
 
 
@@ -36,7 +38,7 @@ def _open_run(run_dir: Path):
     from stare_lab.config import load_config
     from stare_lab.tracking import init_wandb
 
-    return init_wandb(load_config(Path(run_dir) / "config.yaml"), Path(run_dir))
+    return init_wandb(load_config(Path(run_dir) / CONFIG_FILE), Path(run_dir))
 
 
 def eval_items(result: dict[str, Any]) -> dict[str, float]:
