@@ -250,7 +250,7 @@ def resume_point(run_dir: Path) -> Path | None:
         )
     if process_rank() != 0:  # rank 0 alone repairs the record; every rank resumes from the same checkpoint
         return ckpt
-    for bad, problem in zip(checkpoints(run_dir), problems, strict=True):
+    for bad, problem in zip(checkpoints(run_dir), problems, strict=False):  # the newest ones, up to the good one
         bad.rename(bad.with_name(f"corrupt-{bad.name}"))
         print(f"{run_dir.name}: {problem}; resuming from {ckpt.name if ckpt else 'the start'}", flush=True)
     metrics = run_dir / "metrics.jsonl"

@@ -58,7 +58,7 @@ def quadrant_figure(batch: Batch, views: list[RuleView], path: Path, title: str)
     rows = (len(shown) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), sharex=True, sharey=True, squeeze=False)
     h_mid, s_mid = float(_median(H)), float(_median(s))
-    for ax, view in zip(axes.flat, shown, strict=True):
+    for ax, view in zip(axes.flat, shown, strict=False):  # the grid may have more axes than views
         sel = view.selected[valid].numpy()
         ax.scatter(H, s, s=3, c="#d0d0d0", linewidths=0, rasterized=True)
         for label, keep in (("A > 0", a > 0), ("A < 0", a < 0), ("A = 0", a == 0)):
