@@ -29,10 +29,12 @@ from stare_lab.record import (
     checkpoint_world_size,
     checkpoints,
     last_checkpoint,
+    metrics_path,
     process_count,
     process_rank,
     read_metrics,
     truncate_metrics,
+    write_metrics,
 )
 
 # Logged values that are finite in every healthy step; rule metrics (e.g. a closed gate's NaN) are not checked.
@@ -253,7 +255,7 @@ def resume_point(run_dir: Path) -> Path | None:
     for bad, problem in zip(checkpoints(run_dir), problems, strict=False):  # the newest ones, up to the good one
         bad.rename(bad.with_name(f"corrupt-{bad.name}"))
         print(f"{run_dir.name}: {problem}; resuming from {ckpt.name if ckpt else 'the start'}", flush=True)
-    metrics = run_dir / "metrics.jsonl"
+    metrics = metrics_path(run_dir)
     if ckpt is None:
         if metrics.exists():
             metrics.unlink()  # a run that died before its first checkpoint starts over
@@ -274,12 +276,7 @@ def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
     missing = [e for e in state.get("log_history", []) if is_train_log(e) and e.get("step") not in have]
     if not missing:
         return
-    rows = read_metrics(run_dir) + [metrics_row(int(e["step"]), e, when) for e in missing]
-    from stare_lab.utils import atomic_write_text
-
-    atomic_write_text(
-        run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"]))
-    )
+    write_metrics(run_dir, read_metrics(run_dir) + [metrics_row(int(e["step"]), e, when) for e in missing])
     print(
         f"{run_dir.name}: restored metrics of step(s) {', '.join(str(e['step']) for e in missing)} from {ckpt.name}",
         flush=True,
