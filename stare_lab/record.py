@@ -198,6 +198,18 @@ def flock_held(path: Path) -> bool:
     return False
 
 
+def run_label(run_dir: Path | str) -> str:
+    """The run's readable label (config.yaml's run.label, e.g. `stare seed=0`), else its id or folder name."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    try:
+        run = (yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}).get("run") or {}
+        return str(run.get("label") or run.get("id") or run_dir.name)
+    except (OSError, yaml.YAMLError, AttributeError):
+        return run_dir.name
+
+
 # ----------------------------------------------------------------------------------- metrics
 def metrics_path(run_dir_or_file: Path | str) -> Path:
     p = Path(run_dir_or_file)

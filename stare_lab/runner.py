@@ -288,6 +288,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     from transformers.trainer_callback import PrinterCallback
 
     from stare_lab.eval_run import IntermediateEval
+    from stare_lab.learning_signal import LearningSignalCheck
     from stare_lab.tracking import MetricsLogger, StepPrinter
 
     ckpt = resume_point(run_dir)
@@ -297,7 +298,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     all_callbacks = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
     if cfg.eval.enabled and cfg.eval.every_steps > 0:
         all_callbacks.append(IntermediateEval(cfg, run_dir))
-    all_callbacks += [*callbacks] + ([StepPrinter(f"{cfg.method.name} s{cfg.seed}")] if main else [])
+    label = f"{cfg.method.name} s{cfg.seed}"
+    all_callbacks += [*callbacks] + ([StepPrinter(label), LearningSignalCheck(label, wandb_run)] if main else [])
     trainer = build_trainer(cfg, run_dir, all_callbacks)
     trainer.remove_callback(PrinterCallback)
     if ckpt is not None:
