@@ -64,6 +64,7 @@ def _fail(msg: str) -> int:
 def cmd_train(argv: list[str]) -> int:
     """One run from Hydra overrides; its record goes to <run.root>/<run.sweep>/<run-id>/ (or run_dir=...)."""
     from stare_lab.config import compose, save_config
+    from stare_lab.inputs import check_inputs, overlap_warnings
 
     run_dir = None
     overrides = []
@@ -75,6 +76,9 @@ def cmd_train(argv: list[str]) -> int:
         else:
             overrides.append(a)
     cfg = compose(overrides)
+    check_inputs(cfg)
+    for line in overlap_warnings(cfg):
+        print(f"stare-lab: {line}", file=sys.stderr)
     if cfg.run.label is None:
         cfg.run.label = " ".join(overrides) or "default"
     run_dir = run_dir or Path(cfg.run.root) / cfg.run.sweep / cfg.run.id
