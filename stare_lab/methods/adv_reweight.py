@@ -1,0 +1,92 @@
+"""adv_reweight: Advantage Reweighting, damp the advantage of low-probability tokens (arXiv 2505.12929).
+
+With π_old the rollout policy's probability of the sampled token (at the sampling temperature):
+
+    A′_t = (α·π_old(a_t) + 1 − α)·A_t          on every valid token (α ∈ [0, 1]; α = 0 is plain GRPO)
+
+The weight w_t = α·π_old + 1 − α ∈ [1 − α, 1] is positive, so PPO's clipped surrogate (and its dual
+clip) of A′ is w times that of A: the rule is a per-token weight on the surrogate, KL term excluded.
+
+Differences from the official code (zhyang2226/AR-Lopti `verl/trainer/ppo/ray_trainer.py`
+`compute_reweight_advantage`, reweight_method "both_linear_normal", @cbeb333):
+1. [code] The official weight is `reweight_k·π_old + reweight_tau` with the two set apart; its
+   scripts set reweight_tau = 1 − reweight_k ("(1 - alpha) in the paper"). `tau=None` is 1 − α;
+   set `tau` for the official two-parameter form.
+2. [code] "both_linear_normal" also multiplies negative advantages by `neg_adv_weight`; the scripts
+   set 1.0 (the config's default is 0.8, never used by a script): `neg_weight=1.0`.
+3. [code] α: `scripts/train_kklogic_AR_4x80GB.sh` sets reweight_k = 0.2, the AR+Lopti script 0.3
+   (use `alpha=0.3` with lopti).
+4. [ours] The weight multiplies the policy-gradient surrogate, not the KL or entropy terms: the
+   official code reweights the advantage, which those terms never read. A trainer that weights
+   TRL's whole per-token loss (β·KL included) must apply this weight to the surrogate only.
+5. [code] Scope: the generation batch, π_old = exp(old log-probs) computed once after rollout, before
+   any update (the official `batch.batch['old_log_probs']`); micro-batch splits change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from stare_lab.methods.clip_cov import clipped_surrogate, token_advantages
+from stare_lab.methods.select import check_fraction
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Params:
+    alpha: float = 0.2  # AR-Lopti scripts/train_kklogic_AR_4x80GB.sh: REWEIGHT_K=0.2 (α; 0.3 with Lopti)
+    tau: float | None = None  # None: 1 − α (the paper; the scripts' REWEIGHT_TAU=0.8)
+    neg_weight: float = 1.0  # AR-Lopti scripts: NEG_ADV_WEIGHT=1.0 (config default 0.8)
+
+    def __post_init__(self) -> None:
+        check_fraction("alpha", self.alpha, open_low=False)
+        tau = 1.0 - self.alpha if self.tau is None else self.tau
+        object.__setattr__(self, "tau", tau)
+        if not tau >= 0.0:
+            raise ValueError(f"tau={tau} is out of range (tau ≥ 0)")
+        if not self.neg_weight >= 0.0:
+            raise ValueError(f"neg_weight={self.neg_weight} is out of range (neg_weight ≥ 0)")
+
+
+SPEC = {"name": "adv_reweight", "params": Params, "needs": {"logp", "old_logp"}, "changes": "weight"}
+
+
+def advantage_weights(old_logp: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
+    """w [B, T] = (α·π_old + τ)·(neg_weight where A ≤ 0); 0 on padding. A′ = w·A."""
+    assert p.tau is not None  # set in __post_init__
+    w = p.alpha * torch.exp(old_logp.detach()) + p.tau
+    A = token_advantages(advantages, old_logp)
+    w = torch.where(A > 0, w, w * p.neg_weight)
+    return w * (mask > 0).to(w.dtype)
+
+
+def per_token_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    p: Params,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+    *,
+    rollout_logp: Tensor | None = None,
+) -> Tensor:
+    """ℓ [B, T]: PPO's clipped surrogate (verl's, dual clip optional) of A′ = w·A.
+
+    w is read from `rollout_logp` (the rollout policy's log-probs) when given, else from `old_logp`.
+    """
+    base = old_logp if rollout_logp is None else rollout_logp
+    A = token_advantages(advantages, logp) * advantage_weights(base, advantages, mask, p)
+    return clipped_surrogate(logp, old_logp, A, eps_low, eps_high, dual_clip)
+
+
+def metrics(weights: Tensor, mask: Tensor) -> dict[str, float]:
+    """rule/weight_mean over valid tokens."""
+    n = float(mask.sum())
+    return {"rule/weight_mean": float((weights * mask).sum()) / n if n else 0.0}

@@ -1,0 +1,108 @@
+"""entropy_adv: entropy advantage shaping, an exploration bonus bounded by the advantage (arXiv 2506.14758).
+
+Cheng et al., "Reasoning with Exploration: An Entropy Perspective". With H_t the entropy of the policy's
+next-token distribution at t (detached: the bonus carries no gradient):
+
+    ψ_t  = min(α·H_t, |A_t|/κ)
+    A′_t = A_t + ψ_t                                     on every valid token
+
+With κ > 1 the bonus never flips A's sign and A′ = w·A with w = A′/A ∈ [1 − 1/κ, 1 + 1/κ] where A ≠ 0
+(A = 0 gives ψ = 0): a positive per-token weight on PPO's clipped surrogate (KL term excluded).
+
+No official code was found (METHODS.md, "The field beyond the seeds"); this follows the paper.
+Decisions:
+1. [paper] α = 0.4 and κ = 2 (as METHODS.md records them for GRPO).
+2. [ours] Scope: `scope="batch"` (default) takes H from the rollout policy's statistics, once per
+   generation batch; `scope="microbatch"` takes the current policy's entropy from the loss's forward,
+   detached. The paper's verl implementation is not public; both are offered.
+3. [ours] 0 < κ ≤ 1 is allowed but makes w ≤ 0 possible for A < 0 (the bonus can flip the sign):
+   `advantage_weights` then raises, and only `per_token_loss` (A′ in the surrogate) is exact.
+4. [ours] The surrogate is PPO's with the trainer's ε (and optional dual clip); the paper does not
+   change the clip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from stare_lab.methods.clip_cov import clipped_surrogate, token_advantages
+from stare_lab.methods.select import check_choice
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
+
+SCOPES = ("batch", "microbatch")
+
+
+@dataclass(frozen=True)
+class Params:
+    alpha: float = 0.4  # arXiv 2506.14758 (METHODS.md): α = 0.4 with GRPO
+    kappa: float = 2.0  # arXiv 2506.14758 (METHODS.md): κ = 2
+    scope: str = "batch"  # [ours] rollout entropy; "microbatch": the current policy's (note 2)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha={self.alpha} is out of range (0 ≤ alpha ≤ 1)")
+        if not self.kappa > 0.0:
+            raise ValueError(f"kappa={self.kappa} is out of range (kappa > 0)")
+        check_choice("scope", self.scope, SCOPES)
+
+
+SPEC = {"name": "entropy_adv", "params": Params, "needs": {"logp", "old_logp", "entropy"}, "changes": "advantage"}
+
+
+def bonus(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
+    """ψ [B, T] = min(α·H, |A|/κ) on valid tokens, 0 on padding."""
+    A = token_advantages(advantages, entropy).detach()
+    psi = torch.minimum(p.alpha * entropy.detach(), A.abs() / p.kappa)
+    return torch.where(mask > 0, psi, torch.zeros_like(psi))
+
+
+def shaped_advantages(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
+    """A′ [B, T] = A + ψ."""
+    return token_advantages(advantages, entropy) + bonus(entropy, advantages, mask, p)
+
+
+def advantage_weights(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
+    """w [B, T] = A′/A where A ≠ 0, 1 where A = 0 or on padding (0 there); positive when κ > 1."""
+    A = token_advantages(advantages, entropy).detach()
+    shaped = shaped_advantages(entropy, advantages, mask, p)
+    w = torch.where(A != 0, shaped / torch.where(A != 0, A, torch.ones_like(A)), torch.ones_like(A))
+    w = w * (mask > 0).to(w.dtype)
+    if bool((w[mask > 0] <= 0).any()):
+        raise ValueError(f"kappa={p.kappa} flips an advantage's sign: use A′ in the surrogate, not a weight")
+    return w
+
+
+def per_token_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    entropy: Tensor,
+    p: Params,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> Tensor:
+    """ℓ [B, T]: PPO's clipped surrogate of A′ = A + ψ (H as given: rollout or current, per `scope`)."""
+    return clipped_surrogate(
+        logp, old_logp, shaped_advantages(entropy, advantages, mask, p), eps_low, eps_high, dual_clip
+    )
+
+
+def metrics(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
+    """rule/bonus_mean over valid tokens; rule/bonus_capped_frac: valid tokens where |A|/κ binds."""
+    valid = mask > 0
+    n = float(valid.sum())
+    if not n:
+        return {"rule/bonus_mean": 0.0, "rule/bonus_capped_frac": 0.0}
+    A = token_advantages(advantages, entropy)
+    capped = valid & (A.abs() / p.kappa < p.alpha * entropy)
+    return {
+        "rule/bonus_mean": float(bonus(entropy, advantages, mask, p).sum()) / n,
+        "rule/bonus_capped_frac": float(capped.sum()) / n,
+    }
