@@ -30,6 +30,9 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    clip_ratio_c = 10: `compute_policy_loss_kl_cov` reads neither. The ratio is exp(log π − log π_old)
    without verl's ±20 clamp of the log-ratio (neither KL-Cov code clamps it).
 6. [ours] A micro-batch without valid tokens selects nothing (the official code: `k = min(ρ, 0) = 0`).
+7. [ours] The official PRIME code computes `k = min(k_percent, N)` and then `int(N·k/100)`, so where
+   the percentage exceeds the number of valid tokens N it uses N as the percentage (100·ρ > N: only
+   with ρ ≥ 1% on tiny batches; never at the scripts' 0.2%). We take ⌊ρ·N⌋ always, as verl's port.
 """
 
 from __future__ import annotations
