@@ -95,13 +95,13 @@ def per_token_loss(
 
 
 def metrics(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
-    """rule/bonus_mean over valid tokens; rule/bonus_capped_frac: valid tokens where |A|/κ binds."""
+    """rule/bonus_mean over valid tokens; rule/bonus_capped_frac: valid tokens with A ≠ 0 where |A|/κ binds."""
     valid = mask > 0
     n = float(valid.sum())
     if not n:
         return {"rule/bonus_mean": 0.0, "rule/bonus_capped_frac": 0.0}
     A = token_advantages(advantages, entropy)
-    capped = valid & (A.abs() / p.kappa < p.alpha * entropy)
+    capped = valid & (A != 0) & (A.abs() / p.kappa < p.alpha * entropy)  # A = 0 binds trivially
     return {
         "rule/bonus_mean": float(bonus(entropy, advantages, mask, p).sum()) / n,
         "rule/bonus_capped_frac": float(capped.sum()) / n,

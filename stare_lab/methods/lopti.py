@@ -22,7 +22,10 @@ Differences from the official code (zhyang2226/AR-Lopti `verl/trainer/ppo/ray_tr
 4. [code] Scope: the generation batch; π_old from the old log-probs computed once after rollout.
    The two phases are two optimizer passes: the trainer must run them (a trainer change).
 5. [ours] The official metrics of the two updates are averaged; ours report each phase's token
-   fraction (rule/phase1_frac, rule/phase2_frac).
+   fraction (rule/phase1_frac, rule/phase2_frac) over the valid tokens. The official
+   `actor/sep_portion` counts padding positions in its numerator (the threshold is applied to the
+   whole old-log-prob tensor, padding included, and divided by the valid count), so it can exceed 1;
+   its weights are right all the same, since padding is masked out of every loss.
 """
 
 from __future__ import annotations
@@ -96,5 +99,4 @@ def metrics(old_logp: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
     n = float(mask.sum())
     if not n:
         return {"rule/phase1_frac": 0.0, "rule/phase2_frac": 0.0}
-    first = float(phase_weights(old_logp, mask, p, 0).sum()) / n
-    return {"rule/phase1_frac": first, "rule/phase2_frac": 1.0 - first}
+    return {f"rule/phase{k + 1}_frac": float(phase_weights(old_logp, mask, p, k).sum()) / n for k in range(PHASES)}

@@ -1,7 +1,7 @@
 # Ported for tests from zhyang2226/AR-Lopti @ cbeb333376decdfe571fa8613bdebcfcc526628d
 #   verl/utils/torch_functional.py: masked_mean
 #   verl/trainer/ppo/core_algos.py: agg_loss, compute_policy_loss
-#   verl/trainer/ppo/ray_trainer.py: compute_reweight_advantage, and the seperate_updating block of
+#   verl/trainer/ppo/ray_trainer.py: compute_reweight_advantage (lines 318-406), and the seperate_updating block of
 #     RayPPOTrainer.fit (lines 1262-1301), wrapped in update_actor_separately (re-indented, otherwise as is)
 # Licence: Apache-2.0 (LICENSE; Copyright 2024 Bytedance Ltd. and/or its affiliates).
 # Unmodified except imports and that wrapper: verl_F is this module's masked_mean.
@@ -201,6 +201,7 @@ def compute_reweight_advantage(advantage, log_prob, reweight_method, reweight_k,
     else:
         raise NotImplementedError(f"Reweight method {reweight_method} is not supported.")
     
+    return reweight_advantage
 
 
 def update_actor_separately(self, batch):
