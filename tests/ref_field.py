@@ -154,7 +154,10 @@ def k3(lp, ref):
 
 
 def ref_archer(logp, old, ref, A, valid, H, q, tight, wide, dual, beta, beta_high):
-    """Archer's micro-batch loss written per token: ℓ_t = pg_t + κ_t·k3_t (κ: each set's own mean)."""
+    """Archer's micro-batch loss written per token: ℓ_t = pg_t + κ_t·k3_t (κ: each set's own mean).
+
+    tight, wide: (ε_low, ε_high) of the low- and high-entropy tokens.
+    """
     B = len(valid)
     high = set()
     for b in range(B):
@@ -169,8 +172,8 @@ def ref_archer(logp, old, ref, A, valid, H, q, tight, wide, dual, beta, beta_hig
     kappa_high = beta_high * n / (len(high) + 1e-8)
     val, grad = zeros(valid), zeros(valid)
     for b, t in cs:
-        eps = wide if (b, t) in high else tight
-        pv, pg = ppo(logp[b][t], old[b][t], A[b][t], eps, eps, dual, clamp=True)
+        eps_low, eps_high = wide if (b, t) in high else tight
+        pv, pg = ppo(logp[b][t], old[b][t], A[b][t], eps_low, eps_high, dual, clamp=True)
         kv, kg = k3(logp[b][t], ref[b][t])
         kappa = kappa_high if (b, t) in high else kappa_low
         val[b][t], grad[b][t] = pv + kappa * kv, pg + kappa * kg
