@@ -63,3 +63,16 @@ def test_kl_cov_selection_is_per_micro_batch():
     whole = int(kl_cov.selected_tokens(lp, A, mask, 2e-3).sum())
     halves = sum(int(kl_cov.selected_tokens(lp[r], A[r], mask[r], 2e-3).sum()) for r in (slice(0, 2), slice(2, 4)))
     assert (whole, halves) == (1, 2)
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), -float("inf")])
+def test_padding_values_do_not_reach_valid_tokens(fill):
+    for b in R.batches(token_adv=True):
+        pad = b["mask"] == 0
+        dirty = dict(b)
+        for key in ("old", "ref", "entropy"):
+            dirty[key] = b[key].masked_fill(pad, fill)
+        dirty["logp"] = b["logp"].detach().masked_fill(pad, fill).requires_grad_(True)
+        clean, noisy = losses(b), losses(dirty)
+        for name in clean:
+            torch.testing.assert_close(noisy[name][~pad], clean[name][~pad], rtol=0, atol=0, msg=name)

@@ -104,9 +104,10 @@ def covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     valid = mask > 0
     lp = logp.detach().to(torch.float64)
     A = token_advantages(advantages, logp).detach().to(torch.float64)
-    w = valid.to(lp.dtype)
-    n = w.sum() + 1e-8  # verl_F.masked_mean's denominator (note 3)
-    cov = (A - (A * w).sum() / n) * (lp - (lp * w).sum() / n)
+    zero = torch.zeros_like(lp)
+    lp, A = torch.where(valid, lp, zero), torch.where(valid, A, zero)  # whatever sits on padding (NaN too)
+    n = valid.sum() + 1e-8  # verl_F.masked_mean's denominator (note 3)
+    cov = (A - A.sum() / n) * (lp - lp.sum() / n)
     return torch.where(valid, cov, torch.zeros_like(cov))
 
 
