@@ -76,3 +76,20 @@ def test_padding_values_do_not_reach_valid_tokens(fill):
         clean, noisy = losses(b), losses(dirty)
         for name in clean:
             torch.testing.assert_close(noisy[name][~pad], clean[name][~pad], rtol=0, atol=0, msg=name)
+
+
+def test_trl_delta_is_verl_dual_clip():
+    # TRL 1.16 GRPOTrainer._compute_loss (grpo, bnpo, dr_grpo, dapo, luspo) with args.delta = c:
+    #   coef_2 = clamp(r, 1 − ε_low, 1 + ε_high); coef_1 = clamp(r, max=δ); ℓ = −min(coef_1·A, coef_2·A)
+    # equals verl's dual clip min(max(−A·r, −A·clip(r)), −A·c) for A < 0 (δ > 1 + ε), in value and gradient,
+    # so the integration can give the rules that ask for a dual clip c TRL's `delta = c`.
+    from stare_lab.methods.clip_cov import clipped_surrogate
+
+    for b in R.batches(scale=2.0, token_adv=True):
+        lp, old, A, mask = b["logp"], b["old"], b["adv"], b["mask"]
+        r = torch.exp(lp - old)
+        trl = -torch.min(torch.clamp(r, max=1.5) * A, torch.clamp(r, 1 - 0.2, 1 + 0.28) * A)
+        ours = clipped_surrogate(lp, old, A, 0.2, 0.28, dual_clip=1.5)
+        a, o = R.value_and_grad(trl, lp, mask), R.value_and_grad(ours, lp, mask)
+        torch.testing.assert_close(a[0], o[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a[1], o[1], rtol=1e-12, atol=1e-12)

@@ -26,8 +26,8 @@ Differences from the official code (wizard-III/ArcherCodeR `verl/workers/actor/d
    (`micro_batch_size_per_gpu=1`), so they are per response there. Pass one response's rows to
    `kl_coefficients` to reproduce that; pass a larger micro-batch for verl's behaviour at that size.
 3. [code] Entropy is the current policy's, from the training forward, detached (`calculate_entropy =
-   True` always in the official actor). A response with no valid token has q = NaN and no token in
-   either set.
+   True` always in the official actor; TRL 1.16's `_compute_loss` computes it too). A response with
+   no valid token has q = NaN and no token in either set.
 4. [code] β is the trainer's KL coefficient (the script's kl_loss_coef = 0.001, kl_loss_type low_var_kl
    = k3); β_high = high_entropy_kl_loss_scale_coef = 0.0. TRL's k3 is not clamped: the clamp to ±10
    is verl's and is part of `k3`.
