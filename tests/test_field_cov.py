@@ -220,6 +220,17 @@ def test_kl_cov_mask_excludes_padding_as_verl_test(ratio):
     assert not kl_cov.selected_tokens(log_prob, adv, torch.zeros(2, 3), ratio).any()
 
 
+def test_kl_cov_on_policy_is_grpo():
+    # π_old = π_θ: |log r| = 0 with zero gradient, r = 1, so ℓ = −A and dℓ/dlog π = −A on every token
+    for b in R.batches(token_adv=True):
+        lp, A, mask = b["logp"], b["adv"], b["mask"]
+        val, grad = R.value_and_grad(
+            kl_cov.per_token_loss(lp, lp.detach(), A, mask, kl_cov.Params(ratio=1.0)), lp, mask
+        )
+        close(val, -A * mask)
+        close(grad, -A * mask)
+
+
 def test_kl_cov_metrics():
     sel = torch.tensor([[True, False], [False, False]])
     assert kl_cov.metrics(sel, torch.ones(2, 2)) == {"rule/penalised_frac": 0.25}

@@ -28,9 +28,10 @@ Differences from the official code (wizard-III/ArcherCodeR `verl/workers/actor/d
 3. [code] Entropy is the current policy's, from the training forward, detached (`calculate_entropy =
    True` always in the official actor; TRL 1.16's `_compute_loss` computes it too). A response with
    no valid token has q = NaN and no token in either set.
-4. [code] β is the trainer's KL coefficient (the script's kl_loss_coef = 0.001, kl_loss_type low_var_kl
-   = k3); β_high = high_entropy_kl_loss_scale_coef = 0.0. TRL's k3 is not clamped: the clamp to ±10
-   is verl's and is part of `k3`.
+4. [code] β = `kl_coef`, the script's kl_loss_coef = 0.001 (kl_loss_type low_var_kl = k3), and
+   β_high = high_entropy_kl_loss_scale_coef = 0.0. The rule's KL replaces TRL's β·k3 term (the
+   integration switches TRL's off); TRL's k3 is not clamped, verl's is (to ±10, with log(π_ref/π)
+   clamped to ±20), and `k3` here is verl's.
 5. [code] `low_entropy_clip_ratio_high` falls back to clip_ratio_*low* in the official actor when
    unset; the script sets all four widths, which are our defaults.
 6. [code] Token-mean aggregation of the surrogate over the micro-batch (the script's

@@ -15,7 +15,7 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
 `compute_policy_loss_clip_cov` @1dda039):
 1. [ours] The random draw takes an explicit `torch.Generator`; the official code draws from torch's
    global generator (`torch.randperm`). With a generator seeded like the global one the draw is the
-   same (tests/test_field_clip_cov.py checks this).
+   same (tests/test_field_cov.py checks this).
 2. [ours] Cov is computed on detached log-probs; the official `cov_all` keeps the graph but only
    compares it, so values and gradients are the same.
 3. [code] ⌊ρ·N⌋ is `int(ρ·N)` in floating point, as the official code (ρ·N = 4.999… floors to 4), and
@@ -26,11 +26,14 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    clip_ratio_c = 10, but `compute_policy_loss_clip_cov` never reads it). TRL has none either.
 5. [code] Scope: the official codes compute means, N and the draw per micro-batch (the tensors of one
    loss call), so the floor max(1, ·) keeps at least one token per micro-batch (issue #20 of the
-   official repository: the authors approximate the global selection per GPU). `scope="microbatch"`
+   official repository: the authors approximate the global selection per GPU, "max cov tokens" on
+   each GPU). `scope="microbatch"`
    is that; `scope="batch"` selects once over the generation batch from the rollout policy (r = 1,
-   so PPO's clip is inactive there and C reduces to the Cov band), the paper's intent.
+   so PPO's clip is inactive there and C reduces to the Cov band), the paper's intent. The functions
+   compute over the tensors they are given; `scope` tells the integration which tensors to give.
 6. [code] The official scripts (`recipe/dapo/7b_clip_cov.sh`) set clip_ratio_low = clip_ratio_high = 1,
-   so PPO's clip only filters extremes: ε is the trainer's, and the `field` sweep ships those values.
+   so PPO's clip only filters extremes (the authors, issue #16 of the official repository): ε is the
+   trainer's, and a `field` sweep should ship those values.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ Differences from the official code (verl `verl/trainer/ppo/core_algos.py` `compu
    truncates at 3, and the example script sets 10000 (no truncation in practice). Our default is
    the code's 20 (the paper, §5.4, recommends a large cap); set `is_cap`.
 3. [code] A = 0 takes the A ≤ 0 branch of keep (torch.where(A > 0, ...)); its loss is 0 either way.
-4. [ours] The loss is the log π form verl uses; its value is not the paper's surrogate r·A, only its
-   gradient is. Values compared across rules are therefore not comparable to PPO's loss values.
+4. [code] The loss is the log π form verl writes (−A·sg(r)·log π); its value is not the paper's
+   surrogate −r·A, only its gradient is, so loss values are not comparable to PPO's.
 5. [code] Scope: per token; nothing depends on the batch, so micro-batch and global give the same.
 """
 

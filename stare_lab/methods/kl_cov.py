@@ -23,7 +23,8 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    micro-batch (8 instead of 1 for 8192 tokens in 8 micro-batches at ρ = 2e-4). verl's newest code
    precomputes the mask over the whole batch (`compute_kl_cov_mask`, read here only through its test
    `tests/trainer/ppo/test_kl_cov_mask_on_cpu.py` @568072e: top max(1, int(N·ρ)) valid tokens by Cov,
-   none when N = 0). `scope="microbatch"` (default, official) computes S inside the loss from the
+   none when N = 0; which log-probs verl's caller passes was not read). `scope="microbatch"`
+   (default, official) computes S inside the loss from the
    current log-probs; `scope="batch"` computes it once with `selected_tokens` over the generation
    batch (rollout log-probs) and passes it to `per_token_loss`.
 5. [code] No clipping and no dual clip, although the official scripts set clip_ratio 0.2 and
@@ -33,6 +34,10 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
 7. [ours] The official PRIME code computes `k = min(k_percent, N)` and then `int(N·k/100)`, so where
    the percentage exceeds the number of valid tokens N it uses N as the percentage (100·ρ > N: only
    with ρ ≥ 1% on tiny batches; never at the scripts' 0.2%). We take ⌊ρ·N⌋ always, as verl's port.
+8. [code] On-policy (π_old = π_θ, TRL's default of one update per generation) the penalty and its
+   gradient are 0 (d|x|/dx = 0 at x = 0 in torch) and −A·r is GRPO's loss: KL-Cov then equals `full`.
+   It acts only from the second update on a batch (TRL's steps_per_generation or num_iterations > 1),
+   as the authors answer in PRIME-RL/Entropy-Mechanism-of-RL issue #1.
 """
 
 from __future__ import annotations
