@@ -11,8 +11,8 @@ from sweep_fixtures import write_sweep
 
 from stare_lab.record import write_status
 from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.launch import plan_runs
-from stare_lab.sweep.records import write_manifest
+from stare_lab.sweep.liveness import write_manifest
+from stare_lab.sweep.plan import plan_runs
 from stare_lab.sweep.schema import load_sweep
 from stare_lab.sweep.status import collect
 

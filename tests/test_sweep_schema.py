@@ -174,7 +174,7 @@ def test_demo_covers_every_rule():
 
     spec = load_sweep(ROOT / "sweeps" / "demo.yaml")
     assert set(spec.grid["method"]) == set(list_methods()) and len(spec.seeds) == 2
-    assert spec.launcher["name"] == "local"
+    assert spec.launcher.name == "local"
 
 
 def test_override_values_round_trip_through_hydra_syntax():
@@ -203,10 +203,10 @@ def test_override_values_round_trip_through_hydra_syntax():
 def test_cli_options_override_the_launcher(tmp_path):
     path = write_sweep(tmp_path, launcher={"name": "local", "workers": 3})
     spec = load_sweep(path, launcher={"name": "slurm", "partition": "gpu", "gpus_per_node": 2, "timeout_min": 30})
-    assert spec.launcher["name"] == "slurm" and spec.launcher["partition"] == "gpu"
-    assert spec.launcher["gpus_per_node"] == 2 and spec.launcher["timeout_min"] == 30
+    assert spec.launcher.name == "slurm" and spec.launcher.partition == "gpu"
+    assert spec.launcher.gpus_per_node == 2 and spec.launcher.timeout_min == 30
     assert (
-        spec.launcher["array_parallelism"]
+        spec.launcher.array_parallelism
         == yaml.safe_load((ROOT / "conf/launcher/slurm.yaml").read_text())["array_parallelism"]
     )
-    assert load_sweep(path).launcher["workers"] == 3
+    assert load_sweep(path).launcher.workers == 3
