@@ -20,13 +20,21 @@ from typing import TYPE_CHECKING, Any
 
 from stare_lab.record import claim_held, first_line, read_status, update_status
 from stare_lab.sweep.liveness import LIVE, Liveness, process_start
-from stare_lab.sweep.worker import QueueWorker, RunWorker
 
 if TYPE_CHECKING:
     from stare_lab.sweep.expand import RunSpec
+    from stare_lab.sweep.worker import QueueWorker, RunWorker
 
 # Records (and, through Liveness, Slurm: one batched query) are looked at every FORCE_CHECK_S.
 FORCE_CHECK_S = 10.0
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The callables a launch's jobs run (stare_lab.sweep.worker), given to the launcher's starter."""
+
+    run: RunWorker  # one run per job
+    queue: QueueWorker  # a local queue worker: the queued runs one after another
 
 
 @dataclass
@@ -105,9 +113,8 @@ class Starter:
 class RunStarter(Starter):
     """One job per run (`RunWorker`), at most `limit` at once."""
 
-    def __init__(self, executor, threads: int | None, limit: int):
-        self.executor, self.limit = executor, limit
-        self.worker = RunWorker(threads)
+    def __init__(self, executor, worker: RunWorker, limit: int):
+        self.executor, self.worker, self.limit = executor, worker, limit
 
     def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
         while queue and sum(1 for t in waiting if t.job is not None) < self.limit:
@@ -121,9 +128,8 @@ class QueueStarter(Starter):
     the one-run-per-process start-up (interpreter, imports, exit: ~8 s of the demo's ~25 s per run)
     is then paid once per worker."""
 
-    def __init__(self, executor, threads: int | None, workers: int, timeout_min: float):
-        self.executor, self.workers, self.timeout_min = executor, workers, timeout_min
-        self.worker = QueueWorker(threads)
+    def __init__(self, executor, worker: QueueWorker, workers: int, timeout_min: float):
+        self.executor, self.worker, self.workers, self.timeout_min = executor, worker, workers, timeout_min
         self.queue_jobs: list = []
 
     def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:

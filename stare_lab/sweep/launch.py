@@ -13,10 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from stare_lab.sweep.jobs import Tracked, reconcile
+from stare_lab.sweep.jobs import Tracked, Workers, reconcile
 from stare_lab.sweep.plan import Plan, prepare
 from stare_lab.sweep.progress import Progress
 from stare_lab.sweep.schema import SweepSpec
+from stare_lab.sweep.worker import QueueWorker, RunWorker
 
 POLL_S = 1.0
 
@@ -29,7 +30,8 @@ def make_executor(spec: SweepSpec):
 def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print) -> dict[str, int]:
     """Start the plan's runs, watch them and the active ones until all end; returns counts by state."""
     launcher = spec.launcher
-    starter = launcher.starter(make_executor(spec))
+    threads = launcher.worker_threads()
+    starter = launcher.starter(make_executor(spec), Workers(run=RunWorker(threads), queue=QueueWorker(threads)))
     for run, kind in plan.start:
         prepare(run, fresh=kind == "rerun")
     queue = [run for run, _ in plan.start]

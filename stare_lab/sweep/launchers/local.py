@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stare_lab.config_schema import bounded
-from stare_lab.sweep.launchers import Launcher, register_launcher
+from stare_lab.sweep.launchers.base import Launcher, register_launcher
 
 # Ctrl-C: how long the driver waits for its stopped workers to record `interrupted`.
 STOP_WAIT_S = 30.0
@@ -52,12 +52,12 @@ class LocalLauncher(Launcher):
         ex.update_parameters(timeout_min=self.timeout_min, tasks_per_node=self.processes_per_run)
         return ex
 
-    def starter(self, executor):
+    def starter(self, executor, workers):
         from stare_lab.sweep.jobs import QueueStarter, RunStarter
 
         if self.processes_per_run == 1:
-            return QueueStarter(executor, self.worker_threads(), int(self.workers), float(self.timeout_min))
-        return RunStarter(executor, self.worker_threads(), int(self.workers))
+            return QueueStarter(executor, workers.queue, int(self.workers), float(self.timeout_min))
+        return RunStarter(executor, workers.run, int(self.workers))
 
     def stop(self, jobs: list, echo: Callable[[str], None]) -> None:
         from stare_lab.sweep.jobs import stop_local

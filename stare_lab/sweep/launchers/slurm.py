@@ -20,7 +20,7 @@ from stare_lab.config_schema import bounded
 from stare_lab.record import first_line, read_status, update_status
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.jobs import JobWatch, RunStarter, Tracked
-from stare_lab.sweep.launchers import Fail, Launcher, register_launcher
+from stare_lab.sweep.launchers.base import Fail, Launcher, register_launcher
 from stare_lab.sweep.liveness import Liveness
 
 # A job that left Slurm's records without its worker recording an end is waited for this long
@@ -107,8 +107,8 @@ class SlurmLauncher(Launcher):
         ex.update_parameters(**{k: v for k, v in params.items() if v is not None})
         return ex
 
-    def starter(self, executor) -> ArrayStarter:
-        return ArrayStarter(executor, self.worker_threads())
+    def starter(self, executor, workers) -> ArrayStarter:
+        return ArrayStarter(executor, workers.run)
 
     def watch(self) -> SlurmWatch:
         return SlurmWatch()
@@ -121,8 +121,8 @@ class ArrayStarter(RunStarter):
     """The queued runs go to Slurm as one job array (its parallelism is the array's cap); a
     watched run that lost its worker later is submitted alone."""
 
-    def __init__(self, executor, threads: int | None):
-        super().__init__(executor, threads, limit=10**9)
+    def __init__(self, executor, worker):
+        super().__init__(executor, worker, limit=10**9)
 
     def begin(self, queue: list) -> list[Tracked]:
         from submitit.core.utils import FailedJobError
