@@ -214,7 +214,7 @@ def check_engine(engine: str) -> None:
             "pip install 'stare-lab[deepspeed]' (or choose ddp or fsdp)"
         )
     if engine == "fsdp" and importlib.util.find_spec("torch") is not None:
-        import torch.distributed
+        import torch  # then torch.distributed: torch may be deferred (stare_lab/deferred.py)
 
         if not torch.distributed.is_available() or importlib.util.find_spec("torch.distributed.fsdp") is None:
             raise ConfigError(

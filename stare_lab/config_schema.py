@@ -26,13 +26,13 @@ def bounded(
     choices: Any = None,
 ) -> Any:
     """A schema field without a value (YAML holds it) and the range or choices its value must meet.
-    `choices` is a tuple or a function returning one (read lazily: it may live in a torch module)."""
+    `choices` is a tuple or a function returning one (read lazily, when a value is checked)."""
     rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
     return field(default=MISSING, metadata=rules)
 
 
 def _loss_types() -> tuple[str, ...]:
-    from stare_lab.trl_loss import LOSS_TYPES
+    from stare_lab.loss_types import LOSS_TYPES
 
     return LOSS_TYPES
 
