@@ -1,13 +1,14 @@
 """Optuna search: a sweep's `search:` block as a study driven with ask/tell.
 
-Each trial is an ordinary run (its config is the base plus the sampled parameters, its id the
-config hash) launched through the sweep's launcher, at most `parallelism` at a time. Only this
-driver talks to the study storage: sqlite in the sweep folder for the local launcher, a
-JournalStorage file (safe on a shared filesystem) for Slurm. A driver that dies leaves its trials
-RUNNING in the storage; the next `sweep run` relaunches exactly those runs (they resume from their
-checkpoints) before asking for new trials. With a pruner, the driver reads each running trial's
-intermediate values (intermediate evaluations for an eval metric, metrics.jsonl rows for a train metric),
-reports them, and stops a trial Optuna prunes (its run is recorded interrupted, "pruned ...").
+Each trial is an ordinary run (its config is the base plus the sampled parameters, its id the config
+hash) launched through the sweep's launcher, at most `parallelism` at a time. Only this driver talks
+to the study storage: the launcher's `study_file` in the sweep folder (sqlite for the local
+launcher, a JournalStorage file, safe on a shared filesystem, for Slurm). A driver that dies leaves
+its trials RUNNING in the storage; the next `sweep run` relaunches exactly those runs (they resume
+from their checkpoints) before asking for new trials. With a pruner, the driver reads each running
+trial's intermediate values (intermediate evaluations for an eval metric, metrics.jsonl rows for a
+train metric), reports them, and stops a trial Optuna prunes (its run is recorded interrupted,
+"pruned ...").
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print) -> dict[str
             inflight.append((trial, Tracked(run, submit_run(executor, worker, run))))
         ended = {id(t) for t in watch.ended_runs([tracked for _, tracked in inflight])}
         for trial, tracked in list(inflight):
-            if s.pruner.get("name") != "none" and _prune(trial, tracked, s):
+            if s.pruner.get("name") != "none" and _prune(trial, tracked, s, id(tracked) in ended):
                 inflight.remove((trial, tracked))
                 study.tell(trial, state=TrialState.PRUNED)
                 echo(f"trial {trial.number} pruned  {tracked.run.label}")
@@ -188,7 +189,9 @@ def _tell(study, trial, run: RunSpec, s: SearchSpec, echo) -> int:
     return 1
 
 
-def _prune(trial, tracked: Tracked, s: SearchSpec) -> bool:
+def _prune(trial, tracked: Tracked, s: SearchSpec, ended: bool) -> bool:
+    """Report the trial's new intermediate values; stop its job when Optuna prunes it (`ended`:
+    the launch's watch saw its job end this round)."""
     values = intermediate_values(tracked.run.run_dir, s.metric)
     reported = trial.user_attrs.get("_reported_steps", [])
     new = sorted(k for k in values if k not in reported)
@@ -196,7 +199,7 @@ def _prune(trial, tracked: Tracked, s: SearchSpec) -> bool:
         trial.report(values[step], step)
     if new:
         trial.set_user_attr("_reported_steps", reported + new)
-    if not new or not trial.should_prune() or tracked.job is None or tracked.job.done():
+    if not new or not trial.should_prune() or tracked.job is None or ended:
         return False
     stop_job(tracked.job)
     deadline = time.time() + 30
