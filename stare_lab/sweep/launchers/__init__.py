@@ -8,7 +8,7 @@ stare_lab.methods.registry). Nothing outside this package knows a launcher's nam
 asks the launcher object for what differs between launchers:
 
 - `executor(folder, job_name)`: the submitit executor its jobs go to;
-- `starter(executor)`: how queued runs become jobs (stare_lab.sweep.jobs: queue workers, one job
+- `starter(executor, workers)`: how queued runs become jobs (stare_lab.sweep.jobs: queue workers, one job
   per run, a Slurm array), and `watch()`: how the launch tells that a job has ended;
 - `parallel_runs`, `processes_per_run`, `gpus_per_run`, `worker_threads()`: how many runs at
   once, and what one run uses;
