@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from sweep_fixtures import write_sweep
 
@@ -101,6 +102,7 @@ def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, mon
     class Job:  # what the watch reads of a submitit SlurmJob
         def __init__(self, job_id):
             self.job_id = job_id
+            self.paths = SimpleNamespace(result_pickle=tmp_path / f"{job_id}_result.pkl")
 
     spec = load_sweep(write_sweep(tmp_path, "watched", grid={"method": ["full", "random", "anchor"]}))
     runs = expand_sweep(spec)
@@ -112,6 +114,9 @@ def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, mon
     assert watch.ended_runs(waiting) == [waiting[2]]  # cancelled and recorded finished: over; the others live
     assert len(log.read_text().splitlines()) == 3  # one sacct for the three jobs
     assert watch.ended_runs(waiting) == [] and len(log.read_text().splitlines()) == 3  # not asked again within 10 s
+    # a job accounting does not list, without a result: not over (submitit could not read its end)
+    write_status(runs[2].run_dir, {"state": "failed", "attempts": 1, "label": runs[2].label})
+    assert SlurmWatch().ended_runs([Tracked(runs[2], Job("8"))]) == []
 
 
 def test_an_unanswered_sacct_counts_as_alive_and_no_slurm_as_dead(tmp_path, monkeypatch):

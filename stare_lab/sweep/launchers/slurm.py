@@ -150,7 +150,8 @@ class SlurmWatch(JobWatch):
     (pre-empted, timed-out, `scontrol requeue`d) job can look done to submitit (it may even hold
     the first attempt's result) while Slurm requeues it: Slurm's answer decides; and a run whose
     worker did not record an end must stay out of Slurm's live states for a grace period before the
-    sweep stops waiting for it."""
+    sweep stops waiting for it. Submitit itself is asked only to read an ended job's result
+    (`reconcile`): for a job that ended without one, that is one more `sacct` for that job."""
 
     def __init__(self):
         super().__init__()
@@ -171,6 +172,8 @@ class SlurmWatch(JobWatch):
         if queued:
             self.gone_since.pop(job_id, None)
             return False
+        if not (live.slurm or {}).get(job_id) and not t.job.paths.result_pickle.exists():
+            return False  # unlisted and no result: submitit's result() would wait for it for ever
         if (read_status(t.run.run_dir) or {}).get("state") in ("finished", "failed"):
             return True
         gone = self.gone_since.setdefault(job_id, time.time())
