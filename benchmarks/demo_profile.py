@@ -71,7 +71,7 @@ def import_times() -> list[tuple[str, float]]:
 def cmd_run(args: argparse.Namespace) -> None:
     imports = import_times()
     from stare_lab.sweep.expand import expand_sweep
-    from stare_lab.sweep.launch import prepare
+    from stare_lab.sweep.plan import prepare
     from stare_lab.sweep.schema import load_sweep
     from stare_lab.sweep.worker import run_one, start_worker
 

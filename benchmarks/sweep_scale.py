@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from stare_lab.methods import list_methods  # noqa: E402  (imports torch: kept out of the timings)
 from stare_lab.record import new_status  # noqa: E402
 from stare_lab.sweep.expand import expand_sweep  # noqa: E402
-from stare_lab.sweep.records import write_manifest  # noqa: E402
+from stare_lab.sweep.liveness import write_manifest  # noqa: E402
 from stare_lab.sweep.schema import load_sweep  # noqa: E402
 from stare_lab.sweep.status import collect, format_status  # noqa: E402
 from stare_lab.utils import atomic_write_json  # noqa: E402

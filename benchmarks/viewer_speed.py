@@ -14,8 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from stare_lab.viewer.browser import chromium_path, dump_dom
-from stare_lab.viewer.synthetic import write_random_batch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the random batch is a test fixture
+
+from synthetic_batch import write_random_batch  # noqa: E402
+
+from stare_lab.viewer.browser import chromium_path, dump_dom  # noqa: E402
 
 
 def main() -> int:

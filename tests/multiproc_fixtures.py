@@ -65,7 +65,9 @@ if __name__ == "__main__":  # the sweep driver with `slow_steps` as the runner (
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import multiproc_fixtures  # pickled by module name: workers can not import this __main__
+    from sweep_fixtures import use_runner
 
     from stare_lab.sweep.cli import main
 
-    sys.exit(main(sys.argv[1:], execute=multiproc_fixtures.slow_steps))
+    use_runner(multiproc_fixtures.slow_steps)
+    sys.exit(main(sys.argv[1:]))

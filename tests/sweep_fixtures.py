@@ -5,8 +5,12 @@
 - `write_sweep`: a sweep file in tmp_path with the tiny real-runner settings.
 - `standin_execute`: a stand-in for stare_lab.runner.execute with the same resume contract
   (checkpoints every save_steps, metrics rows after the last checkpoint dropped on resume); only
-  for launcher tests that do not need a model. It reaches workers as the `execute` argument of
-  the sweep CLI (`sweep_cli(..., standin=True)` runs this file as the driver).
+  for launcher tests that do not need a model.
+- `use_runner(runner, set_attr)`: workers run `runner` in place of the real one, in this process
+  and in every job submitted from it (production code has no parameter for it: the worker calls
+  the runner in one place, stare_lab.sweep.worker.execute_run, which this patches; a submitted
+  job's callable is wrapped in `RunnerPatch`, which patches it in the job's process before it
+  runs). `sweep_cli(..., standin=S)` runs this file as the driver, with the stand-in.
 - `FailAt` / `crash_array_task_1`: the real runner crashing at a given step (a TrainerCallback).
 
 Run as a script, this file is the `sweep` command line with an optional stand-in runner:
@@ -162,6 +166,52 @@ def running_past_checkpoint(tmp_path: Path, name: str, step: int = 2):
     return (dirs[0], s) if s and s["state"] == "running" and done else None
 
 
+# -- substituting the runner ------------------------------------------------------------------
+
+
+class RunnerPatch:
+    """A submitted job's callable: in the job's process, the worker's runner becomes `runner`,
+    then `fn` (the launcher's QueueWorker or RunWorker) runs. Picklable by reference (this module
+    is importable in the jobs: sweep_env puts tests/ on PYTHONPATH). A requeued Checkpointable
+    job stays patched."""
+
+    def __init__(self, fn, runner):
+        self.fn, self.runner = fn, runner
+
+    def __call__(self, *args, **kwargs):
+        from stare_lab.sweep import worker
+
+        worker.execute_run = self.runner
+        return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name):  # submitit checkpoints a job whose callable has `checkpoint`
+        if name == "checkpoint" and hasattr(self.__dict__.get("fn"), "checkpoint"):
+            return self._checkpoint
+        raise AttributeError(name)
+
+    def _checkpoint(self, *args, **kwargs):
+        delayed = self.fn.checkpoint(*args, **kwargs)
+        delayed.function = RunnerPatch(delayed.function, self.runner)
+        return delayed
+
+
+def use_runner(runner, set_attr=setattr) -> None:
+    """Workers run `runner(run_dir)` in place of stare_lab.runner.execute: in this process and in
+    every job submitted from it. `set_attr`: pytest's `monkeypatch.setattr` (undone after the
+    test) or `setattr` (a driver process of its own)."""
+    from submitit.core.core import Executor
+
+    from stare_lab.sweep import worker
+
+    submit = Executor.submit
+
+    def submit_patched(self, fn, *args, **kwargs):
+        return submit(self, RunnerPatch(fn, runner), *args, **kwargs)
+
+    set_attr(worker, "execute_run", runner)
+    set_attr(Executor, "submit", submit_patched)
+
+
 # -- the stand-in runner ----------------------------------------------------------------------
 
 
@@ -251,10 +301,9 @@ if __name__ == "__main__":
     from stare_lab.sweep.cli import main
 
     argv = sys.argv[1:]
-    execute = None
     if argv[:1] == ["--standin"]:
         import sweep_fixtures  # pickled by module name: workers can not import this __main__
 
-        execute = functools.partial(sweep_fixtures.standin_execute, step_s=float(argv[1]))
+        sweep_fixtures.use_runner(functools.partial(sweep_fixtures.standin_execute, step_s=float(argv[1])))
         argv = argv[2:]
-    sys.exit(main(argv, execute=execute))
+    sys.exit(main(argv))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 
+from synthetic_batch import write_random_batch
+
 from stare_lab.cli import _plot
 from stare_lab.viewer import plot_selection
-from stare_lab.viewer.synthetic import write_random_batch
 
 
 def _runs(root):

@@ -3,16 +3,19 @@ judged by the run's claim, the same way by both (before, one restarted it and th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from sweep_fixtures import write_sweep
 
 from stare_lab.record import write_status
 from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.launch import plan_runs
-from stare_lab.sweep.records import write_manifest
+from stare_lab.sweep.jobs import Tracked
+from stare_lab.sweep.liveness import Liveness, write_manifest
+from stare_lab.sweep.plan import plan_runs
 from stare_lab.sweep.schema import load_sweep
 from stare_lab.sweep.status import collect
 
@@ -67,3 +70,60 @@ def test_run_and_status_agree_about_a_worker_on_another_host(tmp_path):
         holder.wait()
     started, active, shown = _views(spec, runs)
     assert started == {alive.id, dead.id} and not active and set(shown.values()) == {"stalled"}
+
+
+def _fake_sacct(tmp_path, monkeypatch, body: str) -> Path:
+    """A `sacct` on PATH that logs its arguments and runs `body` (shell); returns the log."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "sacct.log"
+    bin_dir.mkdir()
+    script = bin_dir / "sacct"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n{body}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, monkeypatch):
+    from stare_lab.sweep.launchers.slurm import SlurmWatch
+    from stare_lab.sweep.liveness import slurm_states
+
+    table = (
+        "JobID|State|NodeList\\n7_0|RUNNING|n1\\n7_0.batch|RUNNING|n1\\n7_[1-2]|PENDING|None\\n9|CANCELLED by 0|n2\\n"
+    )
+    log = _fake_sacct(tmp_path, monkeypatch, f'printf "{table}"')
+    states = slurm_states(["7_0", "7_2", "9", "7_1"])
+    assert states == {"7_0": "RUNNING", "7_1": "PENDING", "7_2": "PENDING", "9": "CANCELLED by 0"}
+    assert log.read_text().split() == ["-o", "JobID,State,NodeList", "--parsable2", "-j", "7", "-j", "9"]
+
+    live = Liveness.probe([{"state": "running", "slurm_job_id": "7_1"}], job_ids=["9"])
+    assert live.slurm_job_live("7_1") and not live.slurm_job_live("9") and not live.slurm_job_live("8")
+    assert len(log.read_text().splitlines()) == 2  # one more call for the whole look
+
+    class Job:  # what the watch reads of a submitit SlurmJob
+        def __init__(self, job_id):
+            self.job_id = job_id
+            self.paths = SimpleNamespace(result_pickle=tmp_path / f"{job_id}_result.pkl")
+
+    spec = load_sweep(write_sweep(tmp_path, "watched", grid={"method": ["full", "random", "anchor"]}))
+    runs = expand_sweep(spec)
+    for run, state in zip(runs, ("running", "pending", "finished"), strict=True):
+        run.run_dir.mkdir(parents=True)
+        write_status(run.run_dir, {"state": state, "attempts": 1, "label": run.label})
+    waiting = [Tracked(run, Job(job)) for run, job in zip(runs, ("7_0", "7_1", "9"), strict=True)]
+    watch = SlurmWatch()
+    assert watch.ended_runs(waiting) == [waiting[2]]  # cancelled and recorded finished: over; the others live
+    assert len(log.read_text().splitlines()) == 3  # one sacct for the three jobs
+    assert watch.ended_runs(waiting) == [] and len(log.read_text().splitlines()) == 3  # not asked again within 10 s
+    # a job accounting does not list, without a result: not over (submitit could not read its end)
+    write_status(runs[2].run_dir, {"state": "failed", "attempts": 1, "label": runs[2].label})
+    assert SlurmWatch().ended_runs([Tracked(runs[2], Job("8"))]) == []
+
+
+def test_an_unanswered_sacct_counts_as_alive_and_no_slurm_as_dead(tmp_path, monkeypatch):
+    from stare_lab.sweep.liveness import slurm_states
+
+    _fake_sacct(tmp_path, monkeypatch, "exit 1")
+    assert slurm_states(["5"]) is None
+    assert Liveness.probe([{"state": "running", "slurm_job_id": "5"}]).slurm_job_live("5")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert slurm_states(["5"]) == {}

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from stare_lab.record import RunClaim, new_status, read_status, write_status
+from stare_lab.sweep import worker
 from stare_lab.sweep.ranks import RankGate, is_echo, latest_peer_failure
 from stare_lab.sweep.worker import run_one, run_rank
 
@@ -56,33 +57,39 @@ def test_echo_errors_are_the_peers_death_not_rank_0s_own():
     assert not is_echo("NonFiniteError: step 3: loss=nan became non-finite; run stopped")
 
 
-def test_rank_0_claims_and_records_the_others_follow_it(tmp_path):
+def runner(monkeypatch, execute) -> None:
+    """The worker runs `execute` in place of the real runner (its one call: worker.execute_run)."""
+    monkeypatch.setattr(worker, "execute_run", execute)
+
+
+def test_rank_0_claims_and_records_the_others_follow_it(tmp_path, monkeypatch):
     calls = []
     write_status(tmp_path, new_status())
-    status = run_one(tmp_path, execute=lambda d: calls.append("rank0"), gate=RankGate(tmp_path, "k", 0, 2))
+    runner(monkeypatch, lambda d: calls.append("rank0"))
+    status = run_one(tmp_path, gate=RankGate(tmp_path, "k", 0, 2))
     assert status["state"] == "finished" and status["world_size"] == 2 and calls == ["rank0"]
     # the run is finished: rank 0 says no, rank 1 leaves without running anything
-    assert (
-        run_one(tmp_path, execute=lambda d: calls.append("again"), gate=RankGate(tmp_path, "k2", 0, 2))["state"]
-        == "finished"
-    )
-    assert run_rank(tmp_path, 1, 2, "k2", execute=lambda d: calls.append("rank1")) == {"rank": 1, "skipped": "finished"}
+    runner(monkeypatch, lambda d: calls.append("again"))
+    assert run_one(tmp_path, gate=RankGate(tmp_path, "k2", 0, 2))["state"] == "finished"
+    runner(monkeypatch, lambda d: calls.append("rank1"))
+    assert run_rank(tmp_path, 1, 2, "k2") == {"rank": 1, "skipped": "finished"}
     assert calls == ["rank0"]
 
 
-def test_a_rank_0_that_finds_the_claim_held_stops_the_other_ranks(tmp_path):
+def test_a_rank_0_that_finds_the_claim_held_stops_the_other_ranks(tmp_path, monkeypatch):
     write_status(tmp_path, new_status())
+    runner(monkeypatch, lambda d: None)
     other = RunClaim(tmp_path)
     assert other.acquire()
     try:
-        out = run_one(tmp_path, execute=lambda d: None, gate=RankGate(tmp_path, "k", 0, 2))
+        out = run_one(tmp_path, gate=RankGate(tmp_path, "k", 0, 2))
         assert out["claimed_elsewhere"]
-        assert run_rank(tmp_path, 1, 2, "k", execute=lambda d: None)["skipped"] == "another worker holds the run"
+        assert run_rank(tmp_path, 1, 2, "k")["skipped"] == "another worker holds the run"
     finally:
         other.release()
 
 
-def test_rank_0_records_the_dead_peers_line_not_its_own_echo(tmp_path):
+def test_rank_0_records_the_dead_peers_line_not_its_own_echo(tmp_path, monkeypatch):
     write_status(tmp_path, new_status())
     peer = RankGate(tmp_path, "k", 1, 2)
     peer.started()
@@ -92,18 +99,20 @@ def test_rank_0_records_the_dead_peers_line_not_its_own_echo(tmp_path):
         raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:5000")
 
     with pytest.raises(RuntimeError):
-        run_one(tmp_path, execute=echo, gate=RankGate(tmp_path, "k", 0, 2))
+        runner(monkeypatch, echo)
+        run_one(tmp_path, gate=RankGate(tmp_path, "k", 0, 2))
     s = read_status(tmp_path)
     assert s["state"] == "failed" and s["error"] == "rank 1: ValueError: bad shard on rank 1"
 
 
-def test_a_non_zero_rank_writes_its_first_error_line(tmp_path):
+def test_a_non_zero_rank_writes_its_first_error_line(tmp_path, monkeypatch):
     RankGate(tmp_path, "k", 0, 2).open(True)
 
     def boom(run_dir):
         raise RuntimeError("missing shard\nsecond line")
 
     with pytest.raises(RuntimeError):
-        run_rank(tmp_path, 1, 2, "k", execute=boom)
+        runner(monkeypatch, boom)
+        run_rank(tmp_path, 1, 2, "k")
     assert latest_peer_failure(tmp_path) == "rank 1: RuntimeError: missing shard"
     assert read_status(tmp_path) is None  # rank 1 never writes status.json

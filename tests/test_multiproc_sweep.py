@@ -17,7 +17,7 @@ import time
 import pytest
 import yaml
 from multiproc_fixtures import KILLED_MARK, TWO_PROCESS, kill_rank_1_of_seed_0
-from sweep_fixtures import metric_steps, read_json, run_dirs, write_sweep
+from sweep_fixtures import metric_steps, read_json, run_dirs, use_runner, write_sweep
 from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.sweep.cli import main
@@ -45,7 +45,8 @@ def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(
     data["base"]["logger"] = "wandb_offline"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
-    assert main(["sweep", "run", str(path)], execute=kill_rank_1_of_seed_0) == 1
+    use_runner(kill_rank_1_of_seed_0, monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 1
     runs = {read_json(d / "status.json")["seed"]: d for d in run_dirs(tmp_path, "mp")}
     killed, other = runs[0], runs[1]
 
@@ -65,7 +66,7 @@ def test_two_process_runs_one_record_a_killed_rank_fails_its_run_and_resumes(
     assert len(list((other / "eval" / "arithmetic").glob("step-3_*.parquet"))) == 1
 
     capsys.readouterr()
-    assert main(["sweep", "run", str(path), "--retry-failed"], execute=kill_rank_1_of_seed_0) == 0
+    assert main(["sweep", "run", str(path), "--retry-failed"]) == 0
     assert "1 retry" in capsys.readouterr().out
     s = read_json(killed / "status.json")
     assert s["state"] == "finished" and s["attempts"] == 2 and s["world_size"] == 2

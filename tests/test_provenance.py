@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 import fixtures_runs as fx
-from sweep_fixtures import metric_steps, run_dirs, standin_execute, write_sweep
+from sweep_fixtures import metric_steps, run_dirs, standin_execute, use_runner, write_sweep
 from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.analysis import collect_runs, results_table, run_states
@@ -27,15 +27,16 @@ def head() -> str:
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
-def test_each_attempt_records_code_libraries_python_and_device(tmp_path):
+def test_each_attempt_records_code_libraries_python_and_device(tmp_path, monkeypatch):
+    use_runner(EXECUTE, monkeypatch.setattr)
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(
         "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
         "method: {params: {}}\ntask: {name: arithmetic}\n"
     )
-    run_one(run_dir, execute=EXECUTE)
-    run_one(run_dir, execute=EXECUTE, force=True)
+    run_one(run_dir)
+    run_one(run_dir, force=True)
     attempts = read_status(run_dir)["provenance"]
     assert [a["attempt"] for a in attempts] == [1, 2]
     p = attempts[-1]
@@ -47,11 +48,17 @@ def test_each_attempt_records_code_libraries_python_and_device(tmp_path):
     assert code_version(read_status(run_dir)) == head()[:10] + ("+dirty" if p["dirty"] else "")
 
 
-def test_sweep_run_and_status_name_runs_from_other_code_and_rerun_redoes_them(tmp_path, in_process_env, capsys):
+def test_sweep_run_and_status_name_runs_from_other_code_and_rerun_redoes_them(
+    tmp_path,
+    in_process_env,  # noqa: F811
+    capsys,
+    monkeypatch,
+):
+    use_runner(EXECUTE, monkeypatch.setattr)
     path = write_sweep(
         tmp_path, "prov", grid={"method": ["full", "top_entropy"]}, launcher={"name": "local", "workers": 2}
     )
-    assert sweep_main(["sweep", "run", str(path)], execute=EXECUTE) == 0
+    assert sweep_main(["sweep", "run", str(path)]) == 0
     old, same = run_dirs(tmp_path, "prov")
     status = read_status(old)
     status["provenance"][-1].update(commit="0123456789abcdef", dirty=False)  # as if an older checkout ran it
@@ -61,12 +68,12 @@ def test_sweep_run_and_status_name_runs_from_other_code_and_rerun_redoes_them(tm
     assert sweep_main(["sweep", "status", str(path)]) == 0
     out = capsys.readouterr().out
     assert "warning: finished runs come from different code versions (0123456789: 1 run" in out
-    assert sweep_main(["sweep", "run", str(path)], execute=EXECUTE) == 0  # told, not redone
+    assert sweep_main(["sweep", "run", str(path)]) == 0  # told, not redone
     out = capsys.readouterr().out
     assert "note: 1 finished run(s) came from other code than" in out and "(0123456789: 1)" in out
     assert read_status(old)["attempts"] == 1
 
-    assert sweep_main(["sweep", "run", str(path), "--rerun-other-code"], execute=EXECUTE) == 0
+    assert sweep_main(["sweep", "run", str(path), "--rerun-other-code"]) == 0
     assert "1 to run (1 rerun)" in capsys.readouterr().out
     redone = read_status(old)
     assert redone["attempts"] == 1 and code_version(redone) == code_version(provenance())

@@ -24,7 +24,7 @@ from stare_lab.record import (
     update_status,
     write_status,
 )
-from stare_lab.sweep.records import Liveness, process_start
+from stare_lab.sweep.liveness import Liveness, process_start
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "trl")

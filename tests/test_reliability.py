@@ -2,7 +2,7 @@
 
 Real processes throughout: the sweep driver is `python -m stare_lab.sweep` in a subprocess, workers
 are submitit local jobs, runs use the real runner on the built-in model unless a test only needs
-the launcher (then the stand-in runner of sweep_fixtures, passed as the CLI's `execute`).
+the launcher (then the stand-in runner of sweep_fixtures, through sweep_fixtures.use_runner).
 """
 
 from __future__ import annotations
@@ -135,11 +135,13 @@ def test_a_full_disk_fails_the_run_with_the_reason(tmp_path, small_disk, in_proc
     assert "1 failed" in out and "error: " in out and "No space left on device" in out
 
 
-def test_a_corrupt_status_is_reported_kept_and_never_restarted_as_new(tmp_path, in_process_env, capsys):
-    from sweep_fixtures import standin_execute
+def test_a_corrupt_status_is_reported_kept_and_never_restarted_as_new(tmp_path, in_process_env, capsys, monkeypatch):
+    from sweep_fixtures import standin_execute, use_runner
+
+    use_runner(standin_execute, monkeypatch.setattr)
 
     path = write_sweep(tmp_path, "garbled", launcher={"name": "local", "workers": 1})
-    assert sweep_main(["sweep", "run", str(path)], execute=standin_execute) == 0
+    assert sweep_main(["sweep", "run", str(path)]) == 0
     (run_dir,) = run_dirs(tmp_path, "garbled")
     metrics = (run_dir / "metrics.jsonl").read_bytes()
     (run_dir / "status.json").write_text("\x00\x00garbage")
@@ -147,12 +149,12 @@ def test_a_corrupt_status_is_reported_kept_and_never_restarted_as_new(tmp_path, 
     assert sweep_main(["sweep", "status", str(path)]) == 0
     out = capsys.readouterr().out
     assert "1 corrupt" in out and "status.json: not JSON" in out
-    assert sweep_main(["sweep", "run", str(path)], execute=standin_execute) == 1  # left alone, said so
+    assert sweep_main(["sweep", "run", str(path)]) == 1  # left alone, said so
     assert "1 with an unreadable status.json (skipped" in capsys.readouterr().out
     assert (run_dir / "status.json").read_text() == "\x00\x00garbage" and (
         run_dir / "metrics.jsonl"
     ).read_bytes() == metrics
-    assert sweep_main(["sweep", "run", str(path), "--retry-failed"], execute=standin_execute) == 0
+    assert sweep_main(["sweep", "run", str(path), "--retry-failed"]) == 0
     (kept,) = run_dir.glob("status.json.bad-*")
     assert kept.read_text() == "\x00\x00garbage" and read_status(run_dir)["state"] == "finished"
     assert metric_steps(run_dir) == [1, 2]  # resumed from its checkpoint

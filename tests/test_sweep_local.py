@@ -2,7 +2,7 @@
 
 These run the real runner on the built-in model with tiny settings. STARE_LAB_SWEEP_TESTS_STANDIN=1
 swaps in the stand-in runner of sweep_fixtures (same resume contract, no model) for development;
-it reaches the workers as the sweep CLI's `execute` argument.
+it reaches the workers through sweep_fixtures.use_runner.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from sweep_fixtures import (
     standin_execute,
     sweep_cli,
     sweep_env,
+    use_runner,
     wait_until,
     write_sweep,
 )
 
 from stare_lab.record import read_status
+from stare_lab.sweep import worker
 from stare_lab.sweep.cli import main
 from stare_lab.sweep.lock import SweepLock
 from stare_lab.sweep.schema import SweepError
@@ -55,7 +57,7 @@ def by_label(tmp_path: Path, name: str) -> dict[str, Path]:
     return {read_json(d / "status.json")["label"]: d for d in run_dirs(tmp_path, name)}
 
 
-def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_process_env, capsys):
+def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_process_env, capsys, monkeypatch):
     path = write_sweep(
         tmp_path,
         "killed",
@@ -88,7 +90,9 @@ def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_proc
     finished_metrics = {k: (runs[k] / "metrics.jsonl").read_bytes() for k in done}
     assert read_status(busy)["state"] == "running"  # the record of a worker that died
 
-    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 0
+    if EXECUTE:
+        use_runner(EXECUTE, monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{len(done)} finished (skipped)" in out
     for label, d in by_label(tmp_path, "killed").items():
@@ -112,7 +116,7 @@ def read_json_lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_process_env, capsys):
+def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_process_env, capsys, monkeypatch):
     # the `random` run's real runner crashes at its first step (a run failing on its own)
     execute = (
         functools.partial(standin_execute, step_s=0.3, fail_at=1, only="random") if STANDIN else crash_method_random
@@ -120,7 +124,8 @@ def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_proce
     path = write_sweep(
         tmp_path, "failing", grid={"method": ["full", "random"]}, launcher={"name": "local", "workers": 2}
     )
-    assert main(["sweep", "run", str(path)], execute=execute) == 1
+    use_runner(execute, monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 1
     runs = by_label(tmp_path, "failing")
     good, bad = runs["full seed=0"], runs["random seed=0"]
     assert read_status(good)["state"] == "finished"
@@ -133,10 +138,10 @@ def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_proce
     out = capsys.readouterr().out
     assert "1 failed" in out and "1 finished" in out and f"error: {failed['error']}" in out
 
-    assert main(["sweep", "run", str(path)], execute=execute) == 1  # without --retry-failed: left alone
+    assert main(["sweep", "run", str(path)]) == 1  # without --retry-failed: left alone
     assert "1 failed (skipped; --retry-failed" in capsys.readouterr().out
     assert read_status(bad)["attempts"] == 1 and read_status(good)["attempts"] == 1
-    assert main(["sweep", "run", str(path), "--retry-failed"], execute=execute) == 1
+    assert main(["sweep", "run", str(path), "--retry-failed"]) == 1
     assert read_status(bad)["attempts"] == 2 and read_status(good)["attempts"] == 1
 
 
@@ -167,22 +172,28 @@ def test_one_sweep_run_at_a_time_and_a_dead_holder_frees_the_lock(tmp_path, caps
     SweepLock(folder, "locked").acquire().release()  # a crashed holder leaves no lock behind
 
 
-def test_run_one_records_each_outcome(tmp_path):
+def test_run_one_records_each_outcome(tmp_path, monkeypatch):
+    def runner(execute):  # the worker's one call of the runner
+        monkeypatch.setattr(worker, "execute_run", execute)
+
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(
         "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
         "method: {params: {}}\ntask: {name: arithmetic}\n"
     )
-    status = run_one(run_dir, execute=standin_execute)
+    runner(standin_execute)
+    status = run_one(run_dir)
     assert status["state"] == "finished" and status["attempts"] == 1 and status["error"] is None
-    assert run_one(run_dir, execute=lambda d: pytest.fail("a finished run ran again"))["attempts"] == 1
+    runner(lambda d: pytest.fail("a finished run ran again"))
+    assert run_one(run_dir)["attempts"] == 1
 
     def crash(d):
         raise RuntimeError("boom\nsecond line")
 
     with pytest.raises(RuntimeError):
-        run_one(run_dir, execute=crash, force=True)
+        runner(crash)
+        run_one(run_dir, force=True)
     s = read_status(run_dir)
     assert s["state"] == "failed" and s["error"] == "RuntimeError: boom" and "crash" in s["traceback"]
     assert s["attempts"] == 2 and s["finished"]
@@ -191,6 +202,7 @@ def test_run_one_records_each_outcome(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_one(run_dir, execute=interrupted)
+        runner(interrupted)
+        run_one(run_dir)
     s = read_status(run_dir)
     assert s["state"] == "interrupted" and s["attempts"] == 3 and s["pid"] == os.getpid()

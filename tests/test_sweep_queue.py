@@ -12,19 +12,29 @@ import json
 import os
 import signal
 
-from sweep_fixtures import crash_method_random, metric_steps, run_dirs, standin_execute, wait_until, write_sweep
+from sweep_fixtures import (
+    crash_method_random,
+    metric_steps,
+    run_dirs,
+    standin_execute,
+    use_runner,
+    wait_until,
+    write_sweep,
+)
 from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.record import read_status
+from stare_lab.sweep import worker
 from stare_lab.sweep.cli import main
 from stare_lab.sweep.worker import run_one
 
 FOUR = {"method": ["full", "random", "top_entropy", "stare"]}
 
 
-def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_env):  # noqa: F811
+def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_env, monkeypatch):  # noqa: F811
     path = write_sweep(tmp_path, "queue", grid=FOUR, seeds=[0, 1], launcher={"name": "local", "workers": 2})
-    assert main(["sweep", "run", str(path)], execute=functools.partial(standin_execute, step_s=0.05)) == 0
+    use_runner(functools.partial(standin_execute, step_s=0.05), monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 0
     statuses = [read_status(d) for d in run_dirs(tmp_path, "queue")]
     assert len(statuses) == 8 and all(s["state"] == "finished" and s["attempts"] == 1 for s in statuses)
     assert len({s["pid"] for s in statuses}) == 2  # two processes, four runs each on average
@@ -32,17 +42,22 @@ def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_en
     assert len(jobs) == 2  # one submitit job per worker, not per run
 
 
-def test_a_failed_run_does_not_stop_its_worker(tmp_path, in_process_env):  # noqa: F811
+def test_a_failed_run_does_not_stop_its_worker(tmp_path, in_process_env, monkeypatch):  # noqa: F811
     path = write_sweep(
         tmp_path, "goes_on", grid={"method": ["random", "full"]}, launcher={"name": "local", "workers": 1}
     )
-    assert main(["sweep", "run", str(path)], execute=crash_method_random) == 1
+    use_runner(crash_method_random, monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 1
     failed, finished = sorted((read_status(d) for d in run_dirs(tmp_path, "goes_on")), key=lambda s: s["state"])
     assert failed["state"] == "failed" and failed["error"] == "RuntimeError: simulated crash at step 1"
     assert finished["state"] == "finished" and finished["pid"] == failed["pid"]  # the same worker went on
 
 
-def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(tmp_path, in_process_env):  # noqa: F811
+def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(
+    tmp_path,
+    in_process_env,  # noqa: F811
+    monkeypatch,
+):
     path = write_sweep(
         tmp_path,
         "killed_worker",
@@ -53,11 +68,8 @@ def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(tmp_pa
     import threading
 
     outcome = {}
-    driver = threading.Thread(
-        target=lambda: outcome.update(
-            rc=main(["sweep", "run", str(path)], execute=functools.partial(standin_execute, step_s=0.3))
-        )
-    )
+    use_runner(functools.partial(standin_execute, step_s=0.3), monkeypatch.setattr)
+    driver = threading.Thread(target=lambda: outcome.update(rc=main(["sweep", "run", str(path)])))
     driver.start()
     running = wait_until(
         lambda: [
@@ -80,7 +92,8 @@ def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(tmp_pa
     ] and sum(s["state"] == "finished" for s in statuses.values()) == 3
 
 
-def test_only_pending_leaves_a_run_another_worker_took(tmp_path):
+def test_only_pending_leaves_a_run_another_worker_took(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker, "execute_run", standin_execute)
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(
@@ -88,11 +101,11 @@ def test_only_pending_leaves_a_run_another_worker_took(tmp_path):
         "method: {params: {}}\ntask: {name: arithmetic}\n"
     )
     (run_dir / "status.json").write_text(json.dumps({"state": "failed", "attempts": 1, "error": "RuntimeError: x"}))
-    status = run_one(run_dir, execute=standin_execute, only_pending=True)
+    status = run_one(run_dir, only_pending=True)
     assert status["skipped"] and read_status(run_dir)["attempts"] == 1 and not (run_dir / "metrics.jsonl").exists()
     (run_dir / "status.json").write_text(json.dumps({"state": "pending", "attempts": 1}))
     code = {"commit": "0" * 40, "dirty": False, "stare_lab": "0.1.0", "python": "3", "versions": {}, "device": "cpu"}
-    status = run_one(run_dir, execute=standin_execute, only_pending=True, code=code)
+    status = run_one(run_dir, only_pending=True, code=code)
     assert status["state"] == "finished" and status["attempts"] == 2 and metric_steps(run_dir) == [1, 2]
     assert {k: status["provenance"][-1][k] for k in code} == code  # the worker's loaded code, as given
 

@@ -174,7 +174,7 @@ def test_demo_covers_every_rule():
 
     spec = load_sweep(ROOT / "sweeps" / "demo.yaml")
     assert set(spec.grid["method"]) == set(list_methods()) and len(spec.seeds) == 2
-    assert spec.launcher["name"] == "local"
+    assert spec.launcher.name == "local"
 
 
 def test_override_values_round_trip_through_hydra_syntax():
@@ -203,10 +203,24 @@ def test_override_values_round_trip_through_hydra_syntax():
 def test_cli_options_override_the_launcher(tmp_path):
     path = write_sweep(tmp_path, launcher={"name": "local", "workers": 3})
     spec = load_sweep(path, launcher={"name": "slurm", "partition": "gpu", "gpus_per_node": 2, "timeout_min": 30})
-    assert spec.launcher["name"] == "slurm" and spec.launcher["partition"] == "gpu"
-    assert spec.launcher["gpus_per_node"] == 2 and spec.launcher["timeout_min"] == 30
+    assert spec.launcher.name == "slurm" and spec.launcher.partition == "gpu"
+    assert spec.launcher.gpus_per_node == 2 and spec.launcher.timeout_min == 30
     assert (
-        spec.launcher["array_parallelism"]
+        spec.launcher.array_parallelism
         == yaml.safe_load((ROOT / "conf/launcher/slurm.yaml").read_text())["array_parallelism"]
     )
-    assert load_sweep(path).launcher["workers"] == 3
+    assert load_sweep(path).launcher.workers == 3
+
+
+def test_the_built_in_launchers_keys_are_their_conf_files_and_config_schemas():
+    # a launcher's fields type its keys; conf/launcher/<name>.yaml holds their values, and
+    # stare_lab.config.LAUNCHER_SCHEMAS (what tests/test_config.py checks the conf files with) agrees
+    from stare_lab.config import LAUNCHER_SCHEMAS, schema_fields
+    from stare_lab.sweep.launchers import LAUNCHERS, launcher_defaults
+    from stare_lab.sweep.launchers.base import _fields
+
+    assert list(LAUNCHERS) == list(LAUNCHER_SCHEMAS) == ["local", "slurm"]
+    for name, cls in LAUNCHERS.items():
+        fields = _fields(cls)
+        assert list(fields) == [k for k in launcher_defaults(name) if k != "name"], name  # the file's order
+        assert fields == {k: v for k, v in schema_fields(LAUNCHER_SCHEMAS[name]).items() if k != "name"}, name

@@ -18,6 +18,7 @@ from sweep_fixtures import (
     running_past_checkpoint,
     slurm_cluster,  # noqa: F401
     sweep_cli,
+    use_runner,
     wait_until,
     write_sweep,
 )
@@ -48,9 +49,17 @@ def squeue_state(job: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
-def test_small_slurm_sweep_completes_with_correct_records(slurm_cluster, tmp_path, in_process_env, capsys):
+def test_small_slurm_sweep_completes_with_correct_records(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+    in_process_env,  # noqa: F811
+    capsys,
+    monkeypatch,
+):
     path = write_sweep(tmp_path, "slurm_ok", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
-    assert main(["sweep", "run", str(path)], execute=EXECUTE) == 0
+    if EXECUTE:
+        use_runner(EXECUTE, monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 0
     dirs = run_dirs(tmp_path, "slurm_ok")
     assert len(dirs) == 2
     jobs = set()
@@ -101,9 +110,15 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
     assert read_json_lines(run_dir / "metrics.jsonl")[0]["time"] < requeued_at  # resumed, not restarted
 
 
-def test_a_crashing_job_is_recorded_failed_while_the_others_finish(slurm_cluster, tmp_path, in_process_env):
+def test_a_crashing_job_is_recorded_failed_while_the_others_finish(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+    in_process_env,  # noqa: F811
+    monkeypatch,
+):
     path = write_sweep(tmp_path, "slurm_crash", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
-    assert main(["sweep", "run", str(path)], execute=crash_array_task_1) == 1
+    use_runner(crash_array_task_1, monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 1
     states = {
         read_json(d / "status.json")["label"]: read_json(d / "status.json") for d in run_dirs(tmp_path, "slurm_crash")
     }

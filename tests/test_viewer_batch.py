@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from synthetic_batch import random_batch_tensors
 from trl import GRPOConfig
 
 from stare_lab.methods import get_method, list_methods
@@ -19,7 +20,6 @@ from stare_lab.viewer import collect_for_trainer, kept_steps, load_batch, save_b
 from stare_lab.viewer.batch import BatchError
 from stare_lab.viewer.collect import needed_statistics, stats_for_all_rules
 from stare_lab.viewer.selection import apply_all_rules, apply_rule
-from stare_lab.viewer.synthetic import random_batch_tensors
 
 G = 4
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.image import imread
+from synthetic_batch import write_random_batch
 
 from stare_lab.viewer import plot_selection
-from stare_lab.viewer.synthetic import write_random_batch
 
 
 def test_plot_selection_writes_both_figures_per_run_with_batches(tmp_path):

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from synthetic_batch import write_random_batch
 
 from stare_lab.methods import RuleState, TrainerValues, get_method, list_methods
 from stare_lab.viewer import batch_path, load_batch, main_view, render_run, render_sweep
 from stare_lab.viewer.browser import chromium_path, dump_dom, screenshot
-from stare_lab.viewer.synthetic import write_random_batch
 
 needs_browser = pytest.mark.skipif(
     chromium_path() is None, reason="headless Chromium is not installed: apt-get install -y chromium (.ci/run does)"
@@ -261,8 +261,9 @@ def test_view_of_a_sweep_has_one_arm_per_run_with_the_step(tmp_path, capsys):
 
 
 def test_a_batch_without_valid_tokens_or_rewards_still_renders(tmp_path):
+    from synthetic_batch import random_batch_tensors
+
     from stare_lab.viewer import save_batch
-    from stare_lab.viewer.synthetic import random_batch_tensors
 
     kw = random_batch_tensors(B=4, T=5, G=2)
     kw["mask"] = torch.zeros(4, 5)

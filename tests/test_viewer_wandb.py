@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from synthetic_batch import write_random_batch
 
 from stare_lab.config import compose, save_config
 from stare_lab.viewer import plot_selection, render_run
-from stare_lab.viewer.synthetic import write_random_batch
 from stare_lab.viewer.wandb_export import log_eval, log_sweep_summary, log_token_page, summary_run_id
 
 

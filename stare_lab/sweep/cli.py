@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stare_lab.config import ConfigError
+from stare_lab.sweep.launchers import launcher_names
 from stare_lab.sweep.schema import SweepError, load_sweep
-
-if TYPE_CHECKING:
-    from stare_lab.sweep.worker import Execute
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="launch a sweep's runs (safe to repeat: finished runs are skipped)")
     run.add_argument("file")
-    run.add_argument("--launcher", choices=("local", "slurm"), help="override the sweep's launcher")
+    run.add_argument("--launcher", choices=launcher_names(), help="override the sweep's launcher")
     run.add_argument("--dry-run", action="store_true", help="print the expanded runs and launch nothing")
     run.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     run.add_argument(
@@ -52,14 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, execute: Execute | None = None) -> int:
-    """`execute` replaces the real runner in the workers (tests; a picklable function)."""
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sweep"]:
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     try:
-        return cmd_run(args, execute) if args.command == "run" else cmd_status(args)
+        return cmd_run(args) if args.command == "run" else cmd_status(args)
     except (SweepError, ConfigError) as e:
         print(f"stare-lab: error: {e}", file=sys.stderr)
         return 2
@@ -89,17 +86,17 @@ def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in opts.items() if v is not None}
 
 
-def cmd_run(args: argparse.Namespace, execute: Execute | None = None) -> int:
-    from stare_lab.sweep.launch import check_output
+def cmd_run(args: argparse.Namespace) -> int:
+    from stare_lab.sweep.plan import check_output
 
     cli = _cli_launcher(args)
     spec = load_sweep(args.file, launcher=cli, output=args.root)
     if args.workers is not None:
-        spec.launcher["workers" if spec.launcher["name"] == "local" else "array_parallelism"] = args.workers
+        spec.launcher = spec.launcher.with_parallel_runs(args.workers)
         if args.workers < 1:
             raise SweepError("--workers: expected an integer ≥ 1")
     if spec.search is not None:
-        return _run_search(spec, args, execute)
+        return _run_search(spec, args)
     from stare_lab.sweep.expand import expand_sweep
 
     runs = expand_sweep(spec)
@@ -107,14 +104,15 @@ def cmd_run(args: argparse.Namespace, execute: Execute | None = None) -> int:
         _print_plan(spec, runs)
         return 0
     check_output(spec)
-    return _launch(spec, runs, args.retry_failed, execute, args.rerun_other_code)
+    return _launch(spec, runs, args.retry_failed, args.rerun_other_code)
 
 
-def _launch(spec, runs, retry_failed: bool, execute: Execute | None, rerun_other_code: bool = False) -> int:
+def _launch(spec, runs, retry_failed: bool, rerun_other_code: bool = False) -> int:
     from stare_lab.sweep.expand import verify_run
-    from stare_lab.sweep.launch import launch_runs, plan_runs
+    from stare_lab.sweep.launch import launch_runs
+    from stare_lab.sweep.liveness import write_manifest
     from stare_lab.sweep.lock import SweepLock
-    from stare_lab.sweep.records import write_manifest
+    from stare_lab.sweep.plan import plan_runs
     from stare_lab.utils import atomic_write_text
 
     with SweepLock(spec.folder, spec.name):
@@ -123,17 +121,17 @@ def _launch(spec, runs, retry_failed: bool, execute: Execute | None, rerun_other
             spec.folder,
             spec.name,
             spec.digest,
-            launcher=spec.launcher["name"],
+            launcher=spec.launcher.name,
             runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs],
         )
         if spec.path is not None:
             atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
         plan = plan_runs(runs, retry_failed, rerun_other_code)
         print(
-            f"sweep {spec.name!r} ({spec.launcher['name']}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
+            f"sweep {spec.name!r} ({spec.launcher.name}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
             flush=True,
         )
-        counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True), execute=execute)
+        counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True))
     print("done: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
     bad = len(runs) - counts.get("finished", 0)
     if bad:
@@ -141,30 +139,30 @@ def _launch(spec, runs, retry_failed: bool, execute: Execute | None, rerun_other
     return 0 if bad == 0 else 1
 
 
-def _run_search(spec, args: argparse.Namespace, execute: Execute | None) -> int:
-    from stare_lab.sweep.launch import check_output
+def _run_search(spec, args: argparse.Namespace) -> int:
+    from stare_lab.sweep.plan import check_output
 
     s = spec.search
     if args.dry_run:
         print(
             f"sweep {spec.name!r}: Optuna search, {s.trials} trials, {s.parallelism} at a time, "
             f"{s.direction} {s.metric}, sampler {s.sampler}, pruner {s.pruner.get('name')}, "
-            f"launcher {spec.launcher['name']}"
+            f"launcher {spec.launcher.name}"
         )
         for k, p in s.params.items():
             print(f"  {k}: {p}")
         return 0
     check_output(spec)
     from stare_lab.sweep.expand import Composer, verify_run
+    from stare_lab.sweep.liveness import write_manifest
     from stare_lab.sweep.lock import SweepLock
-    from stare_lab.sweep.records import write_manifest
     from stare_lab.sweep.search import best_trial, distributions, run_search, trial_run
 
     with SweepLock(spec.folder, spec.name):
         sample = {k: (d.choices[0] if hasattr(d, "choices") else d.low) for k, d in distributions(s).items()}
         verify_run(trial_run(Composer(spec), spec, 0, sample))
-        write_manifest(spec.folder, spec.name, spec.digest, runs=[], launcher=spec.launcher["name"])
-        counts = run_search(spec, echo=lambda m: print(m, flush=True), execute=execute)
+        write_manifest(spec.folder, spec.name, spec.digest, runs=[], launcher=spec.launcher.name)
+        counts = run_search(spec, echo=lambda m: print(m, flush=True))
     print("trials: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     best = best_trial(spec)
     if best:
@@ -180,9 +178,9 @@ def _print_plan(spec, runs) -> None:
     from stare_lab.record import read_status
 
     la = spec.launcher
-    settings = ", ".join(f"{k}={v}" for k, v in la.items() if k != "name" and v not in (None, [], {}))
-    print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la['name']}: {settings}")
-    print(_resources(la, len(runs)))
+    settings = ", ".join(f"{k}={v}" for k, v in la.settings().items() if k != "name" and v not in (None, [], {}))
+    print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la.name}: {settings}")
+    print(la.layout(len(runs)))
     table = Table()
     for col in ("#", "run id", "label", "method", "seed", "state"):
         table.add_column(col)
@@ -190,25 +188,6 @@ def _print_plan(spec, runs) -> None:
         state = (read_status(r.run_dir) or {}).get("state", "new")
         table.add_row(str(i), r.id, Text(r.label), r.config["method"]["name"], str(r.seed), state)
     Console(width=max(120, Console().width)).print(table)
-
-
-def _resources(la: dict[str, Any], runs: int) -> str:
-    """What the sweep asks for: processes per run, and GPUs in all and at once (Slurm)."""
-    from stare_lab.sweep.schema import gpus_per_run, processes_per_run, tasks_per_node
-
-    procs = processes_per_run(la)
-    shape = (
-        f"{la.get('nodes', 1)} node(s) × {tasks_per_node(la)}" if la["name"] == "slurm" else f"{procs} on this machine"
-    )
-    line = f"processes per run: {procs} ({shape})"
-    if la["name"] == "slurm":
-        gpus = gpus_per_run(la)
-        at_once = min(runs, int(la["array_parallelism"]))
-        line += f"; GPUs: {gpus} per run, {gpus * runs} for the sweep "
-        line += f"({gpus * at_once} at once, {at_once} runs in parallel)"
-    else:
-        line += f"; {min(runs, int(la['workers'])) * procs} processes at once ({la['workers']} workers)"
-    return line
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from stare_lab.config import CONF_DIR, Config, ConfigError, check_values, compose, finalize, hydra_raw, rule_params
-from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups, processes_per_run
+from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
 
 
 @dataclass
@@ -137,7 +137,7 @@ class Composer:
             "sweep": spec.name,
             "label": label,
             "variant": variant,
-            "processes": processes_per_run(spec.launcher),
+            "processes": spec.launcher.processes_per_run,
         }
         overrides = [self._override(g, c) for g, c in groups.items()]
         overrides += [self._override(k, v) for k, v, _ in dotted]

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 from stare_lab.record import flock_held, now_iso
-from stare_lab.sweep.schema import SweepError
+from stare_lab.sweep.errors import SweepError
 
 LOCK_FILE = ".lock"
 

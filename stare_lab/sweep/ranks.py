@@ -128,7 +128,7 @@ def is_echo(error: str) -> bool:
 
 
 def _dead_here(info: dict[str, Any]) -> bool:
-    from stare_lab.sweep.records import process_start
+    from stare_lab.sweep.liveness import process_start
 
     return (
         bool(info.get("pid")) and info.get("host") == socket.gethostname() and process_start(int(info["pid"])) is None

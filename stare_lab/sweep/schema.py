@@ -4,9 +4,10 @@ Every mistake is a `SweepError` whose message is one line naming the file, the k
 where there is a closed set, the valid choices: `sweeps/x.yaml: grid.method[2]: unknown method
 option 'nope'; valid: anchor, full, ...`. The schema is documented in docs/sweeps.md.
 This module checks the shape of the file and each value it can check alone against the config
-schemas (the `search:` block: search_spec.py); whether each run composes into a valid config is
-checked by `expand.expand_sweep`, which reports errors in the same form. Size, encoding and run
-count are limited (MAX_FILE_BYTES, MAX_RUNS), so a huge file or grid is refused at once.
+schemas (the `search:` block: search_spec.py; the `launcher:` block: launchers/); whether each run
+composes into a valid config is checked by `expand.expand_sweep`, which reports errors in the same
+form. Size, encoding and run count are limited (MAX_FILE_BYTES, MAX_RUNS), so a huge file or grid is
+refused at once.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from stare_lab.config import (
-    CONF_DIR,
-    LAUNCHER_SCHEMAS,
     Config,
     EvalConfig,
     field_problem,
@@ -32,10 +31,13 @@ from stare_lab.config import (
     schema_fields,
     sweep_path,
 )
+from stare_lab.sweep.errors import SweepError
+from stare_lab.sweep.keys import check_key
+from stare_lab.sweep.launchers import Launcher, launcher_defaults, parse_launcher  # noqa: F401 - launcher_defaults: tests
+from stare_lab.sweep.search_spec import SearchSpec, parse_search
 
 TOP_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "eval", "launcher", "output", "search")
 EVAL_KEYS = tuple(schema_fields(EvalConfig))
-LAUNCHERS = tuple(LAUNCHER_SCHEMAS)
 # A sweep file is written by hand (the shipped ones are < 3 kB); a bigger one is refused unread.
 MAX_FILE_BYTES = 1 << 20
 # Runs of one sweep: 10,000 expand in under a second; past this a sweep is refused before expansion.
@@ -43,24 +45,6 @@ MAX_RUNS = 50_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Variant names may carry a bracketed setting, read by analysis as the arm: "rsi_band[0.5,1]".
 _VARIANT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.,=+\[\]-]*$")
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-class SweepError(ValueError):
-    """A user mistake in a sweep file or option: one line, printed without a traceback."""
-
-
-@dataclass
-class SearchSpec:
-    params: dict[str, dict[str, Any]]  # dotted key -> {low, high, log, step, type} | {choices}
-    metric: str  # eval/<benchmark>/<metric> or train/<key>
-    direction: str
-    trials: int
-    parallelism: int
-    sampler: str = "tpe"
-    seed: int = 0
-    pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
-    storage: str | None = None  # None: sqlite (local) or a journal file (slurm) in the sweep folder
 
 
 @dataclass
@@ -71,7 +55,7 @@ class SweepSpec:
     grid: dict[str, list[Any]]
     variants: dict[str, dict[str, Any]]
     seeds: list[int]
-    launcher: dict[str, Any]  # name + every parameter, defaults filled in
+    launcher: Launcher  # stare_lab.sweep.launchers: every parameter, defaults filled in
     output: Path  # absolute root; the sweep folder is output/name
     search: SearchSpec | None = None
     path: Path | None = None
@@ -167,7 +151,7 @@ def parse_sweep(
     grid = _grid(data.get("grid"), fail)
     variants = _variants(data.get("variants"), fail, grid)
     seeds = _seeds(data.get("seeds", [0]), fail)
-    launch = _launcher(data.get("launcher"), launcher or {}, fail)
+    launch = parse_launcher(data.get("launcher"), launcher or {}, fail)
     out = output if output is not None else data.get("output", "runs")
     if not isinstance(out, (str, Path)) or not str(out):
         fail("output", f"expected a folder path, got {out!r}")
@@ -177,8 +161,6 @@ def parse_sweep(
             fail("search", "a search replaces grid and variants; remove one or the other")
         if len(seeds) != 1:
             fail("seeds", f"a search runs one seed per trial; got {len(seeds)} seeds")
-        from stare_lab.sweep.search_spec import parse_search
-
         search = parse_search(data["search"], fail, launch)
     _check_run_count(grid, variants, seeds, fail)
     desc = data.get("description") or ""
@@ -194,16 +176,6 @@ def parse_sweep(
         search=search,
         description=str(desc),
     )
-
-
-def check_key(key: Any, path: str, fail) -> None:
-    if not isinstance(key, str) or not _KEY.match(key):
-        fail(path, f"{key!r} is not a config key (dotted identifiers, e.g. trainer.max_steps)")
-    head = key.split(".")[0]
-    if head in ("run", "seed"):
-        fail(path, f"{key!r} is set by the sweep itself (use seeds: for seeds)")
-    if head == "launcher":
-        fail(path, "the launcher is the sweep's top-level `launcher:` block, not a config override")
 
 
 def _check_choice(group: str, value: Any, path: str, fail) -> None:
@@ -365,75 +337,3 @@ def _seeds(seeds: Any, fail) -> list[int]:
     if len(set(seeds)) != len(seeds):
         fail("seeds", f"duplicate seeds in {seeds}")
     return list(seeds)
-
-
-def launcher_defaults(name: str) -> dict[str, Any]:
-    """Every key of a launcher with its value from conf/launcher/<name>.yaml."""
-    return {**(yaml.safe_load((CONF_DIR / "launcher" / f"{name}.yaml").read_text()) or {}), "name": name}
-
-
-def _launcher(block: Any, cli: dict[str, Any], fail) -> dict[str, Any]:
-    block = {"name": "local"} if block is None else block
-    if isinstance(block, str):
-        block = {"name": block}
-    if not isinstance(block, dict):
-        fail("launcher", f"expected a mapping with `name: local|slurm`, got {block!r}")
-    name = cli.get("name") or block.get("name", "local")
-    if name not in LAUNCHERS:
-        fail("launcher.name", f"unknown launcher {name!r}; valid: {', '.join(LAUNCHERS)}")
-    out = launcher_defaults(name)
-    fields = schema_fields(LAUNCHER_SCHEMAS[name])
-    given = {k: v for k, v in block.items() if k != "name"}
-    if block.get("name", "local") != name:  # --launcher switched it: keep only keys the new one knows
-        given = {k: v for k, v in given.items() if k in fields}
-    given.update({k: v for k, v in cli.items() if k != "name" and v is not None})
-    for k, v in given.items():
-        if k not in fields:
-            fail(f"launcher.{k}", f"unknown key for the {name} launcher; valid keys: {', '.join(sorted(fields))}")
-        hint, rules = fields[k]
-        problem = field_problem(v, hint, rules)
-        if problem:
-            fail(f"launcher.{k}", problem)
-        out[k] = v
-    if (
-        name == "slurm"
-        and out["tasks_per_node"]
-        and out["gpus_per_node"]
-        and out["tasks_per_node"] != out["gpus_per_node"]
-    ):
-        fail(
-            "launcher.tasks_per_node",
-            f"{out['tasks_per_node']} tasks on {out['gpus_per_node']} GPUs per node: "
-            "a run has one process per GPU (leave tasks_per_node null, or gpus_per_node 0 for CPU runs)",
-        )
-    return out
-
-
-def tasks_per_node(launcher: dict[str, Any]) -> int:
-    """Processes of one run on each of its nodes: local `processes`; Slurm one per GPU (or `tasks_per_node`)."""
-    if launcher["name"] == "local":
-        return int(launcher.get("processes") or 1)
-    return int(launcher.get("tasks_per_node") or launcher.get("gpus_per_node") or 1)
-
-
-def processes_per_run(launcher: dict[str, Any]) -> int:
-    """A run's world size: nodes × tasks per node (the local launcher has one node)."""
-    return int(launcher.get("nodes") or 1) * tasks_per_node(launcher)
-
-
-def gpus_per_run(launcher: dict[str, Any]) -> int:
-    """GPUs one run asks for (0 on the local launcher: it uses what the machine has)."""
-    if launcher["name"] == "local":
-        return 0
-    return int(launcher.get("nodes") or 1) * int(launcher.get("gpus_per_node") or 0)
-
-
-def check_schema_value(key: str, value: Any, path: str, fail) -> None:
-    """A value for a dotted key of a schema section (trainer.max_steps) against that field."""
-    section, _, leaf = key.partition(".")
-    schema = schema_fields(Config).get(section, (None,))[0]
-    fields = schema_fields(schema) if isinstance(schema, type) and hasattr(schema, "__dataclass_fields__") else {}
-    if leaf in fields:
-        problem = field_problem(value, *fields[leaf])
-        if problem:
-            fail(path, problem)

@@ -1,13 +1,14 @@
 """Optuna search: a sweep's `search:` block as a study driven with ask/tell.
 
-Each trial is an ordinary run (its config is the base plus the sampled parameters, its id the
-config hash) launched through the sweep's launcher, at most `parallelism` at a time. Only this
-driver talks to the study storage: sqlite in the sweep folder for the local launcher, a
-JournalStorage file (safe on a shared filesystem) for Slurm. A driver that dies leaves its trials
-RUNNING in the storage; the next `sweep run` relaunches exactly those runs (they resume from their
-checkpoints) before asking for new trials. With a pruner, the driver reads each running trial's
-intermediate values (intermediate evaluations for an eval metric, metrics.jsonl rows for a train metric),
-reports them, and stops a trial Optuna prunes (its run is recorded interrupted, "pruned ...").
+Each trial is an ordinary run (its config is the base plus the sampled parameters, its id the config
+hash) launched through the sweep's launcher, at most `parallelism` at a time. Only this driver talks
+to the study storage: the launcher's `study_file` in the sweep folder (sqlite for the local
+launcher, a JournalStorage file, safe on a shared filesystem, for Slurm). A driver that dies leaves
+its trials RUNNING in the storage; the next `sweep run` relaunches exactly those runs (they resume
+from their checkpoints) before asking for new trials. With a pruner, the driver reads each running
+trial's intermediate values (intermediate evaluations for an eval metric, metrics.jsonl rows for a
+train metric), reports them, and stops a trial Optuna prunes (its run is recorded interrupted,
+"pruned ...").
 """
 
 from __future__ import annotations
@@ -19,18 +20,12 @@ from typing import Any
 
 from stare_lab.record import eval_metric, read_eval_results, read_metrics, read_status, update_status
 from stare_lab.sweep.expand import Composer, RunSpec, fmt_value
-from stare_lab.sweep.launch import (
-    POLL_S,
-    Tracked,
-    make_executor,
-    prepare,
-    reconcile,
-    stop_job,
-    submit_run,
-    worker_threads,
-)
-from stare_lab.sweep.schema import SearchSpec, SweepSpec
-from stare_lab.sweep.worker import Execute, RunWorker
+from stare_lab.sweep.jobs import Tracked, reconcile, stop_job, submit_run
+from stare_lab.sweep.launch import POLL_S, make_executor
+from stare_lab.sweep.plan import prepare
+from stare_lab.sweep.schema import SweepSpec
+from stare_lab.sweep.search_spec import SearchSpec
+from stare_lab.sweep.worker import RunWorker
 
 
 def storage_for(spec: SweepSpec):
@@ -43,7 +38,7 @@ def storage_for(spec: SweepSpec):
     if s:
         path = Path(s) if Path(s).is_absolute() else spec.folder / s
     else:
-        path = spec.folder / ("optuna.journal" if spec.launcher["name"] == "slurm" else "optuna.db")
+        path = spec.folder / spec.launcher.study_file
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         return f"sqlite:///{path}"
@@ -121,18 +116,15 @@ def trial_run(composer: Composer, spec: SweepSpec, number: int, params: dict[str
     return composer.run(assigned, seed=spec.seeds[0], label=label, variant=None)
 
 
-def run_search(
-    spec: SweepSpec, echo: Callable[[str], None] = print, executor=None, execute: Execute | None = None
-) -> dict[str, int]:
-    """Run the study until `trials` trials have ended; returns counts of trial states. `execute`
-    replaces the real runner in the workers (tests)."""
+def run_search(spec: SweepSpec, echo: Callable[[str], None] = print) -> dict[str, int]:
+    """Run the study until `trials` trials have ended; returns counts of trial states."""
     from optuna.trial import Trial, TrialState
 
     s: SearchSpec = spec.search
     study = load_study(spec, create=True)
     composer, dists = Composer(spec), distributions(s)
-    executor = executor or make_executor(spec)
-    worker = RunWorker(execute, worker_threads(spec))
+    executor, watch = make_executor(spec), spec.launcher.watch()
+    worker = RunWorker(spec.launcher.worker_threads())
     stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
     if stale:
         echo(f"resuming {len(stale)} trial(s) left running by an earlier launch")
@@ -159,13 +151,14 @@ def run_search(
                 continue
             prepare(run)
             inflight.append((trial, Tracked(run, submit_run(executor, worker, run))))
+        ended = {id(t) for t in watch.ended_runs([tracked for _, tracked in inflight])}
         for trial, tracked in list(inflight):
-            if s.pruner.get("name") != "none" and _prune(trial, tracked, s):
+            if s.pruner.get("name") != "none" and _prune(trial, tracked, s, id(tracked) in ended):
                 inflight.remove((trial, tracked))
                 study.tell(trial, state=TrialState.PRUNED)
                 echo(f"trial {trial.number} pruned  {tracked.run.label}")
                 done += 1
-            elif _job_done(tracked):
+            elif id(tracked) in ended:
                 inflight.remove((trial, tracked))
                 state = reconcile(tracked)
                 if state == "watch":  # a worker of an earlier launch holds the run: follow it
@@ -179,15 +172,6 @@ def run_search(
         time.sleep(POLL_S if inflight else 0)
     states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
     return {k: states.count(k) for k in sorted(set(states))}
-
-
-def _job_done(t: Tracked) -> bool:
-    if t.job is not None:
-        return t.job.done()
-    from stare_lab.sweep.records import Liveness
-
-    status = read_status(t.run.run_dir)
-    return not Liveness.probe([status]).alive(t.run.run_dir, status)
 
 
 def _tell(study, trial, run: RunSpec, s: SearchSpec, echo) -> int:
@@ -205,7 +189,9 @@ def _tell(study, trial, run: RunSpec, s: SearchSpec, echo) -> int:
     return 1
 
 
-def _prune(trial, tracked: Tracked, s: SearchSpec) -> bool:
+def _prune(trial, tracked: Tracked, s: SearchSpec, ended: bool) -> bool:
+    """Report the trial's new intermediate values; stop its job when Optuna prunes it (`ended`:
+    the launch's watch saw its job end this round)."""
     values = intermediate_values(tracked.run.run_dir, s.metric)
     reported = trial.user_attrs.get("_reported_steps", [])
     new = sorted(k for k in values if k not in reported)
@@ -213,7 +199,7 @@ def _prune(trial, tracked: Tracked, s: SearchSpec) -> bool:
         trial.report(values[step], step)
     if new:
         trial.set_user_attr("_reported_steps", reported + new)
-    if not new or not trial.should_prune() or tracked.job is None or tracked.job.done():
+    if not new or not trial.should_prune() or tracked.job is None or ended:
         return False
     stop_job(tracked.job)
     deadline = time.time() + 30

@@ -5,9 +5,14 @@ of the file (stare_lab.sweep.schema): one line naming the key path, the value an
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from stare_lab.sweep.schema import SearchSpec, check_key, check_schema_value
+from stare_lab.config import Config, field_problem, schema_fields
+from stare_lab.sweep.keys import check_key
+
+if TYPE_CHECKING:
+    from stare_lab.sweep.launchers import Launcher
 
 SEARCH_KEYS = ("params", "objective", "trials", "parallelism", "sampler", "seed", "pruner", "storage")
 SAMPLERS = ("tpe", "random")
@@ -15,7 +20,20 @@ PRUNERS = ("none", "median")
 DIRECTIONS = ("maximize", "minimize")
 
 
-def parse_search(block: Any, fail, launch: dict[str, Any]) -> SearchSpec:
+@dataclass
+class SearchSpec:
+    params: dict[str, dict[str, Any]]  # dotted key -> {low, high, log, step, type} | {choices}
+    metric: str  # eval/<benchmark>/<metric> or train/<key>
+    direction: str
+    trials: int
+    parallelism: int
+    sampler: str = "tpe"
+    seed: int = 0
+    pruner: dict[str, Any] = field(default_factory=lambda: {"name": "none"})
+    storage: str | None = None  # None: the launcher's study file in the sweep folder (sqlite, or a journal)
+
+
+def parse_search(block: Any, fail, launch: Launcher) -> SearchSpec:
     if not isinstance(block, dict):
         fail("search", "expected a mapping with params, objective and trials")
     for k in block:
@@ -50,7 +68,7 @@ def parse_search(block: Any, fail, launch: dict[str, Any]) -> SearchSpec:
         if k == "trials" and v is None:
             fail("search.trials", "missing: how many trials to run")
         if v is None:
-            v = launch.get("workers") or launch.get("array_parallelism") or 1
+            v = launch.parallel_runs
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             fail(f"search.{k}", f"expected an integer ≥ {lo}, got {v!r}")
         ints[k] = v
@@ -108,3 +126,14 @@ def _param(key: Any, p: Any, fail) -> None:
         fail(path, "a log-scale range needs low > 0")
     check_schema_value(key, lo, f"{path}.low", fail)
     check_schema_value(key, hi, f"{path}.high", fail)
+
+
+def check_schema_value(key: str, value: Any, path: str, fail) -> None:
+    """A value for a dotted key of a schema section (trainer.max_steps) against that field."""
+    section, _, leaf = key.partition(".")
+    schema = schema_fields(Config).get(section, (None,))[0]
+    fields = schema_fields(schema) if isinstance(schema, type) and hasattr(schema, "__dataclass_fields__") else {}
+    if leaf in fields:
+        problem = field_problem(value, *fields[leaf])
+        if problem:
+            fail(path, problem)

@@ -2,7 +2,7 @@
 
 Reads only `<sweep folder>/manifest.json` (the runs the last `sweep run` planned) and each run's
 status.json: no config is parsed and nothing heavy is imported, so 1,000 runs take milliseconds.
-A `pending`/`running` run without a live worker (the policy of stare_lab.sweep.records.Liveness,
+A `pending`/`running` run without a live worker (the policy of stare_lab.sweep.liveness.Liveness,
 shared with `sweep run`) is shown as `stalled`: `sweep run` resumes it. A status.json that can not
 be parsed is shown as `corrupt` with the problem; nothing is changed.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab.record import CORRUPT, STATUS_FILE, code_version, read_status
+from stare_lab.sweep.liveness import Liveness, read_manifest
 from stare_lab.sweep.lock import lock_held
-from stare_lab.sweep.records import Liveness, read_manifest
 
 ORDER = ("running", "pending", "stalled", CORRUPT, "interrupted", "failed", "finished", "not started")
 

@@ -1,4 +1,5 @@
-"""The worker: one run, with its claim and status.json bookkeeping around `stare_lab.runner.execute`.
+"""The worker: one run, with its claim and status.json bookkeeping around `stare_lab.runner.execute`
+(called in one place, `execute_run`).
 
 `run_one(run_dir)` is what every launcher runs (and what `stare-lab train` calls in-process). It
 first takes the run's claim (stare_lab.record.RunClaim): a second worker started for the same run
@@ -28,7 +29,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,8 @@ from stare_lab.record import (
     update_status,
     write_status,
 )
+from stare_lab.sweep.liveness import self_identity
 from stare_lab.sweep.ranks import RankGate, attempt_key, is_echo
-from stare_lab.sweep.records import self_identity
-
-Execute = Callable[[Path], None]
 
 
 class Terminated(BaseException):
@@ -68,10 +67,16 @@ def start_worker(threads: int | None = None) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
 
 
+def execute_run(run_dir: Path) -> None:
+    """Train and evaluate the run: the real runner, imported at first use (it imports torch)."""
+    from stare_lab.runner import execute
+
+    execute(run_dir)
+
+
 def run_one(
     run_dir: Path | str,
     *,
-    execute: Execute | None = None,
     force: bool = False,
     gate: RankGate | None = None,
     only_pending: bool = False,
@@ -79,14 +84,13 @@ def run_one(
 ) -> dict[str, Any]:
     """Run (or resume) the run in `run_dir`; returns its final status. Raises what the run raised.
 
-    A finished run is not run again unless `force`. `execute` defaults to the real runner; tests
-    pass a stand-in or the runner with a crash callback. When another worker holds the run's
-    claim, nothing is done and the status is returned with `claimed_elsewhere: True`. `gate`:
-    this is rank 0 of a multi-process run; it tells the other ranks whether to start
-    (stare_lab.sweep.ranks). `only_pending`: run it only if its record, read under the claim, is
-    still `pending` (queued by the launcher and taken by no other worker since); else return the
-    status untouched with `skipped: True`. `code`: the provenance of the code this process runs
-    (`loaded_code`), recorded for the attempt; None: the checkout's now.
+    A finished run is not run again unless `force`. When another worker holds the run's claim,
+    nothing is done and the status is returned with `claimed_elsewhere: True`. `gate`: this is rank
+    0 of a multi-process run; it tells the other ranks whether to start (stare_lab.sweep.ranks).
+    `only_pending`: run it only if its record, read under the claim, is still `pending` (queued by
+    the launcher and taken by no other worker since); else return the status untouched with
+    `skipped: True`. `code`: the provenance of the code this process runs (`loaded_code`), recorded
+    for the attempt; None: the checkout's now.
     """
     run_dir = Path(run_dir)
     claim = RunClaim(run_dir)
@@ -98,26 +102,24 @@ def run_one(
         status = read_status(run_dir) or {}
         if only_pending and status.get("state") != "pending":
             return {**status, "skipped": True}
-        return _run_claimed(run_dir, execute, force, gate, code)
+        return _run_claimed(run_dir, force, gate, code)
     finally:
         claim.release()
 
 
-def run_rank(run_dir: Path, rank: int, world: int, key: str, execute: Execute | None = None) -> dict[str, Any]:
+def run_rank(run_dir: Path, rank: int, world: int, key: str) -> dict[str, Any]:
     """One rank of a multi-process run: rank 0 is the run's worker (`run_one`: claim, status.json);
-    the others wait for its go, run the same `execute` (training and evaluation are collective)
-    and write nothing but their rank file (stare_lab.sweep.ranks)."""
+    the others wait for its go, run the same runner (training and evaluation are collective) and
+    write nothing but their rank file (stare_lab.sweep.ranks)."""
     gate = RankGate(run_dir, key, rank, world)
     gate.started()
     if rank == 0:
-        return run_one(run_dir, execute=execute, gate=gate)
+        return run_one(run_dir, gate=gate)
     go, reason = gate.wait_open()
     if not go:
         return {"rank": rank, "skipped": reason}
-    if execute is None:
-        from stare_lab.runner import execute
     try:
-        execute(run_dir)
+        execute_run(run_dir)
     except Terminated:  # a requeue or cancel: rank 0 records it, this rank did not fail
         raise
     except BaseException as e:
@@ -128,7 +130,6 @@ def run_rank(run_dir: Path, rank: int, world: int, key: str, execute: Execute | 
 
 def _run_claimed(
     run_dir: Path,
-    execute: Execute | None,
     force: bool,
     gate: RankGate | None = None,
     code: dict[str, Any] | None = None,
@@ -142,8 +143,6 @@ def _run_claimed(
         if gate is not None:
             gate.open(False, "finished")
         return status
-    if execute is None:
-        from stare_lab.runner import execute
     ident = self_identity()
     if not ident["slurm_job_id"]:
         ident["slurm_job_id"] = status.get("slurm_job_id") if ident["host"] == status.get("host") else None
@@ -170,7 +169,7 @@ def _run_claimed(
     if gate is not None:
         gate.open(True)
     try:
-        execute(run_dir)
+        execute_run(run_dir)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
         interrupted = isinstance(e, (KeyboardInterrupt, SystemExit, Terminated))
         error = first_line(f"{type(e).__name__}: {e}")
@@ -283,7 +282,7 @@ def loaded_code() -> dict[str, Any]:
 
 
 class QueueWorker:
-    """The local launcher's worker: `QueueWorker(execute, threads)(run_dirs)` runs the runs still
+    """The local launcher's worker: `QueueWorker(threads)(run_dirs)` runs the runs still
     pending among `run_dirs`, in order, one at a time (`run_one(..., only_pending=True)`); a run
     another worker has claimed or taken meanwhile is passed over, so N workers given the same list
     share it out, never running a run twice. One process per worker slot rather than per run:
@@ -291,13 +290,12 @@ class QueueWorker:
     once, not by each of the demo's 26 runs. A run that fails is recorded failed by `run_one` and
     the next one goes on; SIGTERM records the current run interrupted and ends the worker."""
 
-    def __init__(self, execute: Execute | None = None, threads: int | None = None):
-        self.execute = execute
+    def __init__(self, threads: int | None = None):
         self.threads = threads
 
     def __call__(self, run_dirs: list[str]) -> list[dict[str, Any]]:
         start_worker(self.threads)
-        code = loaded_code() if self.execute is None else None
+        code = loaded_code()
         with _leave_on_sigterm():
             return [self._take(Path(run_dir), code) for run_dir in run_dirs]
 
@@ -306,18 +304,17 @@ class QueueWorker:
         if status.get("state") != "pending":  # another worker has it: pass over without the claim's 2 s wait
             return {**status, "skipped": True}
         try:
-            return run_one(run_dir, execute=self.execute, only_pending=True, code=code)
+            return run_one(run_dir, only_pending=True, code=code)
         except Exception:  # noqa: BLE001 - run_one recorded it in the run's status.json; the next run goes on
             traceback.print_exc()  # into this worker's submitit log as well
             return read_status(run_dir) or {}
 
 
 class RunWorker(submitit.helpers.Checkpointable):
-    """The submitit callable: `RunWorker(execute, threads)(run_dir)`; requeued as itself on
-    pre-emption/time-out. `execute` (a picklable function) replaces the real runner in tests."""
+    """The submitit callable: `RunWorker(threads)(run_dir)`; requeued as itself on
+    pre-emption/time-out."""
 
-    def __init__(self, execute: Execute | None = None, threads: int | None = None):
-        self.execute = execute
+    def __init__(self, threads: int | None = None):
         self.threads = threads
 
     def __call__(self, run_dir: str) -> dict[str, Any]:
@@ -329,8 +326,8 @@ class RunWorker(submitit.helpers.Checkpointable):
         with _leave_on_sigterm():
             world = _export_world()
             if world is None:
-                return run_one(Path(run_dir), execute=self.execute)
-            return run_rank(Path(run_dir), *world, attempt_key(), execute=self.execute)
+                return run_one(Path(run_dir))
+            return run_rank(Path(run_dir), *world, attempt_key())
 
     def checkpoint(self, run_dir: str, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The trainer checkpoints every save_steps on its own; there is nothing more to dump here.

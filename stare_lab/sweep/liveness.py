@@ -1,14 +1,15 @@
-"""Sweep-level records and the one liveness policy of `sweep run` and `sweep status`.
+"""The one liveness policy of `sweep run` and `sweep status`, and the sweep manifest.
 
 The run record itself (status.json, metrics, checkpoints, eval) lives in stare_lab.record. This
-module keeps the sweep manifest and answers "is someone still working on this run?" with one
-batched Slurm query per look (`Liveness.probe`) and one policy (`Liveness.alive`):
+module answers "is someone still working on this run?" with one batched Slurm query per look
+(`Liveness.probe`: submitit's own `sacct` query, for every job at once) and one policy
+(`Liveness.alive`):
 
 1. a finished, failed or interrupted run has no worker;
 2. a run whose claim (`<run_dir>/.claim`, flock'ed by its worker) is held has one, wherever that
    worker runs, as far as the filesystem's locks reach;
-3. a run with a Slurm job id has one while Slurm lists the job in a live state (pending,
-   requeued, running); when Slurm does not answer we do not guess: alive;
+3. a run with a Slurm job id has one while Slurm's accounting lists the job in a live state
+   (pending, requeued, running); when Slurm does not answer we do not guess: alive;
 4. a run with a pid on this host (its worker, or the local job that will start it) has one
    while that process exists with the same start time;
 5. a pid on another host without Slurm is judged by its claim alone (rule 2): without it, dead;
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stare_lab.record import claim_held, new_status, now_iso  # noqa: F401 - new_status: benchmarks/sweep_scale.py
+from stare_lab.record import claim_held, now_iso
 from stare_lab.utils import atomic_write_json
 
 MANIFEST_FILE = "manifest.json"
@@ -59,26 +60,29 @@ def process_start(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]  # a zombie is dead, only not reaped
 
 
-def slurm_states() -> dict[str, str] | None:
-    """Every job Slurm still knows, one squeue call: {job id: state}, array tasks as `A_i`.
-    Empty where Slurm is not installed (no job of this machine's can be alive); None when
-    squeue does not answer (a busy controller)."""
+def slurm_states(job_ids: Iterable[str]) -> dict[str, str] | None:
+    """The states of these Slurm jobs, one batched `sacct` call (submitit's SlurmInfoWatcher's
+    query and parser: one `-j` per job, an array's tasks as `A_i`): {job id: state}. A job
+    accounting does not list is absent (ended long ago, or never this cluster's). Empty where
+    Slurm is not installed (no job of this machine's can be alive); None when sacct does not
+    answer (a busy controller or database)."""
+    ids = sorted({str(job).split("_")[0] for job in job_ids if job})
+    if not ids:
+        return {}
+    command = ["sacct", "-o", "JobID,State,NodeList", "--parsable2"]
+    for job in ids:
+        command += ["-j", job]
     try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "--states=all", "-o", "%i %T"], capture_output=True, text=True, timeout=30
-        )
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
         return {}
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
-    states = {}
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            states[parts[0]] = parts[1]
-    return states
+    from submitit.slurm.slurm import SlurmInfoWatcher
+
+    return {job: info.get("State", "") for job, info in SlurmInfoWatcher().read_info(out.stdout).items()}
 
 
 @dataclass(frozen=True)
@@ -86,22 +90,23 @@ class Liveness:
     """One look at the workers of a set of runs (see the module docstring for the policy)."""
 
     host: str
-    slurm: dict[str, str] | None  # squeue's answer; None: not asked or no answer
+    slurm: dict[str, str] | None  # sacct's answer; None: not asked or no answer
     launcher_alive: bool  # the `sweep run` that queued pending runs still runs
 
     @classmethod
     def probe(
-        cls, statuses: Iterable[dict[str, Any] | None], launcher_alive: bool = False, ask_slurm: bool = False
+        cls, statuses: Iterable[dict[str, Any] | None], launcher_alive: bool = False, job_ids: Iterable[str] = ()
     ) -> Liveness:
-        """Slurm is asked once, when a live record names a job (or `ask_slurm`)."""
-        ask_slurm = ask_slurm or any(s and s.get("state") in LIVE and s.get("slurm_job_id") for s in statuses)
-        return cls(socket.gethostname(), slurm_states() if ask_slurm else None, launcher_alive)
+        """Slurm is asked once, about the jobs live records name and `job_ids` (a launch's jobs)."""
+        ids = [s["slurm_job_id"] for s in statuses if s and s.get("state") in LIVE and s.get("slurm_job_id")]
+        ids += [str(job) for job in job_ids]
+        return cls(socket.gethostname(), slurm_states(ids) if ids else None, launcher_alive)
 
     def slurm_job_live(self, job_id: str) -> bool:
         if self.slurm is None:
             return True
         state = self.slurm.get(str(job_id))
-        return state is not None and state.split()[0] not in SLURM_ENDED
+        return bool(state) and state.split()[0] not in SLURM_ENDED
 
     def alive(self, run_dir: Path, status: dict[str, Any] | None) -> bool:
         if not status or status.get("state") not in LIVE:

@@ -1,4 +1,4 @@
-"""A random but well-formed kept batch, for tests, benchmarks and trying the page without a run.
+"""A random but well-formed kept batch (a test fixture, also used by benchmarks/viewer_speed.py).
 
 Statistics are drawn with the ranges the real ones have (entropy ≥ 0, AE ∈ [0, 1], JS ∈ [0, log 2],
 p2 ∈ (0, 1]), completions have random lengths (some rows empty) and rewards vary within groups.

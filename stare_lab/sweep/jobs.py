@@ -1,0 +1,282 @@
+"""The jobs of a launch: submitting them (with a lease on their runs), telling when they ended,
+reconciling a run's record with its job's end, and stopping them.
+
+A launcher (stare_lab.sweep.launchers) chooses among these: its `starter` is a `QueueStarter`
+(local queue workers: N processes share the queued runs), a `RunStarter` (one job per run, at most
+N at once) or one of its own, and its `watch` a `JobWatch` (or a subclass that knows its
+scheduler). A started process is recorded as its pending runs' holder until a worker takes their
+claim, so a re-run after the driver died watches it instead of starting a second.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from stare_lab.record import claim_held, first_line, read_status, update_status
+from stare_lab.sweep.liveness import LIVE, Liveness, process_start
+
+if TYPE_CHECKING:
+    from stare_lab.sweep.expand import RunSpec
+    from stare_lab.sweep.worker import QueueWorker, RunWorker
+
+# Records (and, through Liveness, Slurm: one batched query) are looked at every FORCE_CHECK_S.
+FORCE_CHECK_S = 10.0
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The callables a launch's jobs run (stare_lab.sweep.worker), given to the launcher's starter."""
+
+    run: RunWorker  # one run per job
+    queue: QueueWorker  # a local queue worker: the queued runs one after another
+
+
+@dataclass
+class Tracked:
+    run: RunSpec
+    job: Any = None  # a submitit Job of this run alone, or None (see `queue_workers`)
+    queue_workers: list = field(default_factory=list)  # local QueueWorker jobs given this run; with none
+    # and no job, the run is watched through its record
+
+
+def submit_run(executor, worker: RunWorker, run: RunSpec):
+    """Submit one run; a local job's process is recorded as the run's holder (a lease) until its
+    worker starts."""
+    job = _without_sigint(lambda: executor.submit(worker, str(run.run_dir)))
+    _lease([run], job)
+    return job
+
+
+def submit_queue(executor, worker: QueueWorker, runs: list[RunSpec], timeout_min: float):
+    """Start one local queue worker over `runs`, holder (lease) of those still pending. Its time
+    limit is `timeout_min` (the launcher's, per run) for each run it may take."""
+    executor.update_parameters(timeout_min=timeout_min * len(runs))
+    job = _without_sigint(lambda: executor.submit(worker, [str(run.run_dir) for run in runs]))
+    _lease(runs, job)
+    return job
+
+
+def _lease(runs: list[RunSpec], job) -> None:
+    pid = getattr(getattr(job, "_process", None), "pid", None)  # the local job's controller process
+    if not pid:
+        return
+    start, host = process_start(pid), socket.gethostname()
+    for run in runs:
+        if (read_status(run.run_dir) or {}).get("state") == "pending":
+            update_status(run.run_dir, pid=pid, pid_start=start, host=host)
+
+
+def _without_sigint(start: Callable[[], Any]) -> Any:
+    """Start local jobs with SIGINT ignored: a Ctrl-C at the terminal reaches every process of the
+    foreground group, and submitit's controllers would each print a KeyboardInterrupt traceback.
+    The driver stops them itself (`stop_job`), and Python keeps an inherited SIG_IGN."""
+    if threading.current_thread() is not threading.main_thread():
+        return start()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stop_job(job) -> None:
+    """Stop a job: SIGTERM for a local one (its worker records the run interrupted), scancel on Slurm."""
+    process = getattr(job, "_process", None)
+    if process is not None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    else:
+        job.cancel(check=False)
+
+
+class Starter:
+    """Starts queued runs: `begin` takes what is submitted at once (a Slurm array), `start` moves
+    what can start now from the queue into the tracked runs, `live_jobs` are the jobs to stop on
+    Ctrl-C besides the tracked runs' own."""
+
+    def begin(self, queue: list[RunSpec]) -> list[Tracked]:
+        return []
+
+    def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
+        raise NotImplementedError
+
+    def live_jobs(self) -> list:
+        return []
+
+
+class RunStarter(Starter):
+    """One job per run (`RunWorker`), at most `limit` at once."""
+
+    def __init__(self, executor, worker: RunWorker, limit: int):
+        self.executor, self.worker, self.limit = executor, worker, limit
+
+    def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
+        while queue and sum(1 for t in waiting if t.job is not None) < self.limit:
+            run = queue.pop(0)
+            waiting.append(Tracked(run, submit_run(self.executor, self.worker, run)))
+
+
+class QueueStarter(Starter):
+    """Local runs of one process go to queue workers: while fewer than `workers` are alive, new
+    ones are started, each given every queued run (they share them out through the runs' claims);
+    the one-run-per-process start-up (interpreter, imports, exit: ~8 s of the demo's ~25 s per run)
+    is then paid once per worker."""
+
+    def __init__(self, executor, worker: QueueWorker, workers: int, timeout_min: float):
+        self.executor, self.worker, self.workers, self.timeout_min = executor, worker, workers, timeout_min
+        self.queue_jobs: list = []
+
+    def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
+        free = min(self.workers - len(self.live_jobs()), len(queue))
+        if free <= 0:
+            return
+        jobs = [submit_queue(self.executor, self.worker, queue, self.timeout_min) for _ in range(free)]
+        self.queue_jobs += jobs
+        waiting += [Tracked(run, queue_workers=jobs) for run in queue]
+        queue.clear()
+
+    def live_jobs(self) -> list:
+        self.queue_jobs = [job for job in self.queue_jobs if not job.done()]
+        return self.queue_jobs
+
+
+class JobWatch:
+    """When a tracked run has ended. Each round takes one `Liveness` look (records, claims,
+    processes); Slurm is asked, in one batched query for every job of the look, at most every
+    FORCE_CHECK_S. The per-launch memory of those answers lives here, not in module state."""
+
+    def __init__(self):
+        self.asked = 0.0
+        self.slurm: dict[str, str] | None = None
+
+    def ended_runs(self, waiting: list[Tracked]) -> list[Tracked]:
+        live, fresh = self.look(waiting)
+        return [t for t in waiting if self.ended(t, live, fresh)]
+
+    def look(self, waiting: list[Tracked]) -> tuple[Liveness, bool]:
+        """(this round's liveness, whether Slurm was asked this round)."""
+        statuses = [read_status(t.run.run_dir) for t in waiting]
+        fresh = time.time() - self.asked >= FORCE_CHECK_S
+        if fresh:
+            self.asked = time.time()
+            live = Liveness.probe(statuses, job_ids=self.job_ids(waiting))
+            self.answered(live)
+            self.slurm = live.slurm
+        else:
+            live = Liveness(socket.gethostname(), self.slurm, launcher_alive=False)
+        return live, fresh
+
+    def job_ids(self, waiting: list[Tracked]) -> list[str]:
+        """Scheduler job ids to ask about besides those the live records name."""
+        return []
+
+    def answered(self, live: Liveness) -> None:
+        """A fresh look's answer (a scheduler's watch counts unanswered queries)."""
+
+    def ended(self, t: Tracked, live: Liveness, fresh: bool) -> bool:
+        if t.queue_workers:
+            return _queued_run_ended(t)
+        if t.job is None:  # another worker's run: its record and its liveness tell
+            status = read_status(t.run.run_dir) or {}
+            return status.get("state") not in LIVE or (fresh and not live.alive(t.run.run_dir, status))
+        return self.job_ended(t, live, fresh)
+
+    def job_ended(self, t: Tracked, live: Liveness, fresh: bool) -> bool:
+        return t.job.done()  # local jobs: submitit knows their process
+
+
+def _queued_run_ended(t: Tracked) -> bool:
+    """A run given to queue workers: ended when recorded ended or when its worker let go of it
+    without recording an end; while still pending, once every queue worker given it has exited."""
+    state = _queued_state(t)
+    if state == "pending":
+        return all(job.done() for job in t.queue_workers)
+    if state == "orphaned":  # wait for its worker's job to end, so that its reason can be recorded
+        return _died(t) is not None or all(job.done() for job in t.queue_workers)
+    return state != "running"
+
+
+def _queued_state(t: Tracked) -> str | None:
+    """The run's recorded state, or "orphaned" for a run recorded running whose claim nobody
+    holds: its worker died (a worker records the end before it releases the claim)."""
+    run_dir = t.run.run_dir
+    state = (read_status(run_dir) or {}).get("state")
+    if state != "running" or claim_held(run_dir):
+        return state
+    state = (read_status(run_dir) or {}).get("state")  # read again: it may have ended meanwhile
+    return "orphaned" if state == "running" else state
+
+
+def reconcile(t: Tracked) -> str:
+    """The run's final state once its job ended: a job that died without the worker saying so is
+    recorded failed; "watch" when another worker holds the run, "resume" when a watched run's
+    worker is gone."""
+    if t.queue_workers:
+        return _reconcile_queued(t)
+    error, result = None, None
+    if t.job is not None:
+        try:
+            result = t.job.result()
+        except Exception as e:  # noqa: BLE001 - the job's failure, recorded below if the worker could not
+            error = f"{type(e).__name__}: {first_line(str(e)) or ''}"
+    if isinstance(result, dict) and result.get("claimed_elsewhere"):
+        return "watch"
+    status = read_status(t.run.run_dir) or {}
+    state = status.get("state")
+    if state in LIVE:
+        if t.job is None:
+            return "resume"
+        from stare_lab.sweep.ranks import latest_peer_failure
+
+        error = latest_peer_failure(t.run.run_dir) or error  # a multi-process run: the first rank that failed
+        update_status(
+            t.run.run_dir,
+            state="failed",
+            error=error or "the job ended without a result",
+            traceback=_job_log_tail(t.job),
+            pid=None,
+        )
+        state = "failed"
+    return state or "failed"
+
+
+def _reconcile_queued(t: Tracked) -> str:
+    """A queued run's state once `_queued_run_ended`: as recorded; failed with submitit's reason
+    when a queue worker given it died while running it; else "watch" (no queue worker took it, or
+    one of another launch runs it: the watch resumes it when nobody holds it)."""
+    state = _queued_state(t)
+    if state not in LIVE and state != "orphaned":
+        return state or "failed"
+    died = _died(t)
+    if state == "orphaned" and died is not None:
+        return reconcile(Tracked(t.run, died))
+    return "watch"
+
+
+def _died(t: Tracked):
+    """A queue worker given this run that exited without a result (killed), or None."""
+    return next((job for job in t.queue_workers if job.done() and not job.paths.result_pickle.exists()), None)
+
+
+def _job_log_tail(job, lines: int = 40) -> str | None:
+    try:
+        text = job.stderr() or ""
+    except Exception:  # noqa: BLE001 - logs are a courtesy
+        return None
+    return "\n".join(text.splitlines()[-lines:]) or None
+
+
+def stop_local(jobs: list, echo: Callable[[str], None], wait_s: float) -> None:
+    """Stop local jobs (SIGTERM: their workers record the runs interrupted) and wait for them."""
+    for job in jobs:
+        stop_job(job)
+    deadline = time.time() + wait_s  # let the workers record `interrupted`
+    while time.time() < deadline and not all(job.done() for job in jobs):
+        time.sleep(0.2)
+    echo("interrupted: local runs stopped; `sweep run` again resumes them")
