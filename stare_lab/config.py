@@ -25,17 +25,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable from here)
-    LAUNCHER_SCHEMAS,
     TASK_SCHEMAS,
     Config,
     EvalConfig,
-    LocalLauncherConfig,
     LoggerConfig,
     LoraConfig,
     MethodConfig,
     ModelConfig,
     RunConfig,
-    SlurmLauncherConfig,
     TrainerConfig,
     field_checkers,
     field_problem,

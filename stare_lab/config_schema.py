@@ -193,37 +193,6 @@ class MathTaskConfig:
 TASK_SCHEMAS: dict[str, type] = {"arithmetic": ArithmeticTaskConfig, "math": MathTaskConfig}
 
 
-@dataclass
-class LocalLauncherConfig:
-    name: str = MISSING
-    workers: int = bounded(ge=1)
-    processes: int = bounded(ge=1)  # processes of one run (gloo on CPU)
-    timeout_min: float = bounded(ge=1)
-
-
-@dataclass
-class SlurmLauncherConfig:
-    name: str = MISSING
-    partition: str | None = MISSING
-    account: str | None = MISSING
-    nodes: int = bounded(ge=1)
-    gpus_per_node: int = bounded(ge=0)
-    tasks_per_node: int | None = bounded(ge=1)  # null: one per GPU (1 without GPUs)
-    cpus_per_task: int = bounded(ge=1)
-    mem_gb: float = bounded(ge=1)
-    timeout_min: float = bounded(ge=1)
-    array_parallelism: int = bounded(ge=1)
-    max_requeue: int = bounded(ge=0)
-    signal_delay_s: int = bounded(ge=0)
-    qos: str | None = MISSING
-    constraint: str | None = MISSING
-    setup: list[str] = MISSING  # shell lines run before each job
-    additional: dict[str, Any] = MISSING  # extra sbatch options
-
-
-LAUNCHER_SCHEMAS: dict[str, type] = {"local": LocalLauncherConfig, "slurm": SlurmLauncherConfig}
-
-
 @functools.cache
 def schema_fields(schema: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
     """{field name: (type, range metadata)} of a schema dataclass."""

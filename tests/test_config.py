@@ -15,9 +15,10 @@ from omegaconf import MISSING, OmegaConf
 from sweep_fixtures import ROOT
 
 from stare_lab import config
-from stare_lab.config import CONF_DIR, LAUNCHER_SCHEMAS, Config, ConfigError, compose, group_options
+from stare_lab.config import CONF_DIR, Config, ConfigError, compose, group_options
 from stare_lab.methods import list_methods
 from stare_lab.sweep.expand import expand_sweep
+from stare_lab.sweep.launchers import LAUNCHERS
 from stare_lab.sweep.schema import launcher_defaults, load_sweep
 
 # config group → its schema (the task group is free-form: the task's builder checks it)
@@ -26,7 +27,7 @@ SCHEMAS = {
     "trainer": config.TrainerConfig,
     "logger": config.LoggerConfig,
     "eval": config.EvalConfig,
-    **{f"launcher/{k}": v for k, v in LAUNCHER_SCHEMAS.items()},
+    **{f"launcher/{k}": v for k, v in LAUNCHERS.items()},  # a launcher's class is its schema
 }
 
 
@@ -53,7 +54,7 @@ def _files(group: str):
 
 
 def test_schemas_hold_types_and_no_values():
-    schemas = [Config, *LAUNCHER_SCHEMAS.values()]
+    schemas = [Config, *LAUNCHERS.values()]
     leaves = [leaf for s in schemas for leaf in _leaf_fields(s)]
     assert len(leaves) > 60
     for name, f in leaves:
@@ -64,7 +65,7 @@ def test_schemas_hold_types_and_no_values():
 def test_every_field_has_exactly_one_value_source(group):
     """A base file sets every schema field; a derived file names its base in `defaults` and sets
     only fields whose value differs from the base's."""
-    fields = set(config.schema_fields(SCHEMAS[group]))
+    fields = set(config.schema_fields(SCHEMAS[group])) | ({"name"} if group.startswith("launcher/") else set())
     files = _files(group)
     bases = [p for p in files if "defaults" not in (yaml.safe_load(p.read_text()) or {})]
     assert bases, f"conf/{group}: no base file"
@@ -148,9 +149,9 @@ def test_every_shipped_group_option_composes(overrides):
 
 
 def test_every_launcher_and_benchmark_file_loads():
-    for name, schema in LAUNCHER_SCHEMAS.items():
+    for name, schema in LAUNCHERS.items():
         values = launcher_defaults(name)
-        assert set(values) == set(config.schema_fields(schema)) and values["name"] == name
+        assert set(values) == {"name", *config.schema_fields(schema)} and values["name"] == name
         for key, (hint, rules) in config.schema_fields(schema).items():
             assert config.field_problem(values[key], hint, rules) is None, (name, key)
     for path in sorted((CONF_DIR / "benchmark").glob("*.yaml")):
