@@ -307,6 +307,18 @@ def _one_line(e: Exception) -> str:
     return msg
 
 
+def section_schema(key: str) -> type | None:
+    """The schema dataclass a dotted key names (`model.lora` → LoraConfig), else None: a sweep may
+    give such a key a mapping (or null) as its value."""
+    node: Any = Config
+    for part in key.split("."):
+        hint = schema_fields(node).get(part, (None,))[0]
+        node = _section(hint) if hint is not None else None
+        if node is None:
+            return None
+    return node
+
+
 SECTIONS = {"LoraConfig": LoraConfig}  # optional sections: a wrong value is named with the section's keys
 
 

@@ -23,7 +23,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from stare_lab.config import CONF_DIR, Config, ConfigError, check_values, compose, finalize, hydra_raw, rule_params
+from stare_lab.config import (
+    CONF_DIR,
+    Config,
+    ConfigError,
+    check_values,
+    compose,
+    finalize,
+    hydra_raw,
+    rule_params,
+    section_schema,
+)
 from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
 
 
@@ -55,6 +65,8 @@ def fmt_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(fmt_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # a section's value (model.lora: {r: 8})
+        return "{" + ",".join(f"{k}:{fmt_value(x)}" for k, x in v.items()) + "}"
     s = str(v)
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s) and s.lower() not in ("null", "true", "false", "inf", "nan"):
         return s
@@ -200,6 +212,10 @@ class Composer:
                 copied.add(section)
             if section == "method" and rest.startswith("params."):
                 d["method"]["params"] = {**d["method"].get("params", {}), rest[len("params.") :]: value}
+            elif "." in rest:  # a key inside a section that may be null until set (model.lora.r)
+                sub, _, leaf = rest.partition(".")
+                inner = {**(d[section].get(sub) or {}), leaf: value}
+                d[section][sub] = self._convert(f"{section}.{sub}", inner, origin, groups, shown=(key, value))
             else:
                 d[section][rest] = self._convert(key, value, origin, groups)
         d["trainer"] = dict(d["trainer"])  # finalize fills it in place; the combo is shared
@@ -266,8 +282,11 @@ class Composer:
         except Exception as e:  # noqa: BLE001 - reported with the groups that caused it
             raise SweepError(f"{self.spec.where()}: config groups {what}: {' '.join(str(e).split())}") from None
 
-    def _convert(self, key: str, value: Any, origin: str, groups: dict[str, str]) -> Any:
-        """The value as the dataclass schema stores it (1 → 1.0 for a float field)."""
+    def _convert(
+        self, key: str, value: Any, origin: str, groups: dict[str, str], shown: tuple[str, Any] | None = None
+    ) -> Any:
+        """The value as the dataclass schema stores it (1 → 1.0 for a float field; a section's
+        mapping with its defaults filled). `shown`: the (key, value) the sweep wrote, for the error."""
         cache_key = (key, repr(value), groups.get("task") if key.startswith("task.") else None)
         if cache_key in self._values:
             return self._values[cache_key]
@@ -279,10 +298,17 @@ class Composer:
                 node = self._schema_node(section)
                 if "." in leaf or leaf not in node.keys():
                     raise KeyError(leaf)
-                node[leaf] = value
-                out = OmegaConf.to_container(node)[leaf]
+                inner = section_schema(key)
+                if inner is not None and isinstance(value, dict):  # typed and filled by its schema
+                    out = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(inner), value))
+                else:
+                    node[leaf] = value
+                    out = OmegaConf.to_container(node)[leaf]
             except Exception:  # noqa: BLE001 - the exact message comes from compose() below
-                raise SweepError(f"{self.spec.where()}: {origin}: {self._compose_error(key, value, groups)}") from None
+                bad_key, bad_value = shown or (key, value)
+                raise SweepError(
+                    f"{self.spec.where()}: {origin}: {self._compose_error(bad_key, bad_value, groups)}"
+                ) from None
         self._values[cache_key] = out
         return out
 

@@ -29,6 +29,7 @@ from stare_lab.config import (
     group_options,
     packaged_sweeps,
     schema_fields,
+    section_schema,
     sweep_path,
 )
 from stare_lab.sweep.errors import SweepError
@@ -200,7 +201,7 @@ def _split(mapping: dict, path: str, fail) -> tuple[dict[str, str], dict[str, An
                 "(or a dotted key such as trainer.max_steps)",
             )
         else:
-            if isinstance(v, dict):
+            if isinstance(v, dict) and section_schema(k) is None:
                 fail(f"{path}.{k}", "an override value is a scalar or a list, not a mapping")
             overrides[k] = v
     return groups, overrides
@@ -263,7 +264,7 @@ def _grid(grid: Any, fail) -> dict[str, list[Any]]:
         if not values:
             fail(f"grid.{k}", "empty list: a grid axis needs at least one value")
         for i, v in enumerate(values):
-            if isinstance(v, dict):
+            if isinstance(v, dict) and section_schema(k) is None:
                 fail(f"grid.{k}[{i}]", "a grid value is a scalar or a list (bundles of overrides are variants)")
             if "." not in k:
                 if k not in config_groups():
