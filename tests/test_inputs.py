@@ -95,3 +95,29 @@ def test_overlap_between_training_and_held_out_problems_is_one_line(tmp_path):
     assert overlap_warnings(sliced)[0].startswith("warning: 1 of 2 held-out problems")
     apart = compose(["task=math", f"task.train_source={train}", f"task.heldout_source={train}", "eval.enabled=false"])
     assert overlap_warnings(apart) == []  # nothing is evaluated
+
+
+def test_a_sweep_with_a_missing_input_stops_before_any_run_dir(tmp_path, capsys):
+    import yaml
+
+    from stare_lab.sweep.cli import main as sweep_main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "base": {"task": "math", "overrides": {"task.train_source": str(tmp_path / "gone.jsonl")}},
+                "grid": {"method": ["full", "stare"]},
+                "output": str(tmp_path / "runs"),
+            }
+        )
+    )
+    for argv in (["run", str(path), "--dry-run"], ["run", str(path)]):
+        assert sweep_main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"stare-lab: error: task.train_source: {tmp_path / 'gone.jsonl'} does not exist (run 'full seed=0')"
+        ]
+    folder = tmp_path / "runs" / "s"
+    assert not folder.exists() or [p.name for p in folder.iterdir()] == [".lock"]  # no run directory, no record

@@ -10,6 +10,8 @@ import pytest
 from stare_lab.cli import main
 from stare_lab.config import ConfigError, compose
 
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
 
 def test_dotted_keys_and_a_mapping_resolve_to_the_same_run():
     dotted = compose(["model.lora.r=4", "model.lora.alpha=8"])
@@ -56,3 +58,40 @@ def test_a_lora_run_trains_its_adapter(tmp_path):
     assert (
         adapter["r"] == 4 and adapter["lora_alpha"] == 16 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
     )
+
+
+def test_a_sweep_sets_lora_by_dotted_keys_by_a_mapping_and_over_a_grid(tmp_path):
+    import yaml
+
+    from stare_lab.sweep.expand import expand_sweep, verify_run
+    from stare_lab.sweep.schema import load_sweep
+
+    path = tmp_path / "lora.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "lora",
+                "base": {"overrides": {"model.lora": {"r": 4}, "trainer.max_steps": 2}},
+                "grid": {"model.lora.alpha": [8, 32]},
+                "variants": {"narrow": {"model.lora.r": 2}, "wide": {"model.lora.r": 16, "model.lora.dropout": 0.1}},
+                "output": str(tmp_path / "runs"),
+            }
+        )
+    )
+    runs = expand_sweep(load_sweep(path))
+    for run in runs:
+        verify_run(run)  # the fast expansion equals compose() of the run's overrides
+    lora = {r.label: r.config["model"]["lora"] for r in runs}
+    assert (lora["narrow alpha=32 seed=0"]["r"], lora["narrow alpha=32 seed=0"]["alpha"]) == (2, 32.0)
+    assert lora["wide alpha=8 seed=0"] == {"r": 16, "alpha": 8.0, "dropout": 0.1, "target_modules": TARGETS}
+    ranks = tmp_path / "ranks.yaml"
+    ranks.write_text(
+        yaml.safe_dump(
+            {"name": "ranks", "base": {"model": "builtin"}, "grid": {"model.lora": [None, {"r": 4}, {"r": 8}]}}
+        )
+    )
+    assert [r.config["model"]["lora"] and r.config["model"]["lora"]["r"] for r in expand_sweep(load_sweep(ranks))] == [
+        None,
+        4,
+        8,
+    ]

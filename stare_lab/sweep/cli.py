@@ -98,40 +98,65 @@ def cmd_run(args: argparse.Namespace) -> int:
     if spec.search is not None:
         return _run_search(spec, args)
     from stare_lab.sweep.expand import expand_sweep
+    from stare_lab.sweep.lock import SweepLock
 
-    runs = expand_sweep(spec)
     if args.dry_run:
+        runs = expand_sweep(spec)
+        _check_inputs(runs)
         _print_plan(spec, runs)
         return 0
     check_output(spec)
-    return _launch(spec, runs, args.retry_failed, args.rerun_other_code)
+    with SweepLock(spec.folder, spec.name):  # first: a second `sweep run` is told at once, before expanding
+        runs = expand_sweep(spec)
+        _check_inputs(runs)
+        return _launch(spec, runs, args.retry_failed, args.rerun_other_code)
+
+
+def _check_inputs(runs) -> None:
+    """Every file the runs will read exists (stare_lab.inputs), before any run directory is made;
+    a training set that holds held-out problems is said once per distinct pair."""
+    from stare_lab.inputs import input_problems, overlap_warnings
+
+    seen, said = set(), set()
+    for run in runs:
+        c = run.config
+        key = repr((c["model"]["name_or_path"], c["task"], c["eval"]))
+        if key in seen:
+            continue
+        seen.add(key)
+        problems = input_problems(c)
+        if problems:
+            raise SweepError(f"{problems[0]} (run '{run.label}')")
+        for line in overlap_warnings(c):
+            if line not in said:
+                said.add(line)
+                print(f"stare-lab: {line}", file=sys.stderr)
 
 
 def _launch(spec, runs, retry_failed: bool, rerun_other_code: bool = False) -> int:
+    """Launch the planned runs; the caller holds the sweep's lock."""
     from stare_lab.sweep.expand import verify_run
     from stare_lab.sweep.launch import launch_runs
     from stare_lab.sweep.liveness import write_manifest
-    from stare_lab.sweep.lock import SweepLock
     from stare_lab.sweep.plan import plan_runs
     from stare_lab.utils import atomic_write_text
 
-    with SweepLock(spec.folder, spec.name):
-        verify_run(runs[0])
-        write_manifest(
-            spec.folder,
-            spec.name,
-            spec.digest,
-            launcher=spec.launcher.name,
-            runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs],
-        )
-        if spec.path is not None:
-            atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
-        plan = plan_runs(runs, retry_failed, rerun_other_code)
-        print(
-            f"sweep {spec.name!r} ({spec.launcher.name}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
-            flush=True,
-        )
-        counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True))
+    verify_run(runs[0])
+    write_manifest(
+        spec.folder,
+        spec.name,
+        spec.digest,
+        launcher=spec.launcher.name,
+        runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs],
+    )
+    if spec.path is not None:
+        atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
+    plan = plan_runs(runs, retry_failed, rerun_other_code)
+    print(
+        f"sweep {spec.name!r} ({spec.launcher.name}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
+        flush=True,
+    )
+    counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True))
     print("done: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v), flush=True)
     bad = len(runs) - counts.get("finished", 0)
     if bad:
@@ -160,7 +185,9 @@ def _run_search(spec, args: argparse.Namespace) -> int:
 
     with SweepLock(spec.folder, spec.name):
         sample = {k: (d.choices[0] if hasattr(d, "choices") else d.low) for k, d in distributions(s).items()}
-        verify_run(trial_run(Composer(spec), spec, 0, sample))
+        first = trial_run(Composer(spec), spec, 0, sample)
+        verify_run(first)
+        _check_inputs([first])  # the files are the same for every trial (a search varies numbers)
         write_manifest(spec.folder, spec.name, spec.digest, runs=[], launcher=spec.launcher.name)
         counts = run_search(spec, echo=lambda m: print(m, flush=True))
     print("trials: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
