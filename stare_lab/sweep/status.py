@@ -53,7 +53,7 @@ def collect(folder: Path) -> dict[str, Any]:
             }
         )
     _mark_stalled(rows, folder)
-    return {"rows": rows, "manifest": manifest}
+    return {"rows": rows, "manifest": manifest, "folder": str(folder)}
 
 
 def _mark_stalled(rows: list[dict[str, Any]], folder: Path) -> None:
@@ -118,6 +118,14 @@ def format_status(
             if state in ("failed", "interrupted", "stalled", CORRUPT) and r["error"]:
                 line += f"\n  {'':<{width}}  error: {r['error']}"
             lines.append(line)
+    stale = [r for r in rows if not r["planned"]] if manifest["runs"] else []
+    if stale:
+        folder = Path(data.get("folder", "."))
+        paths = " ".join(str(folder / r["id"]) for r in stale)
+        lines.append(
+            f"\n{len(stale)} run(s) not in the current plan (an earlier grid): `table`, `plot` and `view` leave them "
+            f"out (--all-runs shows them); to remove them: rm -r {paths}"
+        )
     if best is not None:
         params = " ".join(f"{k}={v}" for k, v in best["params"].items())
         lines.append(
