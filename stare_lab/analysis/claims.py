@@ -82,9 +82,7 @@ def compare_values(
     if per_problem is None or per_problem.empty:
         return None, ["No per-problem samples: differences have no interval and nothing is in bold."]
     data, complete = comparison_input(values, per_problem, comparable)
-    notes = [
-        f"{b}: not every run kept its per-problem samples: no interval." for b in comparable if b not in complete
-    ]
+    notes = [f"{b}: not every run kept its per-problem samples: no interval." for b in comparable if b not in complete]
     if not complete or data.empty or set(data["arm"]) == {baseline}:
         return None, notes
     comparison = compare_arms(data, baseline=baseline, confidence=confidence, seed=seed)
@@ -131,7 +129,7 @@ def method_notes(comparison: pd.DataFrame | None, baseline: str, confidence: flo
         return []
     m = comparison.groupby("benchmark")["arm"].nunique().max()
     paired = comparison["paired"].fillna(False).astype(bool)
-    pairing = "by problem and by seed" if paired.all() else "by problem" + (" (and by seed where seeds match)" if paired.any() else "")
+    pairing = "by problem" + (" and by seed" if paired.all() else " (and by seed where seeds match)" * paired.any())
     notes = [
         f"Intervals: {confidence:.0%}, seeds and problems as crossed random effects, paired {pairing}, "
         f"t with Satterthwaite's df (stare_lab.analysis.compare_arms). p-values are Holm-corrected over the "

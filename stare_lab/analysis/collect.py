@@ -216,7 +216,9 @@ def _problem_rows(run_dir: Path, ident: dict[str, Any]) -> list[pd.DataFrame]:
         counts = table.groupby("problem_id", sort=True)["correct"].agg(correct="sum", n="size").reset_index()
         settings = {k: data.get(k) for k in RESULT_SETTINGS if k != "n"}  # n: the samples drawn, counted
         frames.append(
-            counts.rename(columns={"problem_id": "problem"}).assign(**ident, benchmark=str(data["benchmark"]), **settings)
+            counts.rename(columns={"problem_id": "problem"}).assign(
+                **ident, benchmark=str(data["benchmark"]), **settings
+            )
         )
     return frames
 

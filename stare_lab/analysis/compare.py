@@ -161,7 +161,9 @@ def _check_input(per_problem: pd.DataFrame, baseline: str, confidence: float) ->
         raise ComparisonError(f"confidence {confidence!r}: expected a value in (0, 1)")
     missing = [c for c in PER_PROBLEM_COLUMNS if c not in per_problem.columns]
     if missing:
-        raise ComparisonError(f"per_problem: missing column(s) {', '.join(missing)}; need {', '.join(PER_PROBLEM_COLUMNS)}")
+        raise ComparisonError(
+            f"per_problem: missing column(s) {', '.join(missing)}; need {', '.join(PER_PROBLEM_COLUMNS)}"
+        )
     data = per_problem.assign(arm=per_problem["arm"].astype(str), benchmark=per_problem["benchmark"].astype(str))
     arms = sorted(set(data["arm"]))
     if baseline not in arms:
@@ -199,9 +201,7 @@ def _tables(data: pd.DataFrame) -> dict[str, dict[str, pd.DataFrame]]:
     return out
 
 
-def _pair(
-    arm: list[pd.DataFrame], base: list[pd.DataFrame]
-) -> tuple[list[np.ndarray], list[np.ndarray], bool] | None:
+def _pair(arm: list[pd.DataFrame], base: list[pd.DataFrame]) -> tuple[list[np.ndarray], list[np.ndarray], bool] | None:
     """Seed-sorted arrays, paired when arm and baseline have the same seeds (≥ 2); None when a side's
     seeds differ between benchmarks (its seed scores over benchmarks would not be one run's)."""
     sides = []
@@ -243,7 +243,7 @@ def _aggregate_views(arm: list[np.ndarray], base: list[np.ndarray], confidence: 
                 warnings.simplefilter("ignore")  # a degenerate resample (all scores equal) is fine here
                 res = stats.bootstrap(
                     samples,
-                    lambda *xs, axis=-1: fn(*xs, k=k),
+                    lambda *xs, axis=-1, fn=fn: fn(*xs, k=k),
                     n_resamples=BOOTSTRAP_RESAMPLES,
                     vectorized=True,
                     confidence_level=confidence,
@@ -297,15 +297,17 @@ def compare_arms(
             assert pair is not None  # one benchmark: one seed set per side
             rows.append(_row(arm, bench, *pair, confidence, rng, views=len(tables) == 1))
         if len(tables) > 1:
-            pair = _pair([tables[b][arm] for b in tables], [tables[b][baseline] for b in tables]) if len(
-                benches
-            ) == len(tables) else None
+            pair = (
+                _pair([tables[b][arm] for b in tables], [tables[b][baseline] for b in tables])
+                if len(benches) == len(tables)
+                else None
+            )
             if pair is None:
                 rows.append({"arm": arm, "benchmark": AVG_COLUMN, "note": "Avg. needs every seed on every benchmark"})
             else:
                 rows.append(_row(arm, AVG_COLUMN, *pair, confidence, rng, views=True))
     out = pd.DataFrame(rows, columns=RESULT_COLUMNS)
-    for bench, idx in out.groupby("benchmark", sort=False).groups.items():
+    for idx in out.groupby("benchmark", sort=False).groups.values():
         out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy(float))
     significant = out["p_holm"] < 1 - confidence
     out["verdict"] = np.where(significant, np.where(out["delta"] > 0, "better", "worse"), "n.s.")
