@@ -95,7 +95,7 @@ def attach(cells: pd.DataFrame, comparison: pd.DataFrame | None, delta: float) -
     """cells + ci_lo, ci_hi (fractions), p_value, p_holm, verdict, seeds_needed (for `delta` points), bold."""
     cols = ["ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds_needed"]
     if comparison is None or comparison.empty:
-        return cells.assign(**{c: math.nan for c in cols}, verdict="", bold=False)
+        return cells.assign(**{c: math.nan for c in cols if c != "verdict"}, verdict="", bold=False)
     found = comparison.rename(columns={"arm": "rule"})
     found = found.assign(ci_lo=found["ci_lo"] / 100, ci_hi=found["ci_hi"] / 100)
     found["seeds_needed"] = seeds_needed(comparison, delta=delta)["seeds_needed"].to_numpy()

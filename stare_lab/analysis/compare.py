@@ -374,7 +374,6 @@ def seeds_needed(
         raise ComparisonError(f"delta {delta!r}: expected a difference in points > 0")
     if not 0 < confidence < 1:
         raise ComparisonError(f"confidence {confidence!r}: expected a value in (0, 1)")
-    grid = np.arange(2, max_seeds + 1, dtype=float)
     rows = []
     for r in comparison.itertuples(index=False):
         v_seed = r.var_seed_arm + r.var_seed_base
@@ -382,11 +381,26 @@ def seeds_needed(
         row = {"arm": r.arm, "benchmark": r.benchmark, "seeds": r.seeds, "power_now": math.nan}
         row.update(seeds_needed=math.nan, limit="seed variance unknown" if not known else "")
         if known:
-            row["power_now"] = float(power_at(delta, r.var_problem, v_seed, r.seeds, r.df_problem, confidence))
-            reached = np.flatnonzero(power_at(delta, r.var_problem, v_seed, grid, r.df_problem, confidence) >= power)
-            row["seeds_needed"] = float(grid[reached[0]]) if len(reached) else math.inf
-            if not len(reached):
-                inf_power = float(power_at(delta, r.var_problem, 0.0, math.inf, r.df_problem, confidence))
-                row["limit"] = "problems" if inf_power < power else f"> {max_seeds} seeds"
+
+            def power_with(s: float, r=r, v_seed=v_seed) -> float:
+                return float(power_at(delta, r.var_problem, v_seed, s, r.df_problem, confidence))
+
+            row["power_now"] = power_with(r.seeds)
+            row["seeds_needed"] = _fewest_seeds(power_with, power, max_seeds)
+            if not np.isfinite(row["seeds_needed"]):
+                row["limit"] = "problems" if power_with(math.inf) < power else f"> {max_seeds} seeds"
         rows.append(row)
     return pd.DataFrame(rows, columns=["arm", "benchmark", "seeds", "power_now", "seeds_needed", "limit"])
+
+
+def _fewest_seeds(power_with, target: float, max_seeds: int) -> float:
+    """The fewest seeds (≥ 2) whose power reaches `target` (power grows with seeds: bisection); inf if none."""
+    if power_with(2) >= target:
+        return 2.0
+    if power_with(max_seeds) < target:
+        return math.inf
+    lo, hi = 2, max_seeds  # power(lo) < target ≤ power(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if power_with(mid) >= target else (mid, hi)
+    return float(hi)
