@@ -165,12 +165,12 @@ def _check_input(per_problem: pd.DataFrame, baseline: str, confidence: float) ->
             f"per_problem: missing column(s) {', '.join(missing)}; need {', '.join(PER_PROBLEM_COLUMNS)}"
         )
     data = per_problem.assign(arm=per_problem["arm"].astype(str), benchmark=per_problem["benchmark"].astype(str))
-    arms = sorted(set(data["arm"]))
+    arms = sorted(data["arm"].unique())  # unique(), not set(): pandas' string columns iterate slowly
     if baseline not in arms:
         raise ComparisonError(f"baseline arm {baseline!r} has no results; arms: {', '.join(arms) or 'none'}")
-    lacking = sorted(set(data["benchmark"]) - set(data.loc[data["arm"] == baseline, "benchmark"]))
+    lacking = sorted(set(data["benchmark"].unique()) - set(data.loc[data["arm"] == baseline, "benchmark"].unique()))
     if lacking:
-        others = sorted(set(data.loc[data["benchmark"] == lacking[0], "arm"]))
+        others = sorted(data.loc[data["benchmark"] == lacking[0], "arm"].unique())
         raise ComparisonError(
             f"benchmark {lacking[0]!r}: the baseline {baseline!r} has no results there (arms {', '.join(others)})"
         )
@@ -179,40 +179,66 @@ def _check_input(per_problem: pd.DataFrame, baseline: str, confidence: float) ->
     return data.assign(score=data["correct"].astype(float) / data["n"].astype(float))
 
 
-def _tables(data: pd.DataFrame) -> dict[str, dict[str, pd.DataFrame]]:
-    """{benchmark: {arm: seed × problem frame of scores}}; every (arm, seed) must have the same problems."""
-    out: dict[str, dict[str, pd.DataFrame]] = {}
-    for bench, rows in data.groupby("benchmark", sort=True):
-        dup = rows.duplicated(["arm", "seed", "problem"])
-        if dup.any():
-            arm, seed, problem = rows.loc[dup, ["arm", "seed", "problem"]].iloc[0]
-            raise ComparisonError(f"benchmark {bench!r}: arm {arm} seed {seed} has problem {problem!r} twice")
-        wide = rows.set_index(["arm", "seed", "problem"])["score"].unstack("problem")
-        if wide.shape[1] < 2:
-            raise ComparisonError(f"benchmark {bench!r}: {wide.shape[1]} problem; a comparison needs at least 2")
-        gaps = wide.isna().sum(axis=1)
-        if gaps.any():
-            (arm, seed), lacks = gaps.idxmax(), int(gaps.max())
+@dataclass(frozen=True)
+class _Arm:
+    """One arm on one benchmark: its seeds and their per-problem scores."""
+
+    seeds: tuple  # seed labels, sorted
+    scores: np.ndarray  # [S, P], problems in the benchmark's order
+
+
+def _tables(data: pd.DataFrame) -> dict[str, dict[str, _Arm]]:
+    """{benchmark: {arm: _Arm}}; every (arm, seed) of a benchmark must have the same problems.
+
+    Index arithmetic over factorized columns (not pivots): pandas' string columns iterate slowly."""
+    bench_code, benches = pd.factorize(data["benchmark"], sort=True)
+    arm_code, arm_names = pd.factorize(data["arm"], sort=True)
+    seed_code, seed_names = pd.factorize(data["seed"], sort=True)
+    run_all = arm_code.astype(np.int64) * len(seed_names) + seed_code  # (arm, seed) sorted as a pair
+    problem_code, problem_names = pd.factorize(data["problem"], sort=True)
+    score_all = data["score"].to_numpy(float)
+    out: dict[str, dict[str, _Arm]] = {}
+    for code in np.unique(bench_code):
+        bench, idx = str(benches[code]), np.flatnonzero(bench_code == code)
+        run_ids, run_code = np.unique(run_all[idx], return_inverse=True)
+        runs = [(str(arm_names[r // len(seed_names)]), seed_names[r % len(seed_names)]) for r in run_ids]
+        prob_ids, prob_code = np.unique(problem_code[idx], return_inverse=True)
+        problems = problem_names[prob_ids]
+        if len(problems) < 2:
+            raise ComparisonError(f"benchmark {bench!r}: {len(problems)} problem; a comparison needs at least 2")
+        flat = run_code * len(problems) + prob_code
+        counts = np.bincount(flat, minlength=len(runs) * len(problems)).reshape(len(runs), len(problems))
+        if (counts > 1).any():
+            r, q = np.argwhere(counts > 1)[0]
             raise ComparisonError(
-                f"benchmark {bench!r}: arms were evaluated on different problem sets "
-                f"({arm} seed {seed} lacks {lacks} of the {wide.shape[1]} problems); they can not be compared"
+                f"benchmark {bench!r}: arm {runs[r][0]} seed {runs[r][1]} has problem {problems[q]!r} twice"
             )
-        out[str(bench)] = {str(arm): frame.droplevel("arm") for arm, frame in wide.groupby(level="arm", sort=True)}
+        if (counts == 0).any():
+            r = int(np.argmax((counts == 0).sum(axis=1)))
+            raise ComparisonError(
+                f"benchmark {bench!r}: arms were evaluated on different problem sets ({runs[r][0]} seed "
+                f"{runs[r][1]} lacks {int((counts[r] == 0).sum())} of the {len(problems)} problems); "
+                "they can not be compared"
+            )
+        scores = np.empty(len(runs) * len(problems))
+        scores[flat] = score_all[idx]
+        scores = scores.reshape(len(runs), len(problems))
+        arms: dict[str, list[int]] = {}
+        for i, (arm, _) in enumerate(runs):
+            arms.setdefault(str(arm), []).append(i)
+        out[bench] = {
+            arm: _Arm(tuple(runs[i][1] for i in rows), scores[rows]) for arm, rows in arms.items()
+        }  # runs are sorted by (arm, seed): each arm's rows in seed order
     return out
 
 
-def _pair(arm: list[pd.DataFrame], base: list[pd.DataFrame]) -> tuple[list[np.ndarray], list[np.ndarray], bool] | None:
-    """Seed-sorted arrays, paired when arm and baseline have the same seeds (≥ 2); None when a side's
-    seeds differ between benchmarks (its seed scores over benchmarks would not be one run's)."""
-    sides = []
-    for tables in (arm, base):
-        seeds = {frozenset(t.index) for t in tables}
-        if len(seeds) > 1:
-            return None
-        order = sorted(next(iter(seeds)), key=str)
-        sides.append((order, [t.loc[order].to_numpy(float) for t in tables]))
-    (arm_seeds, arm_arrays), (base_seeds, base_arrays) = sides
-    return arm_arrays, base_arrays, len(arm_seeds) >= 2 and arm_seeds == base_seeds
+def _pair(arm: list[_Arm], base: list[_Arm]) -> tuple[list[np.ndarray], list[np.ndarray], bool] | None:
+    """The score arrays, paired when arm and baseline have the same seeds (≥ 2); None when a side's seeds
+    differ between benchmarks (its seed scores over benchmarks would not be one run's)."""
+    if len({a.seeds for a in arm}) > 1 or len({b.seeds for b in base}) > 1:
+        return None
+    paired = len(arm[0].seeds) >= 2 and arm[0].seeds == base[0].seeds
+    return [a.scores for a in arm], [b.scores for b in base], paired
 
 
 def _iqm_delta(*samples: np.ndarray, k: int) -> np.ndarray:
@@ -290,7 +316,7 @@ def compare_arms(
     tables = _tables(data)
     rng = np.random.default_rng(seed)
     rows = []
-    for arm in sorted(set(data["arm"]) - {baseline}):
+    for arm in sorted(set(data["arm"].unique()) - {baseline}):
         benches = [b for b in tables if arm in tables[b]]
         for bench in benches:
             pair = _pair([tables[bench][arm]], [tables[bench][baseline]])
@@ -307,8 +333,10 @@ def compare_arms(
             else:
                 rows.append(_row(arm, AVG_COLUMN, *pair, confidence, rng, views=True))
     out = pd.DataFrame(rows, columns=RESULT_COLUMNS)
-    for idx in out.groupby("benchmark", sort=False).groups.values():
-        out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy(float))
+    p_values, p_holm = out["p_value"].to_numpy(float), np.full(len(out), math.nan)
+    for idx in out.groupby("benchmark", sort=False).indices.values():
+        p_holm[idx] = holm(p_values[idx])
+    out["p_holm"] = p_holm
     significant = out["p_holm"] < 1 - confidence
     out["verdict"] = np.where(significant, np.where(out["delta"] > 0, "better", "worse"), "n.s.")
     out.loc[out["p_value"].isna(), "verdict"] = ""

@@ -78,7 +78,7 @@ class Table:
             for col in self.columns:
                 row = cells.loc[(rule, col)] if (rule, col) in cells.index else None
                 texts.append(_cell_text(row, rule == self.baseline, latex))
-                bests.append(bool(row is not None and row.get("bold", False) is True))
+                bests.append(row is not None and bool(row.get("bold", False)))
             rows.append((texts, bests))
         return rows
 
