@@ -129,7 +129,8 @@ def method_notes(comparison: pd.DataFrame | None, baseline: str, confidence: flo
         return []
     m = comparison.groupby("benchmark")["arm"].nunique().max()
     paired = comparison["paired"].fillna(False).astype(bool)
-    pairing = "by problem" + (" and by seed" if paired.all() else " (and by seed where seeds match)" * paired.any())
+    some = " (and by seed where seeds match)" if paired.any() else ""
+    pairing = "by problem" + (" and by seed" if paired.all() else some)
     notes = [
         f"Intervals: {confidence:.0%}, seeds and problems as crossed random effects, paired {pairing}, "
         f"t with Satterthwaite's df (stare_lab.analysis.compare_arms). p-values are Holm-corrected over the "
