@@ -13,11 +13,12 @@ interaction and the binomial noise of n samples, Var = ω²_a. With S_a seeds an
 
     Var(D) = A / P + Σ_a σ²_a / S_a + Σ_a ω²_a / (S_a P)
 
-Each component is estimated from its mean square (ω²: the seed × problem residual; σ²: the
-variance of seed means less ω²/P; A: the variance over problems of the seed-averaged
-difference less Σ ω²_a / S_a), a negative estimate is set to 0, and the interval is
-D ± t(ν) · √Var with ν from Satterthwaite's formula over the mean squares used; the p-value is
-the same t-test's, so p < 1 − confidence exactly when the interval excludes 0.
+The terms are estimated from mean squares: σ²_a + ω²_a / P as a whole by the variance of the
+arm's seed means (never negative, so its S − 1 degrees of freedom always count), A by the
+variance over problems of the seed-averaged difference less Σ ω²_a / S_a (ω²: the seed ×
+problem residual mean square), set to 0 when negative. The interval is D ± t(ν) · √Var with ν
+from Satterthwaite's formula over the mean squares used; the p-value is the same t-test's, so
+p < 1 − confidence exactly when the interval excludes 0.
 Pairing: problems always (π cancels). Seeds only where an arm and the baseline have the same
 seed values: stare_lab's run seed sets the data order (runner.py: `data_seed=seed`), and the
 analysis then works on the per-seed, per-problem differences (one "arm" in the formula above).
@@ -55,7 +56,6 @@ AVG_COLUMN = "Avg."
 PER_PROBLEM_COLUMNS = ("arm", "seed", "benchmark", "problem", "correct", "n")
 MIN_BOOTSTRAP_SEEDS = 3  # below, a bootstrap over seeds has too few distinct resamples to mean anything
 BOOTSTRAP_RESAMPLES = 2000
-METHOD = "seeds × problems crossed random effects, paired by problem (and by seed where seeds match), t-interval"
 METHOD_SHORT = "t-interval with Satterthwaite df"
 SEED_UNKNOWN = "seed variance unknown (one seed): the interval covers problems only"
 
