@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install bench clean
+.PHONY: demo test test-all lint install bench clean
 
 $(STAMP): pyproject.toml requirements.txt
 	python3 -m venv $(VENV)
@@ -22,6 +22,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs --durations=10
+
+# ruff (lint + format, pyproject.toml [tool.ruff]) and mypy over the public API modules ([tool.mypy])
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -rs -m "" --durations=10

@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from stare_lab.deferred import defer
 from stare_lab.record import CONFIG_FILE
 
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if cmd not in commands:
         return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
+    defer("torch")  # a value the checks refuse exits before torch's ~1.3 s import (stare_lab/deferred.py)
     from stare_lab.config import ConfigError
     from stare_lab.sweep.schema import SweepError
 
@@ -62,6 +64,7 @@ def _fail(msg: str) -> int:
 def cmd_train(argv: list[str]) -> int:
     """One run from Hydra overrides; its record goes to <run.root>/<run.sweep>/<run-id>/ (or run_dir=...)."""
     from stare_lab.config import compose, save_config
+    from stare_lab.inputs import check_inputs, overlap_warnings
 
     run_dir = None
     overrides = []
@@ -73,6 +76,9 @@ def cmd_train(argv: list[str]) -> int:
         else:
             overrides.append(a)
     cfg = compose(overrides)
+    check_inputs(cfg)
+    for line in overlap_warnings(cfg):
+        print(f"stare-lab: {line}", file=sys.stderr)
     if cfg.run.label is None:
         cfg.run.label = " ".join(overrides) or "default"
     run_dir = run_dir or Path(cfg.run.root) / cfg.run.sweep / cfg.run.id
@@ -329,8 +335,38 @@ def _plot(root: Path, out: Path, baseline: str, reuse_run_figures: bool = False)
     paths += _selection_figures(root, out, reuse_run_figures)
     if not paths:
         raise UserError(f"nothing to plot under {root}")
+    for line in _output_lines(paths):
+        print(line)
+
+
+# What each kind of output is called, by the start of its file name (one line per kind, not per file).
+OUTPUT_KINDS = {
+    "results.": "table",
+    "passk_": "pass@k tables",
+    "train_": "training curves",
+    "passk": "pass@k curves",
+    "forest": "differences to the baseline",
+    "selection-quadrant-": "STARE quadrant views",
+    "selection-steps-": "selection over training",
+    "tokens.html": "token page",
+    "tokens.png": "token page screenshot",
+}
+
+
+def _output_lines(paths: list[Path]) -> list[str]:
+    """One line per kind of output: what it is, how many files, and where (a glob when there are several)."""
+    groups: dict[tuple[str, Path], list[Path]] = {}
     for path in paths:
-        print(path)
+        prefix = next((p for p in OUTPUT_KINDS if path.name.startswith(p)), path.stem)
+        groups.setdefault((prefix, path.parent), []).append(path)
+    lines = []
+    for (prefix, folder), files in groups.items():
+        kind = OUTPUT_KINDS.get(prefix, prefix)
+        suffixes = sorted({f.suffix for f in files})
+        where = files[0] if len(files) == 1 else folder / f"{prefix}*{suffixes[0] if len(suffixes) == 1 else ''}"
+        count = f"{len(files)} files" if len(files) > 1 else "1 file"
+        lines.append(f"{kind + ':':28s} {count:>9s}  {where}")
+    return lines
 
 
 def _forest(root: Path, evals, out: Path, baseline: str) -> list[Path]:
@@ -399,6 +435,8 @@ def cmd_demo(argv: list[str]) -> int:
     if rc != 0:
         print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
     cmd_table([str(a.sweep), "--out", str(a.out)])
+    print(f"\noutputs under {a.out}/:")
+    print("\n".join(_output_lines(sorted(a.out.glob("results.*")) + sorted(a.out.glob("passk_*.md")))))
     _plot(_sweep_root(a.sweep), a.out / "figures", "full", reuse_run_figures=True)
     _demo_token_page(a.sweep, a.out)
     return rc
@@ -421,9 +459,8 @@ def _demo_token_page(sweep: Path, out: Path) -> None:
     except ViewError as e:
         print(f"stare-lab demo: no token page ({e})", file=sys.stderr)
         return
-    print(page)
-    if chromium_path() is not None:
-        print(screenshot(page, out / "tokens.png"))
+    pages = [page] + ([screenshot(page, out / "tokens.png")] if chromium_path() is not None else [])
+    print("\n".join(_output_lines(pages)))
 
 
 def _packaged_sweep(name: str) -> Path:

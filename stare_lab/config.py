@@ -31,6 +31,7 @@ from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable fr
     EvalConfig,
     LocalLauncherConfig,
     LoggerConfig,
+    LoraConfig,
     MethodConfig,
     ModelConfig,
     RunConfig,
@@ -102,8 +103,9 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     # Rule params are free-form in YAML (the rule's dataclass is their schema): let
-    # `method.params.rho=0.3` add a key without Hydra's `+` prefix.
-    overrides = ["++" + o if o.startswith("method.params.") else o for o in overrides]
+    # `method.params.rho=0.3` add a key without Hydra's `+` prefix; `model.lora.r=8` sets a key of a
+    # section that is null until LoRA is asked for (the schema, LoraConfig, then checks the keys).
+    overrides = ["++" + o if o.startswith(("method.params.", "model.lora.")) else o for o in overrides]
     _check_group_choices(overrides)
     try:
         raw = hydra_raw(overrides)
@@ -214,7 +216,7 @@ def check_engine(engine: str) -> None:
             "pip install 'stare-lab[deepspeed]' (or choose ddp or fsdp)"
         )
     if engine == "fsdp" and importlib.util.find_spec("torch") is not None:
-        import torch.distributed
+        import torch  # then torch.distributed: torch may be deferred (stare_lab/deferred.py)
 
         if not torch.distributed.is_available() or importlib.util.find_spec("torch.distributed.fsdp") is None:
             raise ConfigError(
@@ -226,7 +228,8 @@ def check_engine(engine: str) -> None:
 def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
     for name, section, check in _check_plan(schema):
         if section is not None:
-            _check_section(section, data[name], f"{prefix}{name}.")
+            if data[name] is not None:  # an optional section (model.lora) may be null
+                _check_section(section, data[name], f"{prefix}{name}.")
             continue
         problem = check(data[name])
         if problem:
@@ -257,10 +260,15 @@ def _check_task(task: Mapping[str, Any]) -> None:
 @functools.cache
 def _check_plan(schema: type) -> tuple[tuple[str, type | None, Any], ...]:
     checkers = field_checkers(schema)
-    return tuple(
-        (name, hint if dataclasses.is_dataclass(hint) else None, checkers[name])
-        for name, (hint, _) in schema_fields(schema).items()
-    )
+    return tuple((name, _section(hint), checkers[name]) for name, (hint, _) in schema_fields(schema).items())
+
+
+def _section(hint: Any) -> type | None:
+    """The schema dataclass of a section field (`X` or `X | None`), else None."""
+    import typing
+
+    options = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    return options[0] if len(options) == 1 and dataclasses.is_dataclass(options[0]) else None
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -292,18 +300,26 @@ def _one_line(e: Exception) -> str:
     m = re.search(r"Key '([^']+)' not in '(\w+)'.*?full_key: (\S+)", msg)
     if m:
         return _unknown_key(m.group(3))
+    m = re.search(r"Invalid type assigned: (\w+) is not a subclass of (\w+)\. value: (.*?) full_key: (\S+)", msg)
+    if m and m.group(2) in SECTIONS:
+        keys = ", ".join(sorted(schema_fields(SECTIONS[m.group(2)])))
+        return f"{m.group(4)}: expected null or a mapping of {keys}, got {m.group(3)!r} ({m.group(1)})"
     m = re.search(r"full_key: (\S+)", msg)
     if m:
         return f"{m.group(1)}: {msg.split(' full_key:')[0]}"
     return msg
 
 
+SECTIONS = {"LoraConfig": LoraConfig}  # optional sections: a wrong value is named with the section's keys
+
+
 def _unknown_key(full_key: str) -> str:
     parent, _, leaf = full_key.rpartition(".")
-    node: Any = OmegaConf.structured(Config)
+    node: Any = Config  # the schema's sections, optional ones (model.lora) included
     for part in parent.split(".") if parent else []:
-        node = node.get(part) if isinstance(node, DictConfig) else None
-    valid = sorted(node.keys()) if isinstance(node, DictConfig) else []
+        hint = schema_fields(node).get(part, (None,))[0] if node is not None else None
+        node = _section(hint) if hint is not None else None
+    valid = sorted(schema_fields(node)) if node is not None else []
     return f"unknown config key {full_key!r}" + (
         f"; valid keys under {parent or 'the root'}: {', '.join(valid)}" if valid else ""
     )

@@ -26,13 +26,13 @@ def bounded(
     choices: Any = None,
 ) -> Any:
     """A schema field without a value (YAML holds it) and the range or choices its value must meet.
-    `choices` is a tuple or a function returning one (read lazily: it may live in a torch module)."""
+    `choices` is a tuple or a function returning one (read lazily, when a value is checked)."""
     rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
     return field(default=MISSING, metadata=rules)
 
 
 def _loss_types() -> tuple[str, ...]:
-    from stare_lab.trl_loss import LOSS_TYPES
+    from stare_lab.loss_types import LOSS_TYPES
 
     return LOSS_TYPES
 
@@ -56,11 +56,23 @@ LR_SCHEDULERS = (
 
 # ------------------------------------------------------------------------------- the schemas
 @dataclass
+class LoraConfig:
+    """A LoRA adapter on the policy (peft.LoraConfig). `model.lora: null` trains every weight; any
+    LoRA key (`model.lora.r: 16`, or a mapping `model.lora: {r: 16}`) turns it on, the other keys
+    taking these values (the one place they are set)."""
+
+    r: int = field(default=8, metadata={"ge": 1})  # the adapter's rank
+    alpha: float = field(default=16.0, metadata={"gt": 0})  # scale alpha / r
+    dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
 class ModelConfig:
     name_or_path: str = MISSING
     dtype: str = bounded(choices=("float32", "bfloat16", "float16"))
     attn_implementation: str | None = MISSING
-    lora: Any = MISSING  # null or {r, alpha, dropout, target_modules}
+    lora: LoraConfig | None = MISSING
 
 
 @dataclass

@@ -18,10 +18,11 @@ import numpy as np
 import pandas as pd
 
 from stare_lab.config import CONF_DIR
+from stare_lab.record import SAMPLE_COLUMNS
 
 BENCHMARK_DIRS = (CONF_DIR / "benchmark",)
 VERIFIERS = ("math_verify", "exact")
-PARQUET_COLUMNS = ("problem_id", "sample_index", "answer", "extracted", "gold", "correct", "length")
+PARQUET_COLUMNS = tuple(name for name, _ in SAMPLE_COLUMNS)
 
 
 # ----------------------------------------------------------------------------------- metrics

@@ -198,6 +198,18 @@ def flock_held(path: Path) -> bool:
     return False
 
 
+def run_label(run_dir: Path | str) -> str:
+    """The run's readable label (config.yaml's run.label, e.g. `stare seed=0`), else its id or folder name."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    try:
+        run = (yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}).get("run") or {}
+        return str(run.get("label") or run.get("id") or run_dir.name)
+    except (OSError, yaml.YAMLError, AttributeError):
+        return run_dir.name
+
+
 # ----------------------------------------------------------------------------------- metrics
 def metrics_path(run_dir_or_file: Path | str) -> Path:
     p = Path(run_dir_or_file)
@@ -231,6 +243,12 @@ def read_metrics(run_dir_or_file: Path | str) -> list[dict[str, Any]]:
     return scan_metrics(run_dir_or_file)[0]
 
 
+def write_metrics(run_dir: Path | str, rows: list[dict[str, Any]]) -> None:
+    """Replace metrics.jsonl with `rows` (in step order), atomically."""
+    text = "".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"]))
+    atomic_write_text(metrics_path(run_dir), text)
+
+
 def append_metrics(run_dir: Path | str, row: dict[str, Any]) -> None:
     with open(Path(run_dir) / METRICS_FILE, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -261,7 +279,10 @@ def truncate_metrics(run_dir_or_file: Path | str, last_step: int) -> tuple[int, 
 
 # ------------------------------------------------------------------------------- checkpoints
 def checkpoint_step(path: Path) -> int:
-    return int(_CHECKPOINT.fullmatch(Path(path).name).group(1))
+    match = _CHECKPOINT.fullmatch(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint folder (checkpoint-<step>)")
+    return int(match.group(1))
 
 
 def checkpoints(run_dir: Path | str) -> list[Path]:
@@ -353,6 +374,18 @@ def settings_key(settings: dict[str, Any], step: int | None) -> str:
     )
 
 
+# The per-sample parquet of an evaluation: one row per sampled answer (column, pyarrow type).
+SAMPLE_COLUMNS = (
+    ("problem_id", "string"),
+    ("sample_index", "int64"),
+    ("answer", "string"),
+    ("extracted", "string"),  # the answer the verifier extracted (None: nothing to extract)
+    ("gold", "string"),
+    ("correct", "bool_"),
+    ("length", "int64"),  # completion tokens
+)
+
+
 def eval_result_path(run_dir: Path | str, benchmark: str, settings: dict[str, Any], step: int | None) -> Path:
     """`eval/<benchmark>/<settings key>.json`; the per-sample parquet sits beside it."""
     return Path(run_dir) / EVAL_DIR / benchmark / f"{settings_key(settings, step)}.json"
@@ -366,17 +399,7 @@ def write_eval_result(run_dir: Path | str, result: dict[str, Any], rows: list[di
 
     path = eval_result_path(run_dir, result["benchmark"], result, result["step"])
     result = {**result, "settings_key": path.stem}
-    schema = pa.schema(
-        [
-            ("problem_id", pa.string()),
-            ("sample_index", pa.int64()),
-            ("answer", pa.string()),
-            ("extracted", pa.string()),
-            ("gold", pa.string()),
-            ("correct", pa.bool_()),
-            ("length", pa.int64()),
-        ]
-    )
+    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in SAMPLE_COLUMNS])
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=schema)
     atomic_write(path.with_suffix(".parquet"), lambda tmp: pq.write_table(table, tmp))

@@ -29,10 +29,12 @@ from stare_lab.record import (
     checkpoint_world_size,
     checkpoints,
     last_checkpoint,
+    metrics_path,
     process_count,
     process_rank,
     read_metrics,
     truncate_metrics,
+    write_metrics,
 )
 
 # Logged values that are finite in every healthy step; rule metrics (e.g. a closed gate's NaN) are not checked.
@@ -250,10 +252,10 @@ def resume_point(run_dir: Path) -> Path | None:
         )
     if process_rank() != 0:  # rank 0 alone repairs the record; every rank resumes from the same checkpoint
         return ckpt
-    for bad, problem in zip(checkpoints(run_dir), problems, strict=True):
+    for bad, problem in zip(checkpoints(run_dir), problems, strict=False):  # the newest ones, up to the good one
         bad.rename(bad.with_name(f"corrupt-{bad.name}"))
         print(f"{run_dir.name}: {problem}; resuming from {ckpt.name if ckpt else 'the start'}", flush=True)
-    metrics = run_dir / "metrics.jsonl"
+    metrics = metrics_path(run_dir)
     if ckpt is None:
         if metrics.exists():
             metrics.unlink()  # a run that died before its first checkpoint starts over
@@ -274,12 +276,7 @@ def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
     missing = [e for e in state.get("log_history", []) if is_train_log(e) and e.get("step") not in have]
     if not missing:
         return
-    rows = read_metrics(run_dir) + [metrics_row(int(e["step"]), e, when) for e in missing]
-    from stare_lab.utils import atomic_write_text
-
-    atomic_write_text(
-        run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["step"]))
-    )
+    write_metrics(run_dir, read_metrics(run_dir) + [metrics_row(int(e["step"]), e, when) for e in missing])
     print(
         f"{run_dir.name}: restored metrics of step(s) {', '.join(str(e['step']) for e in missing)} from {ckpt.name}",
         flush=True,
@@ -291,6 +288,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     from transformers.trainer_callback import PrinterCallback
 
     from stare_lab.eval_run import IntermediateEval
+    from stare_lab.learning_signal import LearningSignalCheck
     from stare_lab.tracking import MetricsLogger, StepPrinter
 
     ckpt = resume_point(run_dir)
@@ -300,7 +298,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     all_callbacks = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
     if cfg.eval.enabled and cfg.eval.every_steps > 0:
         all_callbacks.append(IntermediateEval(cfg, run_dir))
-    all_callbacks += [*callbacks] + ([StepPrinter(f"{cfg.method.name} s{cfg.seed}")] if main else [])
+    label = f"{cfg.method.name} s{cfg.seed}"
+    all_callbacks += [*callbacks] + ([StepPrinter(label), LearningSignalCheck(label, wandb_run)] if main else [])
     trainer = build_trainer(cfg, run_dir, all_callbacks)
     trainer.remove_callback(PrinterCallback)
     if ckpt is not None:

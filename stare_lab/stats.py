@@ -13,9 +13,12 @@ from its `source`. Adding a statistic is one field here plus its computation in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
 
 # How the statistics pass obtains a statistic (signals/statistics.py dispatches on it):
 #   "vocab"     from the next-token distribution p = softmax(z/τ) at each completion position

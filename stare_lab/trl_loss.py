@@ -32,12 +32,7 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-# Loss types whose denominator is the generation batch's valid-token count (`num_items_in_batch`).
-# TRL 1.16's loss types; every one composes with token weights (docs/trl_parity.md)
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
-GENERATION_BATCH_DENOMINATOR = ("dapo", "cispo", "vespo")
-# Loss types with no token-count denominator: "selected" equals "valid" for them.
-NO_TOKEN_DENOMINATOR = ("dr_grpo", "luspo")
+from stare_lab.loss_types import GENERATION_BATCH_DENOMINATOR, NO_TOKEN_DENOMINATOR
 
 
 def loss_mask(inputs: dict) -> Tensor:

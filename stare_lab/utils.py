@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path | str, write: Callable[[str], None]) -> None:
+def atomic_write(path: Path | str, write: Callable[[str], object]) -> None:
     """`write(tmp_path)` into a temp file in the same folder, then rename: readers never see a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

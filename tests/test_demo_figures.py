@@ -33,8 +33,12 @@ def test_demo_copies_current_run_figures_and_draws_the_others(tmp_path, capsys):
     _plot(root, tmp_path / "plot" / "figures", "full")  # `stare-lab plot`: all drawn
     demo, drawn = tmp_path / "demo" / "figures", tmp_path / "plot" / "figures"
 
-    printed = capsys.readouterr().out.split()
-    assert sorted(p for p in printed if p.startswith(str(demo))) == sorted(str(p) for p in demo.iterdir())
+    printed = capsys.readouterr().out.splitlines()  # one line per kind of figure and folder, not per file
+    assert printed == [
+        f"{kind + ':':28s}   3 files  {folder}/selection-{name}-*.png"
+        for folder in (demo, drawn)
+        for kind, name in (("STARE quadrant views", "quadrant"), ("selection over training", "steps"))
+    ]
     assert (
         sorted(p.name for p in demo.iterdir())
         == sorted(p.name for p in drawn.iterdir())

@@ -48,13 +48,16 @@ Deviations and decisions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import COUNTS, check_choice, check_common, check_fraction, select_top
 from stare_lab.stats import TokenStats
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
 
 MODES = {"renorm": "selected", "zero_advantage": "valid"}
 SCORES = ("token", "sequence_mean")

@@ -28,13 +28,16 @@ Deviations and decisions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import check_choice, check_common, scope_ids
 from stare_lab.stats import TokenStats
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
 
 FLOWS = ("simple", "full")
 

@@ -30,10 +30,9 @@ Deviations and decisions:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
 
 from stare_lab.methods.registry import RuleOutput, RuleState, get_method, register
 from stare_lab.methods.select import (
@@ -45,6 +44,9 @@ from stare_lab.methods.select import (
     selection_metrics,
 )
 from stare_lab.stats import TokenStats, positions
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
 
 MATCH = ("none", "position")
 

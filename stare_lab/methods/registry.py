@@ -17,12 +17,14 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
 
 from stare_lab.stats import STATISTICS, TokenStats
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
 
 NORMALIZE = ("valid", "selected", "loss_type")
 SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: methods/microbatch.py

@@ -9,11 +9,14 @@ interpolation as `torch.quantile`), so ties at the threshold are all kept.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 from stare_lab.methods.registry import NORMALIZE, SCOPES, TIES
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

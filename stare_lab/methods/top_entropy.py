@@ -20,12 +20,14 @@ Deviations and decisions:
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import check_common, check_fraction, select_top, selection_metrics
 from stare_lab.stats import TokenStats
+
+if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+    from torch import Tensor
 
 
 @dataclass(frozen=True)

@@ -69,16 +69,22 @@ def _load_tokenizer(path: str):
 
 
 def _wrap_lora(model, lora: dict):
+    """peft's LoRA with the run's `model.lora` (stare_lab.config_schema.LoraConfig: keys and defaults)."""
+    import dataclasses
+
     from peft import LoraConfig, get_peft_model
 
-    unknown = set(lora) - {"r", "alpha", "dropout", "target_modules"}
-    if unknown:
-        raise ValueError(f"unknown LoRA keys {sorted(unknown)}; known: r, alpha, dropout, target_modules")
+    from stare_lab.config_schema import LoraConfig as Schema
+
+    known = {f.name for f in dataclasses.fields(Schema)}
+    if set(lora) - known:
+        raise ValueError(f"unknown LoRA keys {sorted(set(lora) - known)}; known: {', '.join(sorted(known))}")
+    lora = {**dataclasses.asdict(Schema()), **lora}
     config = LoraConfig(
-        r=lora.get("r", 8),
-        lora_alpha=lora.get("alpha", 16),
-        lora_dropout=lora.get("dropout", 0.0),
-        target_modules=lora.get("target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=list(lora["target_modules"]),
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)

@@ -21,6 +21,7 @@ Attention entropy depends on the layers: the key `attn_entropy` holds the layers
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -79,6 +80,8 @@ class Batch:
     trained_weights: Tensor | None = None  # [B, T] float32
     prompt_ids: Tensor | None = None  # [B, P] long
     prompt_mask: Tensor | None = None  # [B, P] float32
+    byte_pieces: dict[int, tuple[str, bytes]] = field(default_factory=dict)  # id -> (raw piece, bytes): part
+    # of a multi-byte character (byte-level BPE); its text comes from decoding the row (row_texts)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -89,9 +92,29 @@ class Batch:
         return [int(n) for n in self.mask.sum(1).tolist()]
 
     def token_pieces(self, row: int) -> list[str]:
-        """Text of each valid completion token of `row`, in order."""
+        """Text of each valid completion token of `row`, in order: the row's bytes decoded as UTF-8 one
+        token at a time, so a character split over byte-level tokens is shown at the token that
+        completes it (the tokens before it are empty), never as U+FFFD (the page does the same)."""
         ids = self.completion_ids[row][self.mask[row] > 0].tolist()
-        return [self.pieces.get(i, f"<{i}>") for i in ids]
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        texts = [decoder.decode(self.token_bytes(i)) for i in ids]
+        if texts:
+            texts[-1] += decoder.decode(b"", final=True)  # a character left incomplete at the end
+        return texts
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes a token contributes to its row's text."""
+        if token_id in self.byte_pieces:
+            return self.byte_pieces[token_id][1]
+        return self.pieces.get(token_id, f"<{token_id}>").encode("utf-8")
+
+    def token_label(self, token_id: int) -> str:
+        """A token's own name where it is shown alone (top tokens): its text, or for part of a
+        character its raw piece and bytes, e.g. "ä¸ (e4 b8)"."""
+        if token_id in self.byte_pieces:
+            raw, data = self.byte_pieces[token_id]
+            return f"{raw} ({data.hex(' ')})"
+        return self.pieces.get(token_id, f"<{token_id}>")
 
     def resolve_layers(self, layers: int | tuple[int, ...] | None) -> tuple[int, ...] | None:
         """A rule's attention layers as stored indices (None = the middle layer), or None when unknown."""
@@ -140,6 +163,7 @@ def save_batch(
     group: Tensor,  # [B]
     stats: dict[str, Tensor],  # name -> [B, T]; "logp" required
     token_pieces: dict[int, str],  # id -> decoded text, for every id in completion_ids
+    byte_pieces: dict[int, tuple[str, bytes]] | None = None,  # id -> (raw piece, bytes): collect.token_pieces
     prompts: list[str],  # [B]
     run_rule: dict[str, Any],  # {"name", "params"}
     rule_state: dict[str, Any] | None = None,
@@ -183,6 +207,7 @@ def save_batch(
         "step": int(step),
         "prompts": list(prompts),
         "pieces": {str(i): token_pieces.get(i, f"<{i}>") for i in sorted(used)},
+        "byte_pieces": {str(i): [raw, data.hex()] for i, (raw, data) in sorted((byte_pieces or {}).items())},
         "run_rule": {"name": str(run_rule["name"]), "params": dict(run_rule.get("params") or {})},
         "rule_state": rule_state or {"step": int(step), "total_steps": 1, "seed": 0, "memory": {}},
         "meta": meta or {},
@@ -228,6 +253,7 @@ def load_batch(path: Path | str) -> Batch:
             stats=stats,
             prompts=list(header["prompts"]),
             pieces={int(k): v for k, v in header["pieces"].items()},
+            byte_pieces={int(k): (raw, bytes.fromhex(h)) for k, (raw, h) in header.get("byte_pieces", {}).items()},
             run_rule=dict(header["run_rule"]),
             rule_state=dict(header["rule_state"]),
             meta=dict(header.get("meta") or {}),

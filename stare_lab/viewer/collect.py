@@ -94,11 +94,51 @@ def stats_for_all_rules(
     return {k: v.float() for k, v in result.items()}
 
 
-def token_pieces(tokenizer, ids: Tensor) -> dict[int, str]:
-    """id -> decoded text of that single token, for every id in `ids`."""
+def token_pieces(tokenizer, ids: Tensor) -> tuple[dict[int, str], dict[int, tuple[str, bytes]]]:
+    """(id -> decoded text of that single token, for every id in `ids`; id -> (raw piece, bytes) of
+    the tokens that are part of a character: a byte-level BPE splits a multi-byte UTF-8 character over
+    tokens, and each alone decodes to U+FFFD. The page decodes a row's bytes in order (batch.row_texts)
+    and shows the raw piece on hover."""
     unique = sorted(set(ids.reshape(-1).tolist()))
     texts = tokenizer.batch_decode([[i] for i in unique], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    return dict(zip(unique, texts, strict=True))
+    pieces = dict(zip(unique, texts, strict=True))
+    partial = [i for i, text in pieces.items() if "\ufffd" in text]
+    raws = tokenizer.convert_ids_to_tokens(partial) if partial else []
+    byte_pieces = {}
+    for i, raw in zip(partial, raws, strict=True):
+        data = piece_bytes(str(raw))
+        if data is not None:
+            byte_pieces[i] = (str(raw), data)
+    return pieces, byte_pieces
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (used by Qwen2, Llama 3, ...): the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+BYTE_ALPHABET = _byte_alphabet()
+
+
+def piece_bytes(raw: str) -> bytes | None:
+    """The bytes a raw vocabulary piece stands for: byte-level BPE ("Ã©"), SentencePiece byte fallback
+    ("<0xE2>"); None for any other kind of piece."""
+    if len(raw) == 6 and raw.startswith("<0x") and raw.endswith(">"):
+        try:
+            return bytes([int(raw[3:5], 16)])
+        except ValueError:
+            return None
+    if raw and all(c in BYTE_ALPHABET for c in raw):
+        return bytes(BYTE_ALPHABET[c] for c in raw)
+    return None
 
 
 def rewards_from_trainer(trainer, rows: int, *, global_rows: bool = False) -> Tensor:
@@ -195,6 +235,7 @@ def collect_for_trainer(
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
     prompt_ids, prompt_mask = rows["prompt_ids"], rows["prompt_mask"]
+    pieces, byte_pieces = token_pieces(tok, rows["completion_ids"])
     prompts = tok.batch_decode(
         [row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)], skip_special_tokens=True
     )
@@ -219,7 +260,8 @@ def collect_for_trainer(
         advantages=rows["advantages"],
         group=rows["group"],
         stats=all_stats,
-        token_pieces=token_pieces(tok, rows["completion_ids"]),
+        token_pieces=pieces,
+        byte_pieces=byte_pieces,
         prompts=prompts,
         run_rule={"name": trainer.rule.name, "params": _params_dict(trainer.rule.params)},
         rule_state=rule_state,

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from stare_lab.record import run_label  # noqa: E402
 from stare_lab.viewer.batch import BATCH_DIR, Batch, BatchError, kept_steps, load_run_batch  # noqa: E402
 from stare_lab.viewer.selection import RuleView, apply_all_rules, jaccard, one_thread, selected_fraction  # noqa: E402
 
@@ -58,7 +59,7 @@ def quadrant_figure(batch: Batch, views: list[RuleView], path: Path, title: str)
     rows = (len(shown) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), sharex=True, sharey=True, squeeze=False)
     h_mid, s_mid = float(_median(H)), float(_median(s))
-    for ax, view in zip(axes.flat, shown, strict=True):
+    for ax, view in zip(axes.flat, shown, strict=False):  # the grid may have more axes than views
         sel = view.selected[valid].numpy()
         ax.scatter(H, s, s=3, c="#d0d0d0", linewidths=0, rasterized=True)
         for label, keep in (("A > 0", a > 0), ("A < 0", a < 0), ("A = 0", a == 0)):
@@ -133,12 +134,14 @@ def plot_selection(run_dir_or_runs: Path | str | Iterable[Path | str], out_dir: 
 
 
 def _run_figures(run_dir: Path, out_dir: Path) -> list[Path]:
-    stem = _stem(run_dir)
+    stem, label = _stem(run_dir), run_label(run_dir)  # files named by run id, figures titled by label
     written: list[Path | None] = []
     try:
         batch = load_run_batch(run_dir)
-        written.append(quadrant_figure(batch, apply_all_rules(batch), out_dir / f"selection-quadrant-{stem}.png", stem))
+        written.append(
+            quadrant_figure(batch, apply_all_rules(batch), out_dir / f"selection-quadrant-{stem}.png", label)
+        )
     except BatchError:
         pass  # the last kept batch is unreadable: the over-steps figure still shows the others
-    written.append(selection_over_steps(run_dir, out_dir / f"selection-steps-{stem}.png", stem))
+    written.append(selection_over_steps(run_dir, out_dir / f"selection-steps-{stem}.png", label))
     return [p for p in written if p is not None]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stare_lab.record import CONFIG_FILE
+from stare_lab.record import run_label
 from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch
 from stare_lab.viewer.selection import (
     RuleView,
@@ -148,6 +148,7 @@ def arm_data(batch: Batch, *, label: str, run_dir: Path | str, views: list[RuleV
         "rollouts": rollouts,
         "prompts": prompts,
         "vocab": {str(k): v for k, v in batch.pieces.items()},
+        "byte_pieces": {str(k): [raw, list(data)] for k, (raw, data) in batch.byte_pieces.items()},
         "ids": _b64(_flat(batch.completion_ids, valid), "<i4"),
         "signals": [_signal_entry(k, lab, v, valid) for k, (lab, v) in signal_tensors(batch).items()],
         "rules": [_rule_entry(v, batch, valid) for v in views],
@@ -190,16 +191,6 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _run_label(run_dir: Path) -> str:
-    import yaml
-
-    try:
-        cfg = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
-        return str((cfg.get("run") or {}).get("label") or (cfg.get("run") or {}).get("id") or run_dir.name)
-    except (OSError, yaml.YAMLError):
-        return run_dir.name
-
-
 def render_run(run_dir: Path | str, step: int | None = None, out: Path | str | None = None) -> Path:
     """The page of `run_dir`'s kept batch at `step` (None = the last kept); default out:
     `<run_dir>/batches/step-<N>.html`. ViewError (one line) on bad input, nothing written."""
@@ -210,7 +201,7 @@ def render_run(run_dir: Path | str, step: int | None = None, out: Path | str | N
         batch = load_run_batch(run_dir, step)
     except BatchError as err:
         raise ViewError(str(err)) from None
-    label = _run_label(run_dir)
+    label = run_label(run_dir)
     out = Path(out) if out else run_dir / "batches" / f"step-{batch.step}.html"
     with one_thread():
         arms = [arm_data(batch, label=label, run_dir=run_dir)]

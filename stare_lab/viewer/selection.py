@@ -164,7 +164,7 @@ def top_tokens(batch: Batch, selected: Tensor, k: int = 12) -> list[tuple[str, i
     everywhere = torch.bincount(ids[valid], minlength=size)
     order = torch.argsort(-chosen, stable=True)[:k]  # ties: the smaller id first
     return [
-        (batch.pieces.get(i, f"<{i}>"), int(chosen[i]), int(chosen[i]) / int(everywhere[i]))
+        (batch.token_label(i), int(chosen[i]), int(chosen[i]) / int(everywhere[i]))
         for i in order.tolist()
         if chosen[i] > 0
     ]

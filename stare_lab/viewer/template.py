@@ -22,7 +22,7 @@ td.na{color:#999}.params{font:11px monospace;color:#555;max-width:360px;word-bre
 .prompt{white-space:pre-wrap;font:12px monospace;background:#f6f6f6;padding:3px 6px;margin:2px 0}
 .rollout{margin:3px 0 3px 10px;display:flex;gap:10px}.meta{flex:0 0 150px;color:#555;font:11px monospace;white-space:pre}
 .tokens{font:12.5px/1.9 monospace;white-space:pre-wrap;word-break:break-all}
-.tok{border-radius:2px;padding:0 .5px}.tok.off{opacity:.45}.tok.sel{box-shadow:inset 0 -2px 0 #222}
+.tok{border-radius:2px;padding:0 .5px}.tok:empty{padding:0 2px}.tok.off{opacity:.45}.tok.sel{box-shadow:inset 0 -2px 0 #222}
 #tip{position:fixed;display:none;background:#222;color:#fff;font:11px monospace;padding:4px 6px;border-radius:3px;
 pointer-events:none;z-index:5;white-space:pre}
 .legend{font-size:12px;color:#444;margin:4px 0}.tk{font:11px monospace;background:#eef;padding:0 2px;margin:0 2px}
@@ -38,6 +38,13 @@ function el(tag,attrs,text){const e=document.createElement(tag);if(attrs)for(con
   if(text!==undefined)e.textContent=text;return e;}
 function fmt(x,d){return x===null||x===undefined||Number.isNaN(x)?'–':Number(x).toFixed(d===undefined?3:d);}
 function vis(p){return p.replace(/\n/g,'\u21b5\n').replace(/\t/g,'\u21e5');}
+const utf8=new TextEncoder();
+// a row's text one token at a time (batch.Batch.token_pieces): a character split over byte-level tokens
+// appears at the token that completes it; raw pieces are shown on hover
+function rowTexts(ids,off,len){const d=new TextDecoder('utf-8'),out=[];
+  for(let j=0;j<len;j++){const id=ids[off+j],bp=arm.byte_pieces[id];
+    out.push(d.decode(bp?new Uint8Array(bp[1]):utf8.encode(arm.vocab[id]??('<'+id+'>')),{stream:true}));}
+  if(len)out[len-1]+=d.decode();return out;}
 let arm=null, spans=[], current={kind:'signal',key:null};
 const cache=new Map();
 function decoded(a){
@@ -98,8 +105,9 @@ function rollouts(){
     const row=el('div',{class:'rollout','data-row':String(r.row)});
     row.appendChild(el('div',{class:'meta'},'#'+r.row+'  reward '+fmt(r.reward,2)+'\nA '+fmt(r.advantage,3)+'  '+r.length+' tok'));
     const toks=el('div',{class:'tokens'});
+    const texts=rowTexts(c.ids,r.offset,r.length);
     for(let j=0;j<r.length;j++){const i=r.offset+j;const s=document.createElement('span');s.className='tok';
-      s.textContent=vis(arm.vocab[c.ids[i]]??('<'+c.ids[i]+'>'));s._i=i;s._t=j;s._r=r.row;toks.appendChild(s);spans.push(s);}
+      s.textContent=vis(texts[j]);s._text=texts[j];s._i=i;s._t=j;s._r=r.row;toks.appendChild(s);spans.push(s);}
     row.appendChild(toks);gdiv.appendChild(row);}
   box.appendChild(frag);
 }
@@ -122,7 +130,8 @@ function paint(kind,key){
 }
 function tip(ev){
   const tp=document.getElementById('tip'),s=ev.target;if(!s.classList||!s.classList.contains('tok')){tp.style.display='none';return;}
-  const c=decoded(arm),i=s._i;let lines=['row '+s._r+'  t='+s._t+'  '+JSON.stringify(arm.vocab[c.ids[i]])];
+  const c=decoded(arm),i=s._i,bp=arm.byte_pieces[c.ids[i]];
+  let lines=['row '+s._r+'  t='+s._t+'  '+JSON.stringify(s._text)+(bp?'  raw piece '+JSON.stringify(bp[0])+' (bytes '+bp[1].map(b=>b.toString(16).padStart(2,'0')).join(' ')+')':'')];
   for(const g of arm.signals)lines.push(g.label+': '+fmt(c.signals[g.key][i],4));
   if(current.kind==='rule'){const r=c.rules[current.key];lines.push(current.key+' weight: '+fmt(r.w[i],4)+(r.sel[i]?' (selected)':''));}
   tp.textContent=lines.join('\n');tp.style.display='block';tp.style.left=(ev.clientX+12)+'px';tp.style.top=(ev.clientY+12)+'px';

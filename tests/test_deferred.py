@@ -1,0 +1,80 @@
+"""The command line defers torch (stare_lab/deferred.py): a refusal never imports it, and code that
+goes on to use torch gets the real module, its submodules imported once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def run_py(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "trainer.max_steps=-3"], "trainer.max_steps: must be ≥ 1, got -3"),
+        (["train", "method=stare", "method.params.P=1.5"], "rule 'stare': P=1.5 is out of range (0 < P ≤ 1)"),
+        (["train", "trainer.max_stepz=3"], "unknown config key 'trainer.max_stepz'"),
+        (["train", "method=nosuchrule"], "nosuchrule"),
+    ],
+)
+def test_a_refused_value_exits_before_torch_is_imported(argv, message):
+    run = run_py(f"""
+        import sys
+        from stare_lab.cli import main
+        from stare_lab.deferred import is_loaded
+        code = main({argv!r})
+        heavy = sorted(m for m in ("trl", "transformers") if m in sys.modules)
+        print("torch loaded:", is_loaded("torch"), "heavy:", heavy)
+        sys.exit(code)
+    """)
+    assert run.returncode == 2, run.stderr
+    assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "torch loaded: False heavy: []" in run.stdout, run.stdout
+
+
+def test_the_deferred_module_is_the_real_one_once_used():
+    run = run_py("""
+        import sys
+        from stare_lab.deferred import defer, is_loaded
+        defer("torch")
+        import torch                      # binds the stand-in: nothing imported yet
+        assert not is_loaded("torch") and "torch._C" not in sys.modules
+        import torch.nn.functional as F   # a submodule first: loads torch, and torch.nn once
+        assert is_loaded("torch") and sys.modules["torch"] is not torch
+        assert F is sys.modules["torch.nn.functional"] and torch.nn is sys.modules["torch.nn"]
+        assert torch.nn.__spec__.name == "torch.nn" and type(torch.nn.__spec__.loader).__name__ == "SourceFileLoader"
+        assert F.softmax(torch.tensor([0.0, 0.0]), 0).tolist() == [0.5, 0.5]
+        torch.answer = 42                 # writes reach the real module
+        assert sys.modules["torch"].answer == 42 and torch.answer == 42
+        assert isinstance(torch.ones(1), sys.modules["torch"].Tensor)
+        print("ok")
+    """)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_a_valid_train_command_trains_with_the_real_torch(tmp_path):
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stare_lab.cli",
+            "train",
+            "model=builtin",
+            "logger=none",
+            "trainer.max_steps=1",
+            "eval.enabled=false",
+            f"run_dir={tmp_path / 'r'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "r" / "metrics.jsonl").read_text().count("\n") == 1

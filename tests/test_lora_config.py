@@ -1,0 +1,58 @@
+"""LoRA is a section of the schema (config_schema.LoraConfig): a dotted key or a mapping turns it on
+with the same resolved config, a wrong value or key is one line, and the adapter trains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stare_lab.cli import main
+from stare_lab.config import ConfigError, compose
+
+
+def test_dotted_keys_and_a_mapping_resolve_to_the_same_run():
+    dotted = compose(["model.lora.r=4", "model.lora.alpha=8"])
+    mapping = compose(["model.lora={r: 4, alpha: 8}"])
+    assert dotted.run.id == mapping.run.id
+    assert dict(dotted.model.lora) == {
+        "r": 4,
+        "alpha": 8.0,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    }
+    assert compose([]).model.lora is None and compose([]).run.id != dotted.run.id
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("model.lora=abc", "model.lora: expected null or a mapping of alpha, dropout, r, target_modules, got 'abc'"),
+        ("model.lora.rank=4", "unknown config key 'model.lora.rank'; valid keys under model.lora: alpha, dropout, r,"),
+        ("model.lora={rank: 4}", "unknown config key 'model.lora.rank'; valid keys under model.lora:"),
+        ("model.lora.r=0", "model.lora.r: must be ≥ 1, got 0"),
+        ("model.lora.dropout=1.5", "model.lora.dropout: must be < 1, got 1.5"),
+    ],
+)
+def test_a_bad_lora_value_is_one_line(override, line):
+    with pytest.raises(ConfigError) as e:
+        compose([override])
+    assert str(e.value).startswith(line) and "\n" not in str(e.value)
+
+
+def test_a_lora_run_trains_its_adapter(tmp_path):
+    run = tmp_path / "run"
+    argv = [
+        "train",
+        "model.lora.r=4",
+        "model.lora.target_modules=[q_proj,v_proj]",
+        "trainer.max_steps=1",
+        "eval.enabled=false",
+        "logger=none",
+        f"run_dir={run}",
+    ]
+    assert main(argv) == 0
+    adapter = json.loads((run / "final" / "adapter_config.json").read_text())
+    assert (
+        adapter["r"] == 4 and adapter["lora_alpha"] == 16 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+    )
