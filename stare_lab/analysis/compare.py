@@ -220,9 +220,9 @@ def _tables(data: pd.DataFrame) -> dict[str, dict[str, _Arm]]:
                 f"{runs[r][1]} lacks {int((counts[r] == 0).sum())} of the {len(problems)} problems); "
                 "they can not be compared"
             )
-        scores = np.empty(len(runs) * len(problems))
-        scores[flat] = score_all[idx]
-        scores = scores.reshape(len(runs), len(problems))
+        flat_scores = np.empty(len(runs) * len(problems))
+        flat_scores[flat] = score_all[idx]
+        scores = flat_scores.reshape(len(runs), len(problems))  # [runs, problems]
         arms: dict[str, list[int]] = {}
         for i, (arm, _) in enumerate(runs):
             arms.setdefault(str(arm), []).append(i)
