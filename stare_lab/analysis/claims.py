@@ -55,7 +55,7 @@ def comparison_input(
     keys = ["run", "benchmark", *[k for k in _SAMPLE_KEYS if k in keep.columns and k in per_problem.columns]]
     wanted = keep[keys + ["arm", "seed", "n"]].rename(columns={"n": "_n"})  # values' benchmark is its column
     samples = per_problem.drop(columns=["arm", "seed"], errors="ignore")
-    joined = samples.astype({k: str for k in keys}).merge(wanted.astype({k: str for k in keys}), on=keys)
+    joined = _keyed(samples, keys).merge(_keyed(wanted, keys), on=keys)
     joined = joined[joined["n"].astype(str) == joined["_n"].astype(str)]
     covered = joined.groupby("benchmark")["run"].agg(lambda r: set(r))
     complete = [b for b in benchmarks if covered.get(b, set()) == set(keep.loc[keep["column"] == b, "run"])]
@@ -66,6 +66,17 @@ def comparison_input(
     label = runs["seed"].astype(str).where(~twice, runs["seed"].astype(str) + ":" + runs["run"].astype(str))
     joined = joined.assign(seed=joined["run"].map(dict(zip(runs["run"], label, strict=True))))
     return joined[["arm", "seed", "benchmark", "problem", "correct", "n"]], complete
+
+
+def _keyed(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Join keys as text, numbers by value (30 and 30.0 are one num_problems; a missing one is "nan")."""
+
+    def text(v) -> str:
+        if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
+            return f"{float(v):g}"
+        return str(v)
+
+    return frame.assign(**{k: frame[k].map(text) for k in keys})
 
 
 def compare_values(
