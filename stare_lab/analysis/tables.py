@@ -203,6 +203,8 @@ _LATEX_SPECIAL = {
     "∞": r"$\infty$",
     "α": r"$\alpha$",
     "²": r"$^2$",
+    "<": r"$<$",  # in text mode OT1 sets < as ¡
+    ">": r"$>$",
 }
 
 
