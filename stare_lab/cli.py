@@ -5,7 +5,7 @@
     stare-lab sweep run sweeps/X.yaml [--launcher slurm] [--dry-run]
     stare-lab sweep status sweeps/X.yaml
     stare-lab eval runs/X/<run-id> [--n 32]
-    stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full]
+    stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
     stare-lab plot sweeps/X.yaml
     stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
 
@@ -209,8 +209,18 @@ def cmd_table(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="stare-lab table")
     p.add_argument("sweep", type=Path, help="sweep YAML or a folder of run directories")
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md")
-    p.add_argument("--baseline", default="full")
+    p.add_argument("--baseline", default="full", help="the arm differences are taken against; none: means only")
     p.add_argument("--metric", default=None)
+    p.add_argument("--confidence", type=float, default=0.95, help="of the differences' intervals, in (0, 1)")
+    p.add_argument(
+        "--seeds-needed",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        metavar="DELTA",
+        help="print only the seeds per arm needed to detect DELTA points (default 2) with power 0.8",
+    )
     p.add_argument("--out", type=Path, default=None, help="also write md, tex and csv files to this folder")
     p.add_argument(
         "--where",
@@ -230,12 +240,18 @@ def cmd_table(argv: list[str]) -> int:
         help="also put the table and the pass@k curves into one summary W&B run of the sweep's group",
     )
     a = _parse(p, argv)
-    from stare_lab.analysis import collect_runs, passk_table, results_table, run_states
+    if not 0 < a.confidence < 1:
+        raise UserError(f"--confidence {a.confidence:g}: expected a value in (0, 1)")
+    if a.seeds_needed is not None and not a.seeds_needed > 0:
+        raise UserError(f"--seeds-needed {a.seeds_needed:g}: expected a difference in points > 0")
+    from stare_lab.analysis import collect_problems, collect_runs, passk_table, results_table, run_states
     from stare_lab.analysis.collect import SettingsMismatch
+    from stare_lab.analysis.compare import ComparisonError
 
     where = dict(w.split("=", 1) for w in a.where if "=" in w)
     if len(where) != len(a.where):
         raise UserError(f"--where: expected KEY=VALUE, got {a.where}")
+    baseline = None if a.baseline.lower() == "none" else a.baseline
     root = _sweep_root(a.sweep)
     df = collect_runs(root)
     if df.empty:
@@ -243,18 +259,28 @@ def cmd_table(argv: list[str]) -> int:
     expected = run_states(root)
     try:
         table = results_table(
-            df, metric=a.metric, baseline=a.baseline, expected=expected, where=where, mix_settings=a.mix_settings
+            df,
+            metric=a.metric,
+            baseline=baseline,
+            expected=expected,
+            where=where,
+            mix_settings=a.mix_settings,
+            per_problem=collect_problems(root) if baseline else None,
+            confidence=a.confidence,
         )
         passk = (
             {
-                b: passk_table(df, b, baseline=a.baseline, where=where, mix_settings=a.mix_settings)
+                b: passk_table(df, b, baseline=baseline, where=where, mix_settings=a.mix_settings)
                 for b in sorted(df["benchmark"].unique())
             }
             if a.out or a.wandb
             else {}
         )
-    except SettingsMismatch as e:
+    except (SettingsMismatch, ComparisonError) as e:
         raise UserError(str(e)) from None
+    if a.seeds_needed is not None:
+        print(table.seeds_markdown(a.seeds_needed))
+        return 0
     for note in table.notes:
         if note.startswith("Warning: runs come from different code"):
             print(f"stare-lab: {note}", file=sys.stderr)
@@ -268,11 +294,11 @@ def cmd_table(argv: list[str]) -> int:
         for bench, t in passk.items():
             atomic_write_text(a.out / f"passk_{bench}.md", t.to_markdown())
     if a.wandb:
-        _table_to_wandb(root, df, table, passk, a.baseline)
+        _table_to_wandb(root, df, table, passk, baseline)
     return 0
 
 
-def _table_to_wandb(root: Path, df, table, passk: dict, baseline: str) -> None:
+def _table_to_wandb(root: Path, df, table, passk: dict, baseline: str | None) -> None:
     """The finished table and pass@k curves in one summary run of the sweep's W&B group (offline without a key)."""
     from stare_lab.analysis import plot_passk
     from stare_lab.viewer.wandb_export import log_sweep_summary
@@ -286,7 +312,7 @@ def cmd_plot(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="stare-lab plot")
     p.add_argument("sweep", type=Path)
     p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--baseline", default="full")
+    p.add_argument("--baseline", default="full", help="the arm of the forest plot's differences")
     a = _parse(p, argv)
     root = _sweep_root(a.sweep)
     _plot(root, a.out or root / "figures", a.baseline)
@@ -305,6 +331,7 @@ def _plot(root: Path, out: Path, baseline: str, reuse_run_figures: bool = False)
     evals = collect_runs(root)
     if not evals.empty:
         paths += plot_passk(evals, out, baseline=baseline)
+        paths += _forest(root, evals, out, baseline)
     paths += _selection_figures(root, out, reuse_run_figures)
     if not paths:
         raise UserError(f"nothing to plot under {root}")
@@ -340,6 +367,23 @@ def _output_lines(paths: list[Path]) -> list[str]:
         count = f"{len(files)} files" if len(files) > 1 else "1 file"
         lines.append(f"{kind + ':':28s} {count:>9s}  {where}")
     return lines
+
+
+def _forest(root: Path, evals, out: Path, baseline: str) -> list[Path]:
+    """Forest plots of each arm's difference to `baseline` with its interval; none (said on stderr)
+    where the runs can not be compared."""
+    from stare_lab.analysis import collect_problems, plot_forest, results_table
+    from stare_lab.analysis.collect import SettingsMismatch
+    from stare_lab.analysis.compare import ComparisonError
+
+    try:
+        table = results_table(evals, baseline=baseline, per_problem=collect_problems(root))
+    except (SettingsMismatch, ComparisonError) as e:
+        print(f"stare-lab plot: no forest plot ({str(e).splitlines()[0]})", file=sys.stderr)
+        return []
+    if table.comparison is None:
+        return []
+    return plot_forest(table.comparison, out, baseline=baseline, metric=table.metric, confidence=table.confidence)
 
 
 def _selection_figures(root: Path, out: Path, reuse_run_figures: bool) -> list[Path]:

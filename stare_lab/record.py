@@ -359,6 +359,7 @@ def last_checkpoint(run_dir: Path | str, problems: list[str] | None = None) -> P
 # What an evaluation result depends on besides the model: results differing in any of these (or in
 # the checkpoint step) are different results and live side by side.
 EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier")
+RESULT_SETTINGS = EVAL_SETTINGS + ("num_problems",)  # what a stored result states besides its metrics
 
 
 def _num(x: Any) -> str:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import fixtures_runs as fx  # noqa: E402
 
 from stare_lab.analysis import (  # noqa: E402
+    collect_problems,
     collect_runs,
     collect_training,
     passk_table,
@@ -66,6 +67,12 @@ def incomplete(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def table(sweep):
     return results_table(collect_runs(sweep))
+
+
+@pytest.fixture(scope="module")
+def compared(sweep):
+    """The same table with the runs' per-problem samples: every difference gets its interval."""
+    return results_table(collect_runs(sweep), per_problem=collect_problems(sweep))
 
 
 # ------------------------------------------------------------------------------------ collect
@@ -159,12 +166,32 @@ def test_results_table_cells(table):
 
 
 def test_markdown(table):
+    """Without per-problem samples: the differences carry no interval and nothing is bold (the best mean
+    is not a claim)."""
     md = table.to_markdown()
     assert "| rule | seeds | aime24 | arithmetic | Avg. |" in md
     assert "| full | 3 | 20.0 ± 10.0 | 52.0 ± 2.0 | 36.0 |" in md
-    assert f"| {RSI} | 2 | **30.0 ± 7.1 (+10.0)** | 49.0 ± 1.4 (-3.0) | **39.5 (+3.5)** |" in md
-    assert "| stare | 3 | 20.0 ± 5.0 (+0.0) | **56.0 ± 1.0 (+4.0)** | 38.0 (+2.0) |" in md
-    assert md.count("**") == 2 * 3
+    assert f"| {RSI} | 2 | 30.0 ± 7.1 (+10.0) | 49.0 ± 1.4 (-3.0) | 39.5 (+3.5) |" in md
+    assert "| stare | 3 | 20.0 ± 5.0 (+0.0) | 56.0 ± 1.0 (+4.0) | 38.0 (+2.0) |" in md
+    assert md.count("**") == 0 and "No per-problem samples" in md
+
+
+def test_markdown_with_intervals(compared):
+    """With samples: the same means, stds and differences, each difference with its interval; with 2-3
+    seeds and 4 or 30 problems none excludes 0 after Holm, so none is bold."""
+    md = compared.to_markdown()
+    assert "| full | 3 | 20.0 ± 10.0 | 52.0 ± 2.0 | 36.0 |" in md
+    assert f"| {RSI} | 2 | 30.0 ± 7.1 (+10.0 [" in md and "| stare | 3 | 20.0 ± 5.0 (+0.0 [" in md
+    assert "| 49.0 ± 1.4 (-3.0 [" in md and "| 38.0 (+2.0 [" in md
+    assert md.count("**") == 0 and set(compared.cells["verdict"]) == {"", "n.s."}
+    assert md.startswith("Table: avg@32 in %, 3 arms × 2-3 seeds; problems: aime24 30, arithmetic 4.")
+    cells = compared.cells.set_index(["rule", "benchmark"])
+    for key, (mean, std, n, delta, _) in EXPECTED.items():
+        assert cells.loc[key, "mean"] == pytest.approx(mean) and cells.loc[key, "n_seeds"] == n, key
+        assert cells.loc[key, "std"] == pytest.approx(std, nan_ok=True), key
+        assert cells.loc[key, "delta"] == pytest.approx(delta, abs=1e-12), key
+        if key[0] != "full":
+            assert cells.loc[key, "ci_lo"] < cells.loc[key, "delta"] < cells.loc[key, "ci_hi"], key
 
 
 def test_settings_line(table):
@@ -244,8 +271,8 @@ def test_latex_is_valid(table, tmp_path):
     header = tex.split(r"\toprule")[1].split(r"\midrule")[0]
     rows = [r for r in (header + body).split(r"\\") if r.strip()]
     assert len(rows) == 4 and {_strip_escaped(r).count("&") for r in rows} == {4}
-    assert r"rsi\_band[0.5,1] & 2 & \textbf{30.0 $\pm$ 7.1 (+10.0)}" in tex
-    assert tex.count(r"\textbf{") == 3 and "math\\_verify" in tex
+    assert r"rsi\_band[0.5,1] & 2 & 30.0 $\pm$ 7.1 (+10.0) &" in tex
+    assert tex.count(r"\textbf{") == 0 and "math\\_verify" in tex
     assert re.search(r"\\begin\{tabular\}\{lrrrr\}", tex)
     if shutil.which("pdflatex") is None:
         pytest.skip("pdflatex not on PATH: structure checked, compilation skipped")

@@ -200,3 +200,26 @@ def test_stare_lab_table_wandb_writes_the_sweep_summary_run(tmp_path, capsys):
 
     pk = passk_table(collect_runs(root), "arithmetic").pivot("mean")
     assert got["passk/arithmetic/stare/pass@1"] == pytest.approx(pk.loc["stare", 1])
+
+
+def test_sweep_summary_run_holds_the_differences_and_their_intervals(tmp_path):
+    """The summary run gets compare_arms' numbers: the same differences and intervals as the printed table."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import fixtures_runs as fx
+
+    from stare_lab.analysis import collect_problems, collect_runs, results_table
+
+    root = fx.write_sweep(tmp_path / "runs")
+    table = results_table(collect_runs(root), per_problem=collect_problems(root))
+    summary = log_sweep_summary("wb_compare", table, out_dir=root, mode="offline")
+    got = final_summary(run_records(root / "wandb", summary_run_id("wb_compare")))
+    cmp = table.comparison
+    assert cmp is not None and len(cmp) == 6  # 2 arms × (2 benchmarks + Avg.)
+    for r in cmp.to_dict("records"):
+        key = f"compare/{r['arm']}/{r['benchmark']}"
+        for field in ("delta", "ci_lo", "ci_hi", "p_value", "p_holm"):
+            assert got[f"{key}/{field}"] == pytest.approx(r[field]) == pytest.approx(summary[f"{key}/{field}"])
+        assert got[f"{key}/verdict"] == r["verdict"] == "n.s."
+    md = table.to_markdown()
+    stare = cmp.set_index(["arm", "benchmark"]).loc[("stare", "arithmetic")]
+    assert f"(+4.0 [{stare['ci_lo']:+.1f}, {stare['ci_hi']:+.1f}])" in md  # the printed interval

@@ -28,6 +28,8 @@ from stare_lab.record import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     EVAL_DIR,
+    EVAL_SETTINGS,
+    RESULT_SETTINGS,
     WANDB_DIR,
     code_version,
     read_eval_results,
@@ -37,12 +39,12 @@ from stare_lab.record import (
 
 log = logging.getLogger(__name__)
 
-EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "num_problems")
 RUN_COLUMNS = ["sweep", "run", "label", "rule", "arm", "seed"]
-EVAL_COLUMNS = RUN_COLUMNS + ["step", "final", "benchmark", "metric", "value", *EVAL_SETTINGS]
+EVAL_COLUMNS = RUN_COLUMNS + ["step", "final", "benchmark", "metric", "value", *RESULT_SETTINGS]
+PROBLEM_COLUMNS = RUN_COLUMNS + ["benchmark", *RESULT_SETTINGS, "problem", "correct", "n"]
 TRAIN_COLUMNS = RUN_COLUMNS + ["step", "metric", "value"]
 STATE_COLUMNS = RUN_COLUMNS + ["state", "attempts", "error", "code", "path"]
-SETTING_COLUMNS = ("n", "temperature", "top_p", "max_tokens", "verifier")
+SETTING_COLUMNS = EVAL_SETTINGS  # what a column must not mix (num_problems: the problem check of compare_arms)
 
 
 class SettingsMismatch(ValueError):
@@ -160,7 +162,7 @@ def _eval_rows(run_dir: Path) -> list[dict[str, Any]]:
     """One row per (benchmark, metric) of every evaluation result, final and intermediate."""
     rows = []
     for data in read_eval_results(run_dir):
-        settings = {k: data.get(k) for k in EVAL_SETTINGS}
+        settings = {k: data.get(k) for k in RESULT_SETTINGS}
         base = {"step": data.get("step"), "final": data["final"], "benchmark": str(data["benchmark"]), **settings}
         for metric, value in (data.get("metrics") or {}).items():
             if isinstance(value, (list, tuple)) and len(value) == 2:
@@ -195,6 +197,46 @@ def collect_runs(root: Path | list[Path]) -> pd.DataFrame:
     df["seed"] = df["seed"].astype("Int64")
     df["step"] = df["step"].astype("Int64")
     return df
+
+
+def _problem_rows(run_dir: Path, ident: dict[str, Any]) -> list[pd.DataFrame]:
+    """Per-problem counts of each final evaluation that kept its samples (the parquet beside its json)."""
+    import pyarrow.parquet as pq
+
+    frames = []
+    for data in read_eval_results(run_dir):
+        samples = Path(data["path"]).with_suffix(".parquet")
+        if not data["final"] or not samples.is_file():
+            continue
+        try:
+            table = pq.read_table(samples, columns=["problem_id", "correct"]).to_pandas()
+        except (OSError, ValueError) as err:
+            log.warning("%s: unreadable samples (%s)", samples, err)
+            continue
+        counts = table.groupby("problem_id", sort=True)["correct"].agg(correct="sum", n="size").reset_index()
+        settings = {k: data.get(k) for k in RESULT_SETTINGS if k != "n"}  # n: the samples drawn, counted
+        frames.append(
+            counts.rename(columns={"problem_id": "problem"}).assign(
+                **ident, benchmark=str(data["benchmark"]), **settings
+            )
+        )
+    return frames
+
+
+def collect_problems(root: Path | list[Path]) -> pd.DataFrame:
+    """Per-problem results of every run's final evaluations: the input of `compare.compare_arms`.
+
+    One row per (run, benchmark, evaluation setting, problem): sweep, run, label, rule, arm, seed,
+    benchmark, the evaluation settings (record.RESULT_SETTINGS), problem (problem id), correct (samples
+    judged correct) and n (samples drawn for the problem, counted: the setting n). Results without
+    stored samples contribute no rows.
+    """
+    frames = [f for run_dir, ident, _ in _runs(root) for f in _problem_rows(run_dir, ident)]
+    if not frames:
+        return pd.DataFrame(columns=list(dict.fromkeys(PROBLEM_COLUMNS)))
+    df = pd.concat(frames, ignore_index=True)
+    df["seed"] = df["seed"].astype("Int64")
+    return df[list(dict.fromkeys(PROBLEM_COLUMNS))]
 
 
 def _metric_rows(run_dir: Path) -> list[dict[str, Any]]:

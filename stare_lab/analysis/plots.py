@@ -1,8 +1,9 @@
-"""Training curves and pass@k curves as PNG (matplotlib, Agg canvas, no pyplot state).
+"""Training curves, pass@k curves and forest plots as PNG (matplotlib, Agg canvas, no pyplot state).
 
 Every figure is FIGSIZE at DPI (640 × 400 px): one line per arm (mean over seeds), a shaded band
 over seeds (min..max by default, or mean ± std), the baseline drawn black and dashed so it reads
-the same in every figure.
+the same in every figure. A forest plot draws each arm's difference to the baseline with its
+interval (compare.compare_arms), coloured where it is better or worse after Holm.
 """
 
 from __future__ import annotations
@@ -147,4 +148,36 @@ def plot_passk(
             ax.set_xticks(ks, [str(k) for k in ks])
         ax.legend(fontsize=8, loc="lower right")
         paths.append(_save(fig, out / f"passk_{file_stem(bench)}.png"))
+    return paths
+
+
+_VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red"}
+
+
+def plot_forest(
+    comparison: pd.DataFrame,
+    out_dir: Path | str,
+    baseline: str = "full",
+    metric: str = "avg@n",
+    confidence: float = 0.95,
+) -> list[Path]:
+    """Per column of `comparison` (compare_arms' frame: benchmarks and "Avg."), each arm's difference
+    to the baseline in points with its interval, arms sorted by difference: `forest_<column>.png`."""
+    out, paths = Path(out_dir), []
+    for bench, rows in comparison.groupby("benchmark", sort=True):
+        rows = rows.dropna(subset=["delta"]).sort_values(["delta", "arm"])
+        fig, ax = _new_axes(
+            f"{metric}: difference to {baseline} on {bench} ({confidence:.0%} intervals, Holm)",
+            f"difference to {baseline} (points)",
+            "",
+        )
+        y = list(range(len(rows)))
+        for yi, r in zip(y, rows.itertuples(index=False), strict=True):
+            colour = _VERDICT_COLOURS.get(str(r.verdict), "dimgray")
+            lo, hi = (r.ci_lo, r.ci_hi) if pd.notna(r.ci_lo) else (r.delta, r.delta)
+            ax.errorbar(r.delta, yi, xerr=[[r.delta - lo], [hi - r.delta]], fmt="o", color=colour, capsize=3, ms=4)
+        ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(y, [str(a) for a in rows["arm"]], fontsize=7 if len(rows) > 14 else 9)
+        ax.grid(alpha=0.3, axis="y")
+        paths.append(_save(fig, out / f"forest_{file_stem(str(bench)).strip('.')}.png"))
     return paths

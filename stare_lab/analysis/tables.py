@@ -1,5 +1,9 @@
 """Result tables: rule × benchmark (or rule × k) with mean ± std over seeds, Δ vs a baseline.
 
+The differences carry their interval over seeds and problems where the runs kept per-problem
+samples (claims.py, compare.py); a cell is bold only where its interval excludes 0 after Holm's
+correction over the arms, marked better or worse; ties and leads within noise are never bold.
+
 Input is `collect_runs`' long frame; only final evaluations count, one evaluation setting per
 benchmark column (collect.select_settings). Each run is one sample of its arm (see collect.py:
 runs differing only in seed share an arm). The evaluation settings are read from the same records
@@ -17,10 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from stare_lab.analysis import claims
 from stare_lab.analysis.collect import select_settings
+from stare_lab.analysis.compare import AVG_COLUMN
+from stare_lab.analysis.notes import code_notes, duplicate_notes, missing_notes, settings_notes
 
-AVG_COLUMN = "Avg."
-SETTING_LABELS = {"temperature": "T", "top_p": "top-p", "n": "n", "max_tokens": "max tokens", "verifier": "verifier"}
 _AVG_METRIC = re.compile(r"^avg@(\d+)$")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
 
@@ -32,10 +37,14 @@ class Table:
     cells: tidy numeric frame, one row per (rule, column): rule, <column_name>, mean, std
         (over seeds, ddof=1; NaN with one seed), n_seeds, delta (mean − baseline mean; NaN where
         the baseline has no value), best (bool: highest mean of its column, ties all marked;
-        never in a column with fewer than two values).
+        never in a column with fewer than two values; a fact, not a claim: it is not shown in
+        bold), and from compare_arms where the runs kept samples: ci_lo, ci_hi (the difference's
+        interval), p_value, p_holm, verdict (better / worse / n.s.), seeds_needed (for 2 points),
+        bold (verdict is better or worse).
         Values are fractions; the text formats show percent with 1 decimal.
     rules: row order (baseline first). columns: column order (the "Avg." column last, if any).
     notes: lines stated under the table (values, evaluation settings, disagreements, missing).
+    comparison: compare_arms' frame (points) or None; caption: method, confidence, seeds, problems.
     """
 
     cells: pd.DataFrame
@@ -46,6 +55,9 @@ class Table:
     notes: list[str] = field(default_factory=list)
     column_name: str = "benchmark"
     column_labels: dict = field(default_factory=dict)
+    comparison: pd.DataFrame | None = None
+    caption: str | None = None
+    confidence: float = 0.95
 
     def pivot(self, value: str = "mean") -> pd.DataFrame:
         """rule × column frame of one of mean, std, n_seeds, delta, best."""
@@ -63,7 +75,7 @@ class Table:
             for col in self.columns:
                 row = cells.loc[(rule, col)] if (rule, col) in cells.index else None
                 texts.append(_cell_text(row, rule == self.baseline, latex))
-                bests.append(bool(row is not None and row["best"]))
+                bests.append(row is not None and bool(row.get("bold", False)))
             rows.append((texts, bests))
         return rows
 
@@ -74,17 +86,27 @@ class Table:
             return "0"
         return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
+    def seeds_markdown(self, delta: float = 2.0, power: float = 0.8) -> str:
+        """Seeds per arm to detect `delta` points with `power` (claims.seeds_markdown)."""
+        return claims.seeds_markdown(self.comparison, self.columns, delta, power, self.confidence)
+
     def to_markdown(self) -> str:
-        """GitHub markdown table; best cells in bold; the notes follow as paragraphs."""
+        """Caption, GitHub markdown table (bold: better/worse after Holm), the notes as paragraphs, and
+        the seeds-needed table where there are intervals."""
         header = ["rule", "seeds"] + [self._label(c) for c in self.columns]
         lines = ["| " + " | ".join(header) + " |", "|:--|--:|" + "--:|" * len(self.columns)]
         for rule, (texts, bests) in zip(self.rules, self._text_rows(latex=False), strict=True):
             shown = [f"**{t}**" if b else t for t, b in zip(texts, bests, strict=True)]
             lines.append("| " + " | ".join([rule, self._seeds_text(rule)] + shown) + " |")
-        return "\n".join(lines) + "\n\n" + "\n\n".join(self.notes) + "\n"
+        head = f"Table: {self.caption}\n\n" if self.caption else ""
+        text = head + "\n".join(lines) + "\n\n" + "\n\n".join(self.notes) + "\n"
+        if self.comparison is not None and not self.comparison.empty:
+            text += "\n" + self.seeds_markdown()
+        return text
 
     def to_latex(self, caption: str | None = None) -> str:
-        """A booktabs `table` float (needs \\usepackage{booktabs}); best cells in \\textbf."""
+        """A booktabs `table` float (needs \\usepackage{booktabs}); better/worse cells in \\textbf;
+        caption: default the table's own (method, confidence, seeds, problems)."""
         ncol = 2 + len(self.columns)
         header = ["Rule", "Seeds"] + [latex_escape(self._label(c)) for c in self.columns]
         out = [
@@ -102,19 +124,26 @@ class Table:
             first = "{}" + first if first.startswith("[") else first  # `\\[` would read as a length
             out.append(" & ".join([first, self._seeds_text(rule)] + shown) + r" \\")
         out += [r"\bottomrule", r"\end{tabular}"]
-        if self.notes:
-            out += [r"\par\smallskip", r"{\footnotesize " + r" \par ".join(latex_escape(n) for n in self.notes) + "}"]
+        notes = self.notes + [line for line in [claims.seeds_line(self.comparison)] if line]
+        if notes:
+            out += [r"\par\smallskip", r"{\footnotesize " + r" \par ".join(latex_escape(n) for n in notes) + "}"]
+        caption = caption or self.caption
         if caption:
             out.append(r"\caption{" + latex_escape(caption) + "}")
         out.append(r"\end{table}")
         return "\n".join(out) + "\n"
 
     def to_csv(self, path=None) -> str:
-        """Tidy numeric CSV: rule, <column_name>, mean, std, n_seeds, delta, best ("*" or empty).
+        """Tidy numeric CSV: rule, <column_name>, mean, std, n_seeds, delta, best ("*": highest mean, or
+        empty), and where there are intervals ci_lo, ci_hi, p_value, p_holm, verdict, seeds_needed.
 
-        Values are fractions (not percent). Written to `path` too when given.
+        Values are fractions (not percent; seeds_needed: for a 2-point difference at power 0.8).
+        Written to `path` too when given.
         """
-        frame = self.cells[["rule", self.column_name, "mean", "std", "n_seeds", "delta", "best"]].copy()
+        extra = [c for c in ("ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds_needed") if c in self.cells]
+        if self.comparison is None:
+            extra = []
+        frame = self.cells[["rule", self.column_name, "mean", "std", "n_seeds", "delta", "best", *extra]].copy()
         frame["best"] = np.where(frame["best"], "*", "")
         buf = io.StringIO()
         frame.to_csv(buf, index=False)
@@ -138,14 +167,19 @@ def _signed(x: float) -> str:
 
 
 def _cell_text(row, is_baseline: bool, latex: bool) -> str:
-    """ "54.4 ± 1.2 (+2.1)"; "--" where there is no value."""
+    """ "54.4 ± 1.2 (+2.1 [-1.0, +5.2])", with " better" / " worse"; "--" where there is no value."""
     if row is None or not np.isfinite(row["mean"]):
         return "--" if latex else "–"
     text = _pct(row["mean"])
     if np.isfinite(row["std"]):
         text += (r" $\pm$ " if latex else " ± ") + _pct(row["std"])
     if not is_baseline and np.isfinite(row["delta"]):
-        text += f" ({_signed(row['delta'])})"
+        interval = ""
+        if np.isfinite(row.get("ci_lo", np.nan)):
+            interval = f" [{_signed(row['ci_lo'])}, {_signed(row['ci_hi'])}]"
+        text += f" ({_signed(row['delta'])}{interval})"
+        if row.get("verdict") in ("better", "worse"):
+            text += f" {row['verdict']}"
     return text
 
 
@@ -165,6 +199,12 @@ _LATEX_SPECIAL = {
     "–": "--",
     "≠": r"$\neq$",
     "…": r"\ldots{}",
+    "×": r"$\times$",
+    "∞": r"$\infty$",
+    "α": r"$\alpha$",
+    "²": r"$^2$",
+    "<": r"$<$",  # in text mode OT1 sets < as ¡
+    ">": r"$>$",
 }
 
 
@@ -257,71 +297,6 @@ def _order_rules(arms: list[str], baseline: str | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Notes: settings and missing results
-
-
-def _fmt_setting(value) -> str:
-    if isinstance(value, float) and value.is_integer() and not isinstance(value, bool):
-        return f"{value:.1f}"
-    return str(value)
-
-
-def settings_notes(final: pd.DataFrame, benchmarks: list[str]) -> list[str]:
-    """ "Evaluation: T=1.0, top-p=0.7, n=32; max tokens: aime24 4096, arithmetic 256; ..." plus one
-    "settings disagree" line per (benchmark, setting) on which runs differ."""
-    rows = final[final["benchmark"].isin(benchmarks)].drop_duplicates(["run", "benchmark"])
-    common, per_bench, disagree = [], [], []
-    for key, label in SETTING_LABELS.items():
-        if key not in rows.columns:
-            continue
-        by_bench = {}
-        for bench in benchmarks:
-            sub = rows[rows["benchmark"] == bench]
-            groups = sub.groupby(sub[key].map(_fmt_setting), sort=True)["run"].apply(sorted)
-            if len(groups) > 1:
-                parts = [f"{v} (runs {', '.join(r)})" for v, r in groups.items()]
-                disagree.append(f"Settings disagree: {label} on {bench}: " + "; ".join(parts) + ".")
-            by_bench[bench] = " / ".join(groups.index) if len(groups) else "?"
-        values = set(by_bench.values())
-        if len(values) == 1:
-            common.append(f"{label}={values.pop()}")
-        else:
-            per_bench.append(f"{label}: " + ", ".join(f"{b} {v}" for b, v in by_bench.items()))
-    line = "Evaluation: " + ", ".join(common) + ("; " + "; ".join(per_bench) if per_bench else "") + "."
-    return [line] + disagree
-
-
-def missing_notes(final: pd.DataFrame, benchmarks: list[str], expected: pd.DataFrame | None) -> list[str]:
-    """ "missing: ..." naming rules with no results, runs with no results and run × benchmark gaps."""
-    have = final[final["benchmark"].isin(benchmarks)].groupby("run")["benchmark"].agg(set).to_dict()
-    if expected is not None and len(expected):
-        key = "arm" if "arm" in expected.columns else "rule"
-        runs = expected.assign(arm=expected[key].astype(str))
-    else:
-        runs = final.drop_duplicates("run")
-    items = []
-    for arm, group in runs.groupby("arm", sort=True):
-        empty = [r for r in group["run"] if not have.get(r)]
-        if len(empty) == len(group):
-            items.append(f"rule {arm} (no results: runs {', '.join(_describe(group, r) for r in empty)})")
-            continue
-        items += [f"run {_describe(group, r)} of {arm}" for r in empty]
-        for r in group["run"]:
-            gaps = [b for b in benchmarks if have.get(r) and b not in have[r]]
-            if gaps:
-                items.append(f"{', '.join(gaps)} of run {r} ({arm})")
-    return ["missing: " + "; ".join(items) + "."] if items else []
-
-
-def _describe(group: pd.DataFrame, run: str) -> str:
-    row = group[group["run"] == run].iloc[0]
-    extra = [f"seed {row['seed']}"] if "seed" in row and not pd.isna(row["seed"]) else []
-    if "state" in row and isinstance(row["state"], str):
-        extra.append(row["state"])
-    return f"{run} [{', '.join(extra)}]" if extra else str(run)
-
-
-# ---------------------------------------------------------------------------------------------
 # Public API
 
 
@@ -333,10 +308,17 @@ def results_table(
     expected: pd.DataFrame | None = None,
     where: dict | None = None,
     mix_settings: bool = False,
+    per_problem: pd.DataFrame | None = None,
+    confidence: float = 0.95,
+    seed: int = 0,
 ) -> Table:
     """Rule × benchmark table of `metric` (default: each benchmark's avg@n) over final evaluations.
 
-    df: `collect_runs` output. baseline: the arm Δ is taken against (None: no Δ).
+    df: `collect_runs` output. baseline: the arm Δ is taken against (None: no Δ); an arm with
+    results, else ComparisonError (so is a benchmark the baseline lacks, or arms of one benchmark
+    evaluated under different settings or problem sets). per_problem: `collect_problems` output;
+    with it each avg@n difference gets its interval at `confidence` (compare_arms; `seed`: its
+    bootstrap's), p-values, Holm, the verdict that alone makes a cell bold, and the seeds needed.
     expected: the runs that should have results (e.g. `run_states(root)`: columns run, arm or
     rule, seed, optionally state, code); rules and runs among them without results are listed in a
     "missing: ..." note and rules without any result get a row of dashes; runs from several code
@@ -364,15 +346,19 @@ def results_table(
     if len(benchmarks) > 1:
         cells = _with_average(cells, rules, benchmarks, baseline)
         columns.append(AVG_COLUMN)
+    comparison, compare_notes = _compare(values, metrics, per_problem, baseline, confidence, seed)
+    cells = claims.attach(cells, comparison, delta=2.0)
     shown = sorted({m for m in metrics.values() if m})
     metric_text = shown[0] if len(shown) == 1 else ", ".join(f"{b} {m}" for b, m in metrics.items())
     head = f"Values: {metric_text} in %, mean ± std over seeds (ddof=1)"
-    if baseline in rules:
+    if baseline in rules and comparison is not None:
+        head += f"; (+x [lo, hi]) = difference to {baseline} in points with its {confidence:.0%} interval"
+    elif baseline in rules:
         head += f"; (+x) = difference to {baseline} in points"
-    elif baseline is not None:
-        notes.append(f"Baseline {baseline} has no results: no differences shown.")
-    head += "; best per column in bold" + (f"; {AVG_COLUMN} = mean over benchmarks." if len(benchmarks) > 1 else ".")
-    notes = [head] + settings_notes(final, benchmarks) + settings_picked + notes + _duplicate_notes(values)
+    head += f"; {AVG_COLUMN} = mean over benchmarks." if len(benchmarks) > 1 else "."
+    notes = [head, *claims.method_notes(comparison, str(baseline), confidence), *compare_notes] + (
+        settings_notes(final, benchmarks) + settings_picked + notes + duplicate_notes(values)
+    )
     notes += code_notes(values, expected)
     notes += [
         f"{b}: no {metric or 'avg@n'} results."
@@ -380,7 +366,33 @@ def results_table(
         if m is None or not (values["column"] == b).any()
     ]
     notes += missing_notes(final, benchmarks, expected)
-    return Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes)
+    caption = claims.caption(metric_text, comparison, values, baseline if baseline in rules else None, confidence)
+    table = Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes)
+    table.comparison, table.caption, table.confidence = comparison, caption, confidence
+    return table
+
+
+def _compare(
+    values: pd.DataFrame,
+    metrics: dict,
+    per_problem: pd.DataFrame | None,
+    baseline: str | None,
+    confidence: float,
+    seed: int,
+) -> tuple[pd.DataFrame | None, list[str]]:
+    """compare_arms over the table's avg@n columns (claims.py); refusals raise ComparisonError."""
+    if baseline is None or values.empty:
+        return None, []
+    benchmarks = list(metrics)
+    claims.check_comparable(values, baseline, benchmarks)
+    comparable = [b for b, m in metrics.items() if m is not None and _AVG_METRIC.match(m)]
+    notes = []
+    if len(comparable) < len([m for m in metrics.values() if m]):
+        notes.append("Intervals only for avg@n (c/n per problem); the other metrics have none and none is bold.")
+    if not comparable:
+        return None, notes
+    comparison, more = claims.compare_values(values, per_problem, baseline, benchmarks, comparable, confidence, seed)
+    return comparison, notes + more
 
 
 def passk_table(
@@ -404,7 +416,7 @@ def passk_table(
     notes = [
         f"Values: pass@k on {benchmark} in %, mean ± std over seeds (ddof=1)"
         + (f"; (+x) = difference to {baseline} in points" if baseline in rules else "")
-        + "; best per column in bold."
+        + "; no intervals: nothing is bold."
     ]
     notes += settings_notes(final, [benchmark]) + settings_picked + missing_notes(final, [benchmark], expected)
     notes += code_notes(values, expected)
@@ -423,31 +435,3 @@ def passk_table(
 def _expected_arms(expected: pd.DataFrame) -> pd.Series:
     key = "arm" if "arm" in expected.columns else "rule"
     return expected[key].astype(str)
-
-
-def _duplicate_notes(values: pd.DataFrame) -> list[str]:
-    """Two runs of one arm with the same seed are not independent seeds: say so."""
-    if "seed" not in values.columns or values.empty:
-        return []
-    seeded = values.dropna(subset=["seed"]).drop_duplicates(["arm", "seed", "run"])
-    dup = seeded.groupby(["arm", "seed"])["run"].agg(sorted)
-    return [
-        f"Warning: {arm} has {len(r)} runs with seed {seed} ({', '.join(r)}), counted as separate samples."
-        for (arm, seed), r in dup.items()
-        if len(r) > 1
-    ]
-
-
-def code_notes(values: pd.DataFrame, expected: pd.DataFrame | None) -> list[str]:
-    """A warning when the runs in the table came from different code versions (run_states' `code`)."""
-    if expected is None or "code" not in expected.columns or values.empty:
-        return []
-    shown = expected[expected["run"].isin(set(values["run"]))]
-    codes = shown["code"].fillna("unrecorded").value_counts().sort_index()
-    if len(codes) < 2:
-        return []
-    return [
-        "Warning: runs come from different code versions: "
-        + ", ".join(f"{c} ({n} runs)" for c, n in codes.items())
-        + "."
-    ]

@@ -17,7 +17,10 @@ Keys
 - sweep summary run (id `summary-<hash of the sweep name>`, group = the sweep, job_type "summary"):
   `table` (wandb.Table of the finished table), summary `table/<rule>/<column>` (mean over seeds),
   `passk/<benchmark>` (line series of pass@k against k per rule), summary
-  `passk/<benchmark>/<rule>/pass@<k>`, and any figure as `figures/<stem>` (wandb.Image).
+  `passk/<benchmark>/<rule>/pass@<k>`, and any figure as `figures/<stem>` (wandb.Image); where the
+  table has intervals (compare_arms), `comparison` (wandb.Table: rule, column, delta, ci_lo, ci_hi,
+  p_value, p_holm, verdict, seeds; points) and summary `compare/<rule>/<column>/<delta|ci_lo|ci_hi|
+  p_value|p_holm|verdict>`, the same numbers as the printed table.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stare_lab.record import CONFIG_FILE
+from stare_lab.record import CONFIG_FILE, RESULT_SETTINGS
 
-SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "num_problems", "step")
+SETTINGS = (*RESULT_SETTINGS, "step")
+COMPARISON_FIELDS = ("delta", "ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds")
 
 
 def _open_run(run_dir: Path):
@@ -238,6 +242,10 @@ def log_sweep_summary(
                 for k in pk.columns:
                     if _finite(m.loc[r, k]):
                         summary[f"passk/{bench}/{r}/pass@{int(k)}"] = float(m.loc[r, k])
+        comparison = getattr(table, "comparison", None)
+        if comparison is not None and not comparison.empty:
+            log["comparison"], found = comparison_items(comparison, wandb.Table)
+            summary.update(found)
         for fig in figures:
             log[f"figures/{Path(fig).stem}"] = wandb.Image(str(fig))
         run.log(log)
@@ -245,6 +253,26 @@ def log_sweep_summary(
     finally:
         run.finish()
     return summary
+
+
+def comparison_items(comparison, table_type) -> tuple[Any, dict[str, Any]]:
+    """compare_arms' frame → (a wandb.Table of it, summary `compare/<rule>/<column>/<field>`)."""
+    summary: dict[str, Any] = {}
+    rows = []
+    for r in comparison.to_dict("records"):
+        values = [r[f] for f in COMPARISON_FIELDS]
+        rows.append([str(r["arm"]), str(r["benchmark"]), *[_plain(v) for v in values]])
+        for f, v in zip(COMPARISON_FIELDS, values, strict=True):
+            if f != "seeds" and (isinstance(v, str) or _finite(v)):
+                summary[f"compare/{r['arm']}/{r['benchmark']}/{f}"] = _plain(v)
+    return table_type(columns=["rule", "column", *COMPARISON_FIELDS], data=rows), summary
+
+
+def _plain(v):
+    """A JSON-able scalar: str as is, numbers as float (NaN as None)."""
+    if isinstance(v, str):
+        return v
+    return float(v) if _finite(v) else None
 
 
 def _finite(x) -> bool:
