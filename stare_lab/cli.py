@@ -195,14 +195,36 @@ def _check_eval_settings(s: dict) -> None:
 
 def _sweep_root(path: Path) -> Path:
     """A sweep YAML (or a packaged sweep's name) → its run folder (<output>/<name>); a folder is taken as is."""
+    return _sweep_runs(path, all_runs=True)[0]
+
+
+def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Path | list[Path]]:
+    """(the sweep's run folder, what to read): for a sweep YAML the run directories of its current
+    plan (runs left from an earlier grid are left out, said once on stderr), or with `all_runs`
+    the whole folder; a folder is taken as is."""
     if path.is_dir():
-        return path
+        return path, path
     if not path.is_file() and (path.suffix or len(path.parts) > 1):
         raise UserError(f"no such sweep file or run folder: {path}")
     from stare_lab.sweep.schema import load_sweep
 
     spec = load_sweep(path)
-    return Path(spec.output) / spec.name
+    root = Path(spec.output) / spec.name
+    if all_runs or spec.search is not None or not root.is_dir():  # a search's trials are its plan
+        return root, root
+    from stare_lab.analysis.collect import find_run_dirs
+    from stare_lab.sweep.expand import expand_sweep
+
+    planned = {r.run_dir.name for r in expand_sweep(spec)}
+    present = find_run_dirs(root)
+    others = [d for d in present if d.name not in planned]
+    if others:
+        print(
+            f"stare-lab: {len(others)} run(s) under {root} are not in the current plan and are left out "
+            "(--all-runs shows them; `sweep status` says how to remove them)",
+            file=sys.stderr,
+        )
+    return root, [d for d in present if d.name in planned]
 
 
 def cmd_table(argv: list[str]) -> int:
@@ -239,6 +261,7 @@ def cmd_table(argv: list[str]) -> int:
         action="store_true",
         help="also put the table and the pass@k curves into one summary W&B run of the sweep's group",
     )
+    p.add_argument("--all-runs", action="store_true", help="also runs not in the sweep's current plan")
     a = _parse(p, argv)
     if not 0 < a.confidence < 1:
         raise UserError(f"--confidence {a.confidence:g}: expected a value in (0, 1)")
@@ -252,11 +275,11 @@ def cmd_table(argv: list[str]) -> int:
     if len(where) != len(a.where):
         raise UserError(f"--where: expected KEY=VALUE, got {a.where}")
     baseline = None if a.baseline.lower() == "none" else a.baseline
-    root = _sweep_root(a.sweep)
-    df = collect_runs(root)
+    root, runs = _sweep_runs(a.sweep, a.all_runs)
+    df = collect_runs(runs)
     if df.empty:
         raise UserError(f"no evaluation results under {root} yet")
-    expected = run_states(root)
+    expected = run_states(runs)
     try:
         table = results_table(
             df,
@@ -265,7 +288,7 @@ def cmd_table(argv: list[str]) -> int:
             expected=expected,
             where=where,
             mix_settings=a.mix_settings,
-            per_problem=collect_problems(root) if baseline else None,
+            per_problem=collect_problems(runs) if baseline else None,
             confidence=a.confidence,
         )
         passk = (
@@ -313,15 +336,16 @@ def cmd_plot(argv: list[str]) -> int:
     p.add_argument("sweep", type=Path)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--baseline", default="full", help="the arm of the forest plot's differences")
+    p.add_argument("--all-runs", action="store_true", help="also runs not in the sweep's current plan")
     a = _parse(p, argv)
-    root = _sweep_root(a.sweep)
-    _plot(root, a.out or root / "figures", a.baseline)
+    root, runs = _sweep_runs(a.sweep, a.all_runs)
+    _plot(runs, a.out or root / "figures", a.baseline)
     return 0
 
 
-def _plot(root: Path, out: Path, baseline: str, reuse_run_figures: bool = False) -> None:
-    """Training, pass@k and selection figures of the runs under `root` into `out`; prints their paths.
-    `reuse_run_figures`: see `_selection_figures`."""
+def _plot(root: Path | list[Path], out: Path, baseline: str, reuse_run_figures: bool = False) -> None:
+    """Training, pass@k and selection figures of the runs (a folder or a list of run dirs) into
+    `out`; prints one line per kind of figure. `reuse_run_figures`: see `_selection_figures`."""
     from stare_lab.analysis import collect_runs, collect_training, plot_passk, plot_training
 
     paths = []
@@ -334,7 +358,7 @@ def _plot(root: Path, out: Path, baseline: str, reuse_run_figures: bool = False)
         paths += _forest(root, evals, out, baseline)
     paths += _selection_figures(root, out, reuse_run_figures)
     if not paths:
-        raise UserError(f"nothing to plot under {root}")
+        raise UserError(f"nothing to plot under {root if isinstance(root, Path) else 'the current plan'}")
     for line in _output_lines(paths):
         print(line)
 
@@ -342,7 +366,7 @@ def _plot(root: Path, out: Path, baseline: str, reuse_run_figures: bool = False)
 # What each kind of output is called, by the start of its file name (one line per kind, not per file).
 OUTPUT_KINDS = {
     "results.": "table",
-    "passk_": "pass@k tables",
+    "passk_*.md": "pass@k tables",
     "train_": "training curves",
     "passk": "pass@k curves",
     "forest": "differences to the baseline",
@@ -357,19 +381,20 @@ def _output_lines(paths: list[Path]) -> list[str]:
     """One line per kind of output: what it is, how many files, and where (a glob when there are several)."""
     groups: dict[tuple[str, Path], list[Path]] = {}
     for path in paths:
-        prefix = next((p for p in OUTPUT_KINDS if path.name.startswith(p)), path.stem)
+        prefix = next((p for p in OUTPUT_KINDS if path.match(p) or path.name.startswith(p)), path.stem)
         groups.setdefault((prefix, path.parent), []).append(path)
     lines = []
     for (prefix, folder), files in groups.items():
         kind = OUTPUT_KINDS.get(prefix, prefix)
         suffixes = sorted({f.suffix for f in files})
-        where = files[0] if len(files) == 1 else folder / f"{prefix}*{suffixes[0] if len(suffixes) == 1 else ''}"
+        glob = prefix if "*" in prefix else f"{prefix}*{suffixes[0] if len(suffixes) == 1 else ''}"
+        where = files[0] if len(files) == 1 else folder / glob
         count = f"{len(files)} files" if len(files) > 1 else "1 file"
         lines.append(f"{kind + ':':28s} {count:>9s}  {where}")
     return lines
 
 
-def _forest(root: Path, evals, out: Path, baseline: str) -> list[Path]:
+def _forest(root: Path | list[Path], evals, out: Path, baseline: str) -> list[Path]:
     """Forest plots of each arm's difference to `baseline` with its interval; none (said on stderr)
     where the runs can not be compared."""
     from stare_lab.analysis import collect_problems, plot_forest, results_table
@@ -386,7 +411,7 @@ def _forest(root: Path, evals, out: Path, baseline: str) -> list[Path]:
     return plot_forest(table.comparison, out, baseline=baseline, metric=table.metric, confidence=table.confidence)
 
 
-def _selection_figures(root: Path, out: Path, reuse_run_figures: bool) -> list[Path]:
+def _selection_figures(root: Path | list[Path], out: Path, reuse_run_figures: bool) -> list[Path]:
     """The selection figures of the runs that kept generation batches (trainer.keep_batches_every).
 
     `reuse_run_figures` (the demo): a run's own figures, which its evaluation step drew from the

@@ -41,7 +41,7 @@ def _hub_cached(repo_id: str) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
-def _benchmark_source(name: str) -> str | None:
+def benchmark_source(name: str) -> str | None:
     """The source of a benchmark of conf/benchmark/ (its local copy when there is one), None if unknown."""
     import yaml
 
@@ -78,7 +78,7 @@ def input_problems(cfg: Mapping[str, Any]) -> list[str]:
                     f"eval.benchmarks: {name!r} is the task's own held-out split, and task.heldout_source is not set"
                 )
             continue
-        source = _benchmark_source(name)
+        source = benchmark_source(name)
         if source is None or source.startswith("builtin:"):
             continue  # unknown names are refused by the config checks; built-in sources are generated
         if _local(source) and not Path(os.path.expanduser(source)).is_file():
@@ -129,7 +129,7 @@ def overlap_warnings(cfg: Mapping[str, Any]) -> list[str]:
             field = (task.get("heldout_fields") or fields).get("problem")
             held = _problem_texts(str(source), field, task.get("heldout_limit")) if source else set()
         else:
-            source = _benchmark_source(name)
+            source = benchmark_source(name)
             held = _problem_texts(source, None) if source else set()
         both = len(held & train)
         if both:

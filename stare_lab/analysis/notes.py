@@ -98,3 +98,31 @@ def code_notes(values: pd.DataFrame, expected: pd.DataFrame | None) -> list[str]
         + ", ".join(f"{c} ({n} runs)" for c, n in codes.items())
         + "."
     ]
+
+
+def benchmark_columns(final: pd.DataFrame, benchmarks: list[str]) -> tuple[dict[str, str], list[str]]:
+    """({benchmark: column header with its number of problems}, one note saying where each column's
+    problems come from): `math (20)` and "math: the task's held-out split, the first 20 problems of
+    math500.jsonl" rather than a bare `math` for a slice of MATH-500."""
+    from pathlib import Path
+
+    labels, sources = {}, []
+    for b in benchmarks:
+        rows = final[final["benchmark"] == b]
+        counts = sorted({int(n) for n in rows.get("num_problems", pd.Series(dtype=float)).dropna()})
+        if counts:
+            labels[b] = f"{b} ({'/'.join(map(str, counts))})"
+        own = rows[rows["cfg.task.name"] == b] if "cfg.task.name" in rows.columns else rows.iloc[0:0]
+        if len(own):
+            source = own["cfg.task.heldout_source"].dropna() if "cfg.task.heldout_source" in own.columns else None
+            limit = own["cfg.task.heldout_limit"].dropna() if "cfg.task.heldout_limit" in own.columns else None
+            where = f"{Path(str(source.iloc[0])).name}" if source is not None and len(source) else "built in"
+            first = f"the first {int(limit.iloc[0])} problems of " if limit is not None and len(limit) else ""
+            sources.append(f"{b}: the task's held-out split, {first}{where}")
+        else:
+            from stare_lab.inputs import benchmark_source
+
+            source = benchmark_source(b)
+            if source:
+                sources.append(f"{b}: {Path(source).name if Path(source).is_file() else source}")
+    return labels, ([f"Problems: {'; '.join(sources)}."] if sources else [])

@@ -15,6 +15,7 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from stare_lab.analysis.collect import select_settings
 
@@ -107,6 +108,7 @@ def plot_training(
     for metric in metrics:
         rows = train_df[train_df["metric"] == metric]
         fig, ax = _new_axes(f"Training: {metric}", "optimizer step", _LABELS.get(metric, metric))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 0.5 ticks on a short run
         for arm, group in sorted(rows.groupby(rows[arm_col].astype(str)), key=lambda kv: (kv[0] != baseline, kv[0])):
             wide = group.pivot_table(index="step", columns="run", values="value", aggfunc="last").sort_index()
             _band(ax, wide.index.to_numpy(), wide, styles[arm], arm, band)

@@ -24,7 +24,7 @@ import pandas as pd
 from stare_lab.analysis import claims
 from stare_lab.analysis.collect import select_settings
 from stare_lab.analysis.compare import AVG_COLUMN
-from stare_lab.analysis.notes import code_notes, duplicate_notes, missing_notes, settings_notes
+from stare_lab.analysis.notes import benchmark_columns, code_notes, duplicate_notes, missing_notes, settings_notes
 
 _AVG_METRIC = re.compile(r"^avg@(\d+)$")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
@@ -366,8 +366,10 @@ def results_table(
         if m is None or not (values["column"] == b).any()
     ]
     notes += missing_notes(final, benchmarks, expected)
+    labels, problem_notes = benchmark_columns(final, benchmarks)
     caption = claims.caption(metric_text, comparison, values, baseline if baseline in rules else None, confidence)
-    table = Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes)
+    table = Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes + problem_notes)
+    table.column_labels = labels
     table.comparison, table.caption, table.confidence = comparison, caption, confidence
     return table
 

@@ -226,5 +226,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         from stare_lab.sweep.search import best_trial
 
         best = best_trial(spec) if spec.folder.is_dir() else None
-    print(format_status(spec.name, collect(spec.folder), digest=spec.digest, show_all=args.all, best=best))
+    plan = None
+    if spec.search is None and spec.folder.is_dir():  # the plan of the file as it is now, not as last run
+        from stare_lab.sweep.expand import expand_sweep
+
+        plan = [{"id": r.id, "label": r.label} for r in expand_sweep(spec)]
+    data = collect(spec.folder, plan)
+    print(format_status(spec.name, data, digest=spec.digest, show_all=args.all, best=best))
     return 0

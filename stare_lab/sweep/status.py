@@ -20,10 +20,13 @@ from stare_lab.sweep.lock import lock_held
 ORDER = ("running", "pending", "stalled", CORRUPT, "interrupted", "failed", "finished", "not started")
 
 
-def collect(folder: Path) -> dict[str, Any]:
-    """Rows (one per run: id, label, state, attempts, job, duration, error) and the manifest."""
+def collect(folder: Path, plan: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Rows (one per run: id, label, state, attempts, job, duration, error) and the manifest.
+    `plan`: the runs ({id, label}) of the sweep file as it is now; default: those of the last `sweep run`."""
     folder = Path(folder)
     manifest = read_manifest(folder) or {"runs": []}
+    if plan is not None:
+        manifest = {**manifest, "runs": plan}
     planned = {r["id"]: r for r in manifest["runs"]}
     ids = list(planned)
     if folder.is_dir():

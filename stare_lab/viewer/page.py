@@ -208,21 +208,31 @@ def render_run(run_dir: Path | str, step: int | None = None, out: Path | str | N
     return write_page(arms, out, f"{label} — step {batch.step}")
 
 
-def sweep_runs(sweep_yaml: Path | str) -> list[tuple[str, Path]]:
-    """(label, run dir) of every run of a sweep, in expansion order."""
+def sweep_runs(sweep_yaml: Path | str, all_runs: bool = False) -> list[tuple[str, Path]]:
+    """(label, run dir) of every run of a sweep's current plan, in expansion order; with `all_runs`,
+    then the other run directories of its folder (runs of an earlier grid)."""
+    from stare_lab.analysis.collect import find_run_dirs
     from stare_lab.sweep.expand import expand_sweep
     from stare_lab.sweep.schema import SweepError, load_sweep
 
     try:
-        return [(r.label, Path(r.run_dir)) for r in expand_sweep(load_sweep(sweep_yaml))]
+        spec = load_sweep(sweep_yaml)
+        runs = [(r.label, Path(r.run_dir)) for r in expand_sweep(spec)]
     except (SweepError, ValueError, OSError) as err:
         raise ViewError(f"{sweep_yaml}: {str(err).splitlines()[0]}") from None
+    if all_runs:
+        planned = {d for _, d in runs}
+        runs += [(run_label(d), d) for d in find_run_dirs(Path(spec.output) / spec.name) if d not in planned]
+    return runs
 
 
-def render_sweep(sweep_yaml: Path | str, step: int | None = None, out: Path | str | None = None) -> Path:
-    """One page with every arm of the sweep that kept a batch at `step` (None = the last step every
-    such run kept); default out: `<sweep folder>/view-step-<N>.html`."""
-    runs = sweep_runs(sweep_yaml)
+def render_sweep(
+    sweep_yaml: Path | str, step: int | None = None, out: Path | str | None = None, all_runs: bool = False
+) -> Path:
+    """One page with every arm of the sweep's current plan (`all_runs`: and the other runs of its
+    folder) that kept a batch at `step` (None = the last step every such run kept); default out:
+    `<sweep folder>/view-step-<N>.html`."""
+    runs = sweep_runs(sweep_yaml, all_runs)
     kept = {d: kept_steps(d) for _, d in runs}
     with_batches = [(lab, d) for lab, d in runs if kept[d]]
     if not with_batches:
@@ -258,11 +268,12 @@ def main_view(argv: list[str] | None = None) -> int:
     parser.add_argument("target", help="a run directory or a sweep YAML")
     parser.add_argument("--step", type=int, default=None, help="kept step (default: the last kept)")
     parser.add_argument("--out", default=None, help="HTML file to write")
+    parser.add_argument("--all-runs", action="store_true", help="also runs not in the sweep's current plan")
     args = parser.parse_args(argv)
     target = Path(args.target)
     try:
         if target.suffix in (".yaml", ".yml") and target.is_file():
-            path = render_sweep(target, args.step, args.out)
+            path = render_sweep(target, args.step, args.out, args.all_runs)
         elif target.is_dir():
             path = render_run(target, args.step, args.out)
         else:
