@@ -73,15 +73,15 @@ def metrics_row(step: int, logs: dict[str, Any], when: float | None = None) -> d
 
 
 def mismatch_warning(row: dict[str, Any], threshold: float) -> str | None:
-    """One line when a step's max |Δ log-prob| between the engine's sampling log-probs and the training
-    forward's exceeds `threshold` (checked at the first step: before any update the two should agree)."""
-    worst = row.get("vllm/logp_diff_max")
-    if worst is None or worst <= threshold:
+    """One line when a step's mean |Δ log-prob| between the engine's sampling log-probs and the training
+    forward's exceeds `threshold` (checked at the first step: the two should agree; vllm_engine.MISMATCH_WARN)."""
+    mean = row.get("vllm/logp_diff_mean")
+    if mean is None or mean <= threshold:
         return None
     return (
-        f"warning: step {row['step']}: vLLM's sampling log-probs differ from the policy's by up to {worst:.3g} "
-        f"(mean {row.get('vllm/logp_diff_mean', float('nan')):.3g}, IS ratio mean "
-        f"{row.get('vllm/is_ratio_mean', float('nan')):.3g}) at the first step, above {threshold:g}: "
+        f"warning: step {row['step']}: vLLM's sampling log-probs differ from the policy's by {mean:.3g} on "
+        f"average (max {row.get('vllm/logp_diff_max', float('nan')):.3g}, IS ratio mean "
+        f"{row.get('vllm/is_ratio_mean', float('nan')):.3g}), above {threshold:g}: "
         "check trainer.vllm_dtype against model.dtype (docs/vllm.md)"
     )
 
