@@ -39,8 +39,13 @@ vllm-env: $(STAMP_VLLM)
 demo: $(STAMP)
 	$(VENV)/bin/stare-lab demo
 
-test: $(STAMP)
+# The vLLM tests run in the vllm extra's own environment (built once, ~4 min; docs/vllm.md).
+test: $(STAMP) $(STAMP_VLLM)
 	$(PY) -m pytest -q -rs --durations=10
+	$(PY_VLLM) -m pytest -q -rs --durations=10 tests/vllm_tests
+
+test-vllm: $(STAMP_VLLM)
+	$(PY_VLLM) -m pytest -q -rs --durations=10 tests/vllm_tests
 
 # ruff (lint + format, pyproject.toml [tool.ruff]) and mypy over the public API modules ([tool.mypy])
 lint: $(STAMP)
@@ -48,11 +53,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(STAMP_VLLM)
 	$(PY) -m pytest -q -rs -m "" --durations=10
+	$(PY_VLLM) -m pytest -q -rs -m "" --durations=10 tests/vllm_tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py
 
+bench-vllm: $(STAMP_VLLM)
+	$(PY_VLLM) benchmarks/vllm_step.py
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV_VLLM)

@@ -44,8 +44,10 @@ _ENGINE: dict[str, Any] = {"dtype": None, "seed": 0, "reuse": None}
 
 
 def missing_vllm() -> str | None:
-    """None when vLLM can be imported here, else the one line that says how to get it."""
-    return None if importlib.util.find_spec("vllm") is not None else VLLM_HINT
+    """None when vLLM can be imported here, else the one line that says how to get it. A folder named
+    `vllm` on sys.path is a namespace package, not vLLM: only a module with a file counts."""
+    spec = importlib.util.find_spec("vllm")
+    return None if spec is not None and spec.origin is not None else VLLM_HINT
 
 
 def grpo_vllm_args(trainer: Mapping[str, Any], model_dtype: str, seed: int) -> dict[str, Any]:

@@ -5,15 +5,15 @@
 
 One engine for the whole session: `vllm_engine.reuse_engines()` hands every trainer the engine the
 first one built (~30-60 s per start on CPU). That is sound because TRL pushes the policy's weights
-into the engine before every generation, and tests/vllm/test_colocate.py checks that it does."""
+into the engine before every generation, and tests/vllm_tests/test_colocate.py checks that it does."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
+from stare_lab.vllm_engine import missing_vllm
+
+if missing_vllm():
     collect_ignore_glob = ["test_*.py"]
 
 

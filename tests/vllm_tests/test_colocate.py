@@ -5,6 +5,7 @@ mismatch into metrics.jsonl under its vllm/ names."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from engine_fixtures import SMALL
 
@@ -12,6 +13,8 @@ from stare_lab import vllm_engine
 from stare_lab.config import compose, save_config
 from stare_lab.record import read_metrics
 from stare_lab.runner import build_trainer, execute
+
+pytestmark = pytest.mark.vllm
 
 
 def _watch_syncs(trainer) -> list[tuple[float, float]]:

@@ -1,4 +1,4 @@
-"""Settings shared by the vLLM tests (tests/vllm/conftest.py shares the engine)."""
+"""Settings shared by the vLLM tests (tests/vllm_tests/conftest.py shares the engine)."""
 
 # Small rollouts: 2 prompts × 4 completions per step; every trainer of the session has this batch,
 # so the shared engine's max_num_seqs (TRL sets it from the first trainer) fits all of them.

@@ -12,6 +12,8 @@ from stare_lab.config import compose
 from stare_lab.methods import RuleState, list_methods
 from stare_lab.runner import build_grpo_config, build_trainer, task_reward
 
+pytestmark = pytest.mark.vllm
+
 
 def _count_forwards(model) -> list[int]:
     """Every forward of the policy goes through its decoder (training, old-log-prob and statistics passes)."""
