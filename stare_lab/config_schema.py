@@ -151,6 +151,8 @@ class EvalConfig:
     batch_size: int = bounded(ge=1)
     every_steps: int = bounded(ge=0)
     enabled: bool = MISSING
+    # transformers | vllm: the final evaluation's sampler (intermediate ones sample with the training model)
+    engine: str = bounded(choices=("transformers", "vllm"), check=lambda e: _vllm_installed(e == "vllm"))
 
 
 @dataclass

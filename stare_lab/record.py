@@ -346,7 +346,7 @@ def last_checkpoint(run_dir: Path | str, problems: list[str] | None = None) -> P
 # -------------------------------------------------------------------------------- evaluation
 # What an evaluation result depends on besides the model: results differing in any of these (or in
 # the checkpoint step) are different results and live side by side.
-EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier")
+EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "engine")
 
 
 def _num(x: Any) -> str:
