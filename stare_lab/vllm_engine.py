@@ -125,6 +125,13 @@ def runner_model(llm):
     return llm.llm_engine.model_executor.driver_worker.model_runner.model
 
 
+def load_policy(llm, model) -> None:
+    """Push `model`'s weights into the engine the way TRL's colocated sync does (an engine reused for
+    another model of the same architecture, e.g. evaluating a checkpoint with the training engine)."""
+    runner_model(llm).load_weights(list(policy_weights(model).items()))
+    llm.reset_prefix_cache()
+
+
 def engine_weights(llm) -> dict[str, Any]:
     """{name: tensor} of the engine's parameters, as vLLM holds them (fused qkv/gate_up, its dtype)."""
     return {name: p.detach().clone() for name, p in runner_model(llm).named_parameters()}
