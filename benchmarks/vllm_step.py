@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 SETTINGS = [
     "trainer.use_vllm=true",
     "trainer.vllm_gpu_memory_utilization=0.1",
@@ -59,14 +61,33 @@ def plain_trl(cfg, out: Path):
     )
 
 
-def step_times(trainer, steps: int) -> list[float]:
-    """`steps` fresh optimizer steps (train() restarts its state); the engine is re-synced first, as
-    another trainer wrote its own weights into the shared engine meanwhile."""
+class CpuClock(TrainerCallback):
+    """CPU seconds of this process per optimizer step (generation included: the colocated engine runs
+    in-process). On a machine shared with other users, wall time measures their load more than ours."""
+
+    def __init__(self):
+        self.steps: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.process_time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(time.process_time() - self._start)
+
+
+def step_times(trainer, steps: int) -> tuple[list[float], list[float]]:
+    """(wall, CPU) seconds of `steps` fresh optimizer steps (train() restarts its state); the engine is
+    re-synced first, as another trainer wrote its own weights into the shared engine meanwhile."""
+    clock = CpuClock()
+    trainer.add_callback(clock)
     trainer.args.max_steps = steps
     trainer._last_loaded_step = -1
-    trainer.train()
-    logs = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
-    return logs[-steps:]
+    try:
+        trainer.train()
+    finally:
+        trainer.remove_callback(clock)
+    wall = [h["step_time"] for h in trainer.state.log_history if "step_time" in h]
+    return wall[-steps:], clock.steps[-steps:]
 
 
 def main() -> int:
@@ -91,22 +112,24 @@ def main() -> int:
         cfg = compose([f"method={rule}", *SETTINGS, *EXTRA.get(rule, [])])
         trainers[rule] = build_trainer(cfg, tmp / rule)
     times: dict[str, list[float]] = {k: [] for k in trainers}
+    cpu: dict[str, list[float]] = {k: [] for k in trainers}
     for tr in trainers.values():  # warm-up: first step (allocations, first sync) not timed
         step_times(tr, 1)
     for _ in range(a.rounds):
         for name, tr in trainers.items():
-            times[name] += step_times(tr, a.steps)
-    base = statistics.median(times["trl+vllm"])
+            wall, used = step_times(tr, a.steps)
+            times[name] += wall
+            cpu[name] += used
+    base, cpu_base = statistics.median(times["trl+vllm"]), statistics.median(cpu["trl+vllm"])
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}")
-    print(
-        f"engine start-up (trainer with engine): {startup:.1f} s; colocated engine + policy RSS: {engine_mem:.2f} GiB"
-    )
+    print(f"engine start-up (first trainer, engine included): {startup:.1f} s")
+    print(f"colocated engine + policy, resident memory added: {engine_mem:.2f} GiB")
     kv = llm.llm_engine.vllm_config.cache_config
     print(f"KV cache: {kv.num_gpu_blocks} blocks x {kv.block_size} tokens (gpu_memory_utilization 0.1)")
-    print(f"{'trainer':<14}{'step s (median)':>16}{'ratio':>8}{'n':>4}")
+    print(f"{'trainer':<14}{'wall s/step':>12}{'ratio':>8}{'CPU s/step':>12}{'ratio':>8}{'n':>4}")
     for name, ts in times.items():
-        m = statistics.median(ts)
-        print(f"{name:<14}{m:>16.3f}{m / base:>8.3f}{len(ts):>4}")
+        m, c = statistics.median(ts), statistics.median(cpu[name])
+        print(f"{name:<14}{m:>12.3f}{m / base:>8.3f}{c:>12.3f}{c / cpu_base:>8.3f}{len(ts):>4}")
     return 0
 
 
