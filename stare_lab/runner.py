@@ -112,6 +112,8 @@ def join_processes(cfg: DictConfig) -> None:
 def build_grpo_config(cfg: DictConfig, output_dir: Path):
     from trl import GRPOConfig
 
+    from stare_lab.vllm_engine import grpo_vllm_args
+
     t = cfg.trainer
     return GRPOConfig(
         output_dir=str(output_dir),
@@ -143,7 +145,8 @@ def build_grpo_config(cfg: DictConfig, output_dir: Path):
         use_cpu=t.use_cpu,
         bf16=t.bf16,
         gradient_checkpointing=t.gradient_checkpointing,
-        use_vllm=t.use_vllm,
+        # vLLM keys (and the engine's dtype, seed and CPU workaround) from one place: stare_lab.vllm_engine
+        **grpo_vllm_args(t, str(cfg.model.dtype), int(cfg.seed)),
         generation_kwargs=OmegaConf.to_container(t.generation_kwargs, resolve=True) or None,
         report_to="none",
         disable_tqdm=True,

@@ -20,6 +20,15 @@ from stare_lab.record import append_metrics, read_metrics  # noqa: F401 - read_m
 # TRL's per-function reward key; the task reward is registered under the name "accuracy".
 ACCURACY_KEY = "rewards/accuracy/mean"
 
+# TRL's engine/policy mismatch metrics → their vllm/ names (kept under both; stare_lab.vllm_engine)
+VLLM_MISMATCH = {
+    "sampling/sampling_logp_difference/mean": "vllm/logp_diff_mean",
+    "sampling/sampling_logp_difference/max": "vllm/logp_diff_max",
+    "sampling/importance_sampling_ratio/mean": "vllm/is_ratio_mean",
+    "sampling/importance_sampling_ratio/min": "vllm/is_ratio_min",
+    "sampling/importance_sampling_ratio/max": "vllm/is_ratio_max",
+}
+
 
 def wandb_mode(mode: str) -> str:
     if mode == "auto":
@@ -59,7 +68,22 @@ def metrics_row(step: int, logs: dict[str, Any], when: float | None = None) -> d
         row[k] = float(v) if math.isfinite(float(v)) else None
     if ACCURACY_KEY in row:
         row["accuracy"] = row[ACCURACY_KEY]
+    row.update({short: row[trl] for trl, short in VLLM_MISMATCH.items() if trl in row})
     return row
+
+
+def mismatch_warning(row: dict[str, Any], threshold: float) -> str | None:
+    """One line when a step's mean |Δ log-prob| between the engine's sampling log-probs and the training
+    forward's exceeds `threshold` (checked at the first step: the two should agree; vllm_engine.MISMATCH_WARN)."""
+    mean = row.get("vllm/logp_diff_mean")
+    if mean is None or mean <= threshold:
+        return None
+    return (
+        f"warning: step {row['step']}: vLLM's sampling log-probs differ from the policy's by {mean:.3g} on "
+        f"average (max {row.get('vllm/logp_diff_max', float('nan')):.3g}, IS ratio mean "
+        f"{row.get('vllm/is_ratio_mean', float('nan')):.3g}), above {threshold:g}: "
+        "check trainer.vllm_dtype against model.dtype (docs/vllm.md)"
+    )
 
 
 def is_train_log(logs: dict[str, Any] | None) -> bool:
@@ -78,6 +102,12 @@ class MetricsLogger(TrainerCallback):
             return control
         row = metrics_row(state.global_step, logs)
         append_metrics(self.run_dir, row)
+        if state.global_step <= args.logging_steps:  # the first logged step of the run
+            from stare_lab.vllm_engine import MISMATCH_WARN
+
+            warning = mismatch_warning(row, MISMATCH_WARN)
+            if warning:
+                print(warning, flush=True)
         if self.wandb_run is not None:
             # committed at once: evaluation points logged into the same run later get rows of their own
             self.wandb_run.log(

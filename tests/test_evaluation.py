@@ -215,6 +215,7 @@ def test_evaluate_benchmark_writes_run_record(tiny_lm, tmp_path):
         "top_p",
         "max_tokens",
         "verifier",
+        "engine",
         "num_problems",
         "metrics",
         "settings_key",

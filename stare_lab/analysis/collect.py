@@ -34,6 +34,7 @@ from stare_lab.record import (
     code_version,
     read_eval_results,
     read_status,
+    result_setting,
     scan_metrics,
 )
 
@@ -162,7 +163,7 @@ def _eval_rows(run_dir: Path) -> list[dict[str, Any]]:
     """One row per (benchmark, metric) of every evaluation result, final and intermediate."""
     rows = []
     for data in read_eval_results(run_dir):
-        settings = {k: data.get(k) for k in RESULT_SETTINGS}
+        settings = {k: result_setting(data, k) for k in RESULT_SETTINGS}
         base = {"step": data.get("step"), "final": data["final"], "benchmark": str(data["benchmark"]), **settings}
         for metric, value in (data.get("metrics") or {}).items():
             if isinstance(value, (list, tuple)) and len(value) == 2:
@@ -214,7 +215,7 @@ def _problem_rows(run_dir: Path, ident: dict[str, Any]) -> list[pd.DataFrame]:
             log.warning("%s: unreadable samples (%s)", samples, err)
             continue
         counts = table.groupby("problem_id", sort=True)["correct"].agg(correct="sum", n="size").reset_index()
-        settings = {k: data.get(k) for k in RESULT_SETTINGS if k != "n"}  # n: the samples drawn, counted
+        settings = {k: result_setting(data, k) for k in RESULT_SETTINGS if k != "n"}  # n: the samples drawn, counted
         frames.append(
             counts.rename(columns={"problem_id": "problem"}).assign(
                 **ident, benchmark=str(data["benchmark"]), **settings

