@@ -169,7 +169,8 @@ def test_markdown(table):
     """Without per-problem samples: the differences carry no interval and nothing is bold (the best mean
     is not a claim)."""
     md = table.to_markdown()
-    assert "| rule | seeds | aime24 | arithmetic | Avg. |" in md
+    assert "| rule | seeds | aime24 (30) | arithmetic (4) | Avg. |" in md  # each column's number of problems
+    assert "Problems: aime24: aime24.jsonl; arithmetic: the built-in arithmetic task's held-out split." in md
     assert "| full | 3 | 20.0 ± 10.0 | 52.0 ± 2.0 | 36.0 |" in md
     assert f"| {RSI} | 2 | 30.0 ± 7.1 (+10.0) | 49.0 ± 1.4 (-3.0) | 39.5 (+3.5) |" in md
     assert "| stare | 3 | 20.0 ± 5.0 (+0.0) | 56.0 ± 1.0 (+4.0) | 38.0 (+2.0) |" in md

@@ -109,6 +109,7 @@ def test_run_summary_holds_its_eval_record_and_every_evaluation_as_a_point(tmp_p
         "top_p": 1,
         "max_tokens": 16,
         "verifier": "exact",
+        "engine": "transformers",  # a result written before results named their engine was a transformers one
         "num_problems": 8,
         "step": 6,
     }

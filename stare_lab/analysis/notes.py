@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from stare_lab.record import EVAL_SETTINGS
+from stare_lab.record import EVAL_SETTINGS, SETTING_DEFAULTS
 
 _SHORT = {"temperature": "T", "top_p": "top-p", "max_tokens": "max tokens"}
 # sampling first, as papers state them: "T=1.0, top-p=0.7, n=32, max tokens=..., verifier=..."
@@ -34,6 +34,8 @@ def settings_notes(final: pd.DataFrame, benchmarks: list[str]) -> list[str]:
                 disagree.append(f"Settings disagree: {label} on {bench}: " + "; ".join(parts) + ".")
             by_bench[bench] = " / ".join(groups.index) if len(groups) else "?"
         values = set(by_bench.values())
+        if values == {_fmt_setting(SETTING_DEFAULTS.get(key))}:
+            continue  # the default engine (transformers) goes unsaid; vLLM is named
         if len(values) == 1:
             common.append(f"{label}={values.pop()}")
         else:
@@ -123,6 +125,8 @@ def benchmark_columns(final: pd.DataFrame, benchmarks: list[str]) -> tuple[dict[
             from stare_lab.inputs import benchmark_source
 
             source = benchmark_source(b)
-            if source:
+            if source and source.startswith("builtin:"):
+                sources.append(f"{b}: the built-in {source.split(':', 1)[1]} task's held-out split")
+            elif source:
                 sources.append(f"{b}: {Path(source).name if Path(source).is_file() else source}")
     return labels, ([f"Problems: {'; '.join(sources)}."] if sources else [])

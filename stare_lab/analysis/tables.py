@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from stare_lab.analysis import claims
+import stare_lab.analysis.claims as claims
 from stare_lab.analysis.collect import select_settings
 from stare_lab.analysis.compare import AVG_COLUMN
 from stare_lab.analysis.notes import benchmark_columns, code_notes, duplicate_notes, missing_notes, settings_notes

@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stare_lab.record import CONFIG_FILE, RESULT_SETTINGS
+from stare_lab.record import CONFIG_FILE, RESULT_SETTINGS, result_setting
 
 SETTINGS = (*RESULT_SETTINGS, "step")
 COMPARISON_FIELDS = ("delta", "ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds")
@@ -85,7 +85,7 @@ def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None, r
         for r in ordered:
             if r.get("final"):
                 summary.update(eval_items(r))
-                summary[f"eval/{r['benchmark']}/settings"] = {k: r.get(k) for k in SETTINGS}
+                summary[f"eval/{r['benchmark']}/settings"] = {k: result_setting(r, k) for k in SETTINGS}
         run.summary.update(summary)
     finally:
         if owned:
