@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
+from stare_lab.methods.registry import NORMALIZE
+
 # Loss types whose denominator is the generation batch's valid-token count (`num_items_in_batch`).
 # TRL 1.16's loss types; every one composes with token weights (docs/trl_parity.md)
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
@@ -74,14 +76,34 @@ def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str) -> Tensor:
     if normalize in ("valid", "loss_type"):
         return weights
     if normalize != "selected":
-        raise ValueError(f"normalize={normalize!r} is not one of valid, selected, loss_type")
+        raise ValueError(f"normalize={normalize!r} is not one of {', '.join(NORMALIZE)}")
     scale = selected_scale(
         trainer.loss_type, weights, loss_mask(inputs), inputs["num_items_in_batch"], inputs["token_weight_total"]
     )
     return weights * scale
 
 
-Weights = Tensor | Callable[[], Tensor]
+# A callable gets (logp, entropies) of TRL's own forward inside `_compute_loss` (both [B, T], logp with grad)
+# and is evaluated when TRL reaches the slot: a rule of scope "microbatch" selects from that forward.
+Weights = Tensor | Callable[[Tensor, Tensor], Tensor]
+
+
+@contextmanager
+def shadowed(obj: object, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
+    """`obj.<name>` is `make(current obj.<name>)` inside the block, an instance attribute restored on exit.
+
+    How the trainer reaches into one call of a TRL method that has no hook (the loss slot, the rollout's
+    generation, TRL's old-log-prob forward) without overriding it for good or keeping state on the trainer.
+    """
+    had, before = name in vars(obj), vars(obj).get(name)
+    setattr(obj, name, make(getattr(obj, name)))
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, before)
+        else:
+            delattr(obj, name)
 
 
 @contextmanager
@@ -91,26 +113,37 @@ def weight_slot(
     """For the calls inside, TRL's per-token mask slot returns `weights` [B, T].
 
     The instance attribute shadows `get_high_entropy_mask` and `top_entropy_quantile` < 1 arms the
-    slot; both are restored on exit. A callable `weights` is evaluated when TRL reaches the slot,
-    right after its forward (a rule of scope "microbatch" selects from that forward).
-    `on_entropies(entropies, mask)` sees the training forward's per-token entropies (for metrics)
-    without a second forward.
+    slot; both are restored on exit. A callable `weights` also sees the first forward's log-probs
+    (`_get_per_token_logps_and_entropies`, shadowed for the block). `on_entropies(entropies, mask)`
+    sees the training forward's per-token entropies (for metrics) without a second forward.
     """
     if "get_high_entropy_mask" in vars(trainer):
         raise RuntimeError("the token-weight slot is already armed (nested weight_slot)")
+    forward: dict[str, Tensor] = {}
 
     def slot(entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
         if on_entropies is not None:
             on_entropies(entropies, mask)
-        return weights() if callable(weights) else weights
+        return weights(forward["logp"], entropies) if callable(weights) else weights
+
+    def capture(original: Callable) -> Callable:
+        def call(*args, **kwargs):
+            out = original(*args, **kwargs)
+            forward.setdefault("logp", out[0])  # the policy forward is _compute_loss's first
+            return out
+
+        return call
 
     quantile = trainer.top_entropy_quantile
-    trainer.get_high_entropy_mask = slot
     trainer.top_entropy_quantile = 0.0
     try:
-        yield
+        with shadowed(trainer, "get_high_entropy_mask", lambda _: slot):
+            if callable(weights):
+                with shadowed(trainer, "_get_per_token_logps_and_entropies", capture):
+                    yield
+            else:
+                yield
     finally:
-        del trainer.get_high_entropy_mask
         trainer.top_entropy_quantile = quantile
 
 

@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stare_lab.stats import STATISTICS, TokenStats
+from stare_lab.stats import TokenStats, check_known
 
+# the normalisations a rule may return; the trainer passes one to the loss as its index here
 NORMALIZE = ("valid", "selected", "loss_type")
-SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: methods/microbatch.py
+SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: stare_lab/microbatch.py
 TIES = ("topk", "quantile")
 
 
@@ -164,9 +165,7 @@ def register(name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: La
 
 
 def _check_needs(name: str, needs: frozenset[str]) -> None:
-    unknown = needs - set(STATISTICS)
-    if unknown:
-        raise ValueError(f"rule {name!r} declares unknown statistics {sorted(unknown)}; known: {', '.join(STATISTICS)}")
+    check_known(needs, f"rule {name!r} declares ")
 
 
 def trainer_params(params_cls: type) -> dict[str, str]:
@@ -214,7 +213,7 @@ class Rule:
         """The statistics this rule reads with these trainer values (None: trainer unknown)."""
         n = self._entry.needs
         if not callable(n):
-            return n
+            return frozenset(n)  # register made it one already
         names = frozenset(n(self.effective_params(trainer, strict=False), trainer))
         _check_needs(self.name, names)
         return names

@@ -108,10 +108,10 @@ def gate_open(memory: dict, entropy_mean: float, p: Params) -> bool:
 
 @register("stare", Params, needs={"logp", "entropy"})
 def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("entropy", rule="stare")
+    entropy = stats.need("entropy", rule="stare")
     valid = stats.valid
     n_valid = int(valid.sum())
-    entropy_mean = float(stats.entropy[valid].double().sum()) / n_valid if n_valid else float("nan")
+    entropy_mean = float(entropy[valid].double().sum()) / n_valid if n_valid else float("nan")
     W, M = adapt(state.memory, entropy_mean, p)
     gate = gate_open(state.memory, entropy_mean, p)
 

@@ -63,5 +63,5 @@ def keep_fraction(
 
 @register("top_entropy", Params, needs={"entropy"})
 def top_entropy(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("entropy", rule="top_entropy")
-    return keep_fraction(stats.entropy, "entropy", stats, state, p, largest=True, salt="top_entropy")
+    entropy = stats.need("entropy", rule="top_entropy")
+    return keep_fraction(entropy, "entropy", stats, state, p, largest=True, salt="top_entropy")
