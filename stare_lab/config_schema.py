@@ -37,6 +37,18 @@ def _loss_types() -> tuple[str, ...]:
     return LOSS_TYPES
 
 
+def _microbatch_aggregations() -> tuple[str, ...]:
+    from stare_lab.token_weights import AGGREGATIONS
+
+    return AGGREGATIONS
+
+
+def _microbatch_ranks() -> tuple[str, ...]:
+    from stare_lab.token_weights import RANKS
+
+    return RANKS
+
+
 # transformers' SchedulerType values (a test keeps them equal) without the two that need an
 # evaluation strategy, which the GRPO trainer does not run; importing transformers here would
 # cost seconds before every sweep.
@@ -98,6 +110,8 @@ class TrainerConfig:
     stats_chunk_tokens: int = bounded(ge=1)
     attn_chunk_queries: int = bounded(ge=1)
     js_chunk_positions: int = bounded(ge=1)
+    microbatch_aggregation: str = bounded(choices=_microbatch_aggregations)  # scope microbatch only
+    microbatch_ranks: str = bounded(choices=_microbatch_ranks)  # scope microbatch only
     use_cpu: bool = MISSING
     bf16: bool = MISSING
     gradient_checkpointing: bool = MISSING

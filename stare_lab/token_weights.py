@@ -12,16 +12,26 @@ Either way it gathers the statistics over ranks (the rule sees every rank's rows
     token_normalize     0-dim long    index of the rule's normalisation in `NORMALIZE`
     token_weight_total  0-dim float   the weight sum the "selected" denominator uses (trl_loss.loss_weights)
 
-scope "microbatch" (the official STARE and 80/20 codes, and TRL's `top_entropy_quantile`, take
-their thresholds per micro-batch from the current policy's entropies of the training forward
-itself, with no extra forward): at generation time nothing is computed (`deferred_inputs`
-attaches NaN weights that the loss overwrites); in the loss `microbatch_stats` builds `TokenStats`
-of the micro-batch from that forward's detached log-probs and entropies (temperature-scaled, as
-TRL's fused head computes them). Only rules that read `MICROBATCH_STATISTICS` can do this.
-Normalisation "selected": each micro-batch is averaged over its own selected tokens (the official
-codes' token-mean), so `token_weight_total` = the micro-batch's global weight sum × the micro-batches
-per generation batch, which makes the dapo denominator that micro-batch's count. `group` is the row
-index: TRL shuffles rows before splitting, so a micro-batch holds no whole groups.
+scope "microbatch" runs a rule as the official STARE and 80/20 codes (verl's legacy `dp_actor`)
+do: per micro-batch, from the current policy's statistics of the training forward itself, with no
+extra forward (docs/pitfalls.md, "scope: microbatch", says where each option differs from them).
+- At generation time the rule state gets the step (the rule's seeded draws and schedules move) and
+  `step_stats`, the whole generation batch's statistics the rule declares in `step_needs` (STARE's
+  H̄ for its gate and adaptive W/M, once per step); the loss inputs are NaN placeholders
+  (`deferred_inputs`), so a loss that read them before its forward would fail loudly.
+- In the loss, `microbatch_stats` builds the micro-batch's `TokenStats` from that forward's detached
+  log-probs and entropies (temperature-scaled, as TRL's fused head computes them; old/ref log-probs
+  from TRL's batch: `MICROBATCH_STATISTICS`) and the rule runs on them. `group` is the row index:
+  TRL shuffles rows before splitting, so a micro-batch holds no whole groups.
+- ranks "process" (default, the official codes: each GPU selects within its own micro-batch) or
+  "gathered" (the micro-batch of every rank, as TRL's `top_entropy_quantile` gathers its quantile).
+- aggregation "verl" (default, verl's legacy dp_actor `token-mean`): each micro-batch's loss is its
+  own token mean (over valid tokens, or over the weights for normalize "selected") times its share of
+  the rows of the optimizer step (1 / gradient_accumulation_steps), `trl_loss.loss_weights`; "trl":
+  TRL's loss type aggregation (dapo: the generation batch's token count; "selected": the micro-batch's
+  weight sum × micro-batches per generation batch, so the dapo denominator is that micro-batch's count).
+A loss-changing rule of this scope (Clip-Cov, KL-Cov, DPPO) takes the same path: the micro-batch's
+statistics, the step, the ranks and the aggregation come from here, not from the rule.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ from stare_lab.stats import TokenStats
 
 # What the training forward inside the loss gives (logp, entropy) and TRL's batch carries (old, ref).
 MICROBATCH_STATISTICS = frozenset({"logp", "entropy", "old_logp", "ref_logp"})
+AGGREGATIONS = ("verl", "trl")  # scope microbatch: verl's legacy dp_actor token-mean (default) or TRL's loss type
+RANKS = ("process", "gathered")  # scope microbatch: select per process (default, official) or over every rank
 
 
 @dataclass
@@ -50,10 +62,15 @@ class Applied:
     metrics: dict[str, float]
 
 
-def apply_rule(rule: Rule, state: RuleState, local: TokenStats, accelerator, *, total_scale: int = 1) -> Applied:
-    """The rule once on the global batch of `local` (this rank's TokenStats); `total_scale` multiplies
-    the weight sum (the micro-batches per generation batch, for scope "microbatch")."""
-    stats, rows = distributed.global_token_stats(local, accelerator)
+def apply_rule(
+    rule: Rule, state: RuleState, local: TokenStats, accelerator, *, gather: bool = True, total_scale: int = 1
+) -> Applied:
+    """The rule once on the global batch of `local` (this rank's TokenStats), or on `local` alone with
+    gather=False; `total_scale` multiplies the weight sum (scope "microbatch", `microbatch_total_scale`)."""
+    if gather:
+        stats, rows = distributed.global_token_stats(local, accelerator)
+    else:
+        stats, rows = local, (slice(0, local.shape[0]), slice(0, local.shape[1]))
     with distributed.deterministic():
         result = rule(stats, state)
     weights = result.weights.to(local.mask.device)
@@ -62,7 +79,7 @@ def apply_rule(rule: Rule, state: RuleState, local: TokenStats, accelerator, *, 
         "token_weights": distributed.local_rows(weights, rows),
         "token_selected": distributed.local_rows(selected, rows).float(),
         "token_normalize": torch.tensor(NORMALIZE.index(result.normalize)),
-        "token_weight_total": weights.sum() * total_scale,  # global already: every rank's rows are in it
+        "token_weight_total": weights.sum() * total_scale,  # gathered: every rank's rows are in it
     }
     return Applied(inputs, stats, weights, selected, result.metrics)
 
@@ -80,6 +97,19 @@ def selects_in_loss(rule: Rule, trainer_values: TrainerValues) -> bool:
             f"(use scope batch, group or sequence)"
         )
     return True
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def microbatch_total_scale(ranks: str, num_processes: int, steps_per_generation: int) -> int:
+    """Factor on a micro-batch's weight sum so that TRL's dapo "selected" denominator (weight_total /
+    processes × accumulation / steps_per_generation) is that micro-batch's weight sum × accumulation
+    (aggregation "trl"): the gathered sum spans every rank already, a per-process one does not."""
+    return steps_per_generation * (num_processes if ranks == "process" else 1)
 
 
 def deferred_inputs(mask: Tensor) -> dict[str, Tensor]:

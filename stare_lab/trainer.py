@@ -18,7 +18,7 @@ import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from stare_lab import objective, trl_loss
+from stare_lab import distributed, objective, trl_loss
 from stare_lab.methods import NORMALIZE, Rule, RuleState, TrainerValues
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
@@ -28,7 +28,16 @@ from stare_lab.signals.js import CHUNK_POSITIONS
 from stare_lab.signals.sources import generation_needs, model_needs, ride_old_logp_forward, stats_source
 from stare_lab.signals.vocab import CHUNK_TOKENS
 from stare_lab.stats import TokenStats
-from stare_lab.token_weights import apply_rule, deferred_inputs, microbatch_stats, selects_in_loss
+from stare_lab.token_weights import (
+    AGGREGATIONS,
+    RANKS,
+    apply_rule,
+    check_choice,
+    deferred_inputs,
+    microbatch_stats,
+    microbatch_total_scale,
+    selects_in_loss,
+)
 from stare_lab.utils import atomic_write_json
 
 
@@ -61,6 +70,8 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         keep_batches_every: int = 0,
         run_dir: str | Path | None = None,
         stats_at_generation: bool = True,
+        microbatch_aggregation: str = "verl",
+        microbatch_ranks: str = "process",
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -87,6 +98,15 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self.run_dir = run_dir
         self.stats_at_generation = stats_at_generation  # record statistics while transformers generates
         self.selects_in_loss = selects_in_loss(rule, self.trainer_values)  # scope "microbatch"
+        # scope "microbatch" (token_weights.py): verl's token-mean per micro-batch or TRL's aggregation;
+        # selection per process (the official codes) or over the micro-batches of every rank
+        self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
+        self.microbatch_ranks = check_choice("microbatch_ranks", microbatch_ranks, RANKS)
+        # what the statistics sources compute per generation batch: the rule's needs, or for scope
+        # "microbatch" only what it reads once per step
+        self.batch_needs = (
+            rule.step_needs_for(self.trainer_values) if self.selects_in_loss else rule.needs_for(self.trainer_values)
+        )
 
     # ---- generation time: statistics and weights -------------------------------------------
     def _generate_and_score_completions(self, inputs):
@@ -96,13 +116,17 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         if record is not None:  # None when the recording does not line up: the pass computes everything
             taken["stats"] = record.result(out["completion_ids"], out["completion_mask"])
         mode = "train" if self.model.training else "eval"
-        if self.selects_in_loss:
-            out.update(deferred_inputs(out["completion_mask"]))
-            return out
-        local, rollout_entropy = self._token_stats(out, given=taken.get("stats"))
         self.rule_state.step = self.state.global_step
         self.rule_state.total_steps = max(self.state.max_steps, 1)
         self.rule_state.trainer = self.trainer_values
+        if self.selects_in_loss:  # the rule runs per micro-batch in the loss; here only what it reads per step
+            self.rule_state.step_stats = None
+            if self.batch_needs:
+                local, _ = self._token_stats(out, given=taken.get("stats"))
+                self.rule_state.step_stats = distributed.global_token_stats(local, self.accelerator)[0]
+            out.update(deferred_inputs(out["completion_mask"]))
+            return out
+        local, rollout_entropy = self._token_stats(out, given=taken.get("stats"))
         every = self.keep_batches_every
         keep = mode == "train" and every > 0 and self.state.global_step % every == 0  # viewer.keep_due
         state_before = self.rule_state.to_dict() if keep else None  # the rule updates its memory in place
@@ -137,7 +161,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         recorded during generation or taken from TRL's old-log-prob forward; the pass computes the rest."""
         completion_ids, mask = out["completion_ids"], out["completion_mask"]
         B, T = completion_ids.shape
-        needs = self.rule.needs_for(self.trainer_values)
+        needs = self.batch_needs
         group = self._global_group(B, mask.device)
         computed = self._statistics(out, needs, group, given)
         declared = {k: v for k, v in computed.items() if k in needs}
@@ -241,7 +265,10 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             self.rule_state,
             local,
             self.accelerator,
-            total_scale=self.args.steps_per_generation if training else 1,
+            gather=self.microbatch_ranks == "gathered",
+            total_scale=microbatch_total_scale(
+                self.microbatch_ranks, self.accelerator.num_processes, self.args.steps_per_generation if training else 1
+            ),
         )
         self._log_rule_metrics("train" if training else "eval", applied, None)
         return applied.inputs
@@ -270,7 +297,8 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
 
             def weights(logp, entropies):  # TRL's slot, right after its forward: this micro-batch's weights
                 inputs.update(self._microbatch_weights(inputs, entropies, logp))
-                return trl_loss.loss_weights(self, inputs, NORMALIZE[int(inputs["token_normalize"])])
+                normalize = NORMALIZE[int(inputs["token_normalize"])]
+                return trl_loss.loss_weights(self, inputs, normalize, self.microbatch_aggregation)
 
         loss = objective.trainer_loss(
             self,

@@ -70,17 +70,43 @@ def selected_scale(loss_type: str, weights: Tensor, mask: Tensor, num_items: Ten
     return torch.where(sums > 0, counts / torch.where(sums > 0, sums, torch.ones_like(sums)), torch.zeros_like(sums))
 
 
-def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str) -> Tensor:
-    """The tensor to put in TRL's slot: the rule's weights, rescaled for normalize="selected". [B, T]"""
+def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str, aggregation: str = "trl") -> Tensor:
+    """The tensor to put in TRL's slot: the rule's weights, rescaled for normalize="selected", or for
+    aggregation="verl" (scope microbatch: `verl_scale`). [B, T]"""
     weights = inputs["token_weights"]
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize={normalize!r} is not one of {', '.join(NORMALIZE)}")
+    if aggregation == "verl" and trainer.loss_type in GENERATION_BATCH_DENOMINATOR:
+        return weights * verl_scale(trainer, weights, loss_mask(inputs), inputs["num_items_in_batch"], normalize)
     if normalize in ("valid", "loss_type"):
         return weights
-    if normalize != "selected":
-        raise ValueError(f"normalize={normalize!r} is not one of {', '.join(NORMALIZE)}")
     scale = selected_scale(
         trainer.loss_type, weights, loss_mask(inputs), inputs["num_items_in_batch"], inputs["token_weight_total"]
     )
     return weights * scale
+
+
+def verl_scale(trainer: GRPOTrainer, weights: Tensor, mask: Tensor, num_items: Tensor, normalize: str) -> Tensor:
+    """Factor c with TRL's generation-batch denominator / c = verl's legacy dp_actor token-mean of this micro-batch.
+
+    verl (`dp_actor.update_policy` with `agg_loss(..., "token-mean")`): each micro-batch's loss is
+    Σ(ℓ·w·m) / D_micro × loss_scale_factor, D_micro = Σ m (Σ w·m for "selected", the 80/20 code's
+    `response_mask * entropy_top_mask`), loss_scale_factor = its share of the optimizer step's rows
+    (1 / gradient_accumulation_steps; rows / mini-batch rows with dynamic batch sizes, the same for
+    TRL's equal micro-batches). TRL's dapo/cispo/vespo divide by num_items / processes × accumulation
+    / steps_per_generation (train), num_items / processes (eval). bnpo, grpo and sapo already
+    aggregate per micro-batch as verl's token-mean / seq-mean-token-mean do, dr_grpo and luspo have
+    no token count: there "verl" is TRL's aggregation. A micro-batch with D_micro = 0 gives c = 0.
+    """
+    m = mask.float()
+    d = (weights * m).sum() if normalize == "selected" else m.sum()
+    trl_denominator = num_items.float().clamp(min=1.0) / trainer.accelerator.num_processes
+    if trainer.model.training:
+        trl_denominator = (
+            trl_denominator * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
+        )
+        d = d * trainer.current_gradient_accumulation_steps
+    return torch.where(d > 0, trl_denominator / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
 
 
 # A callable gets (logp, entropies) of TRL's own forward inside `_compute_loss` (both [B, T], logp with grad)

@@ -2,7 +2,8 @@
 
 - "none": the rule reads nothing the model computes (full; random without a reference rule).
 - "microbatch": scope "microbatch" (stare_lab/token_weights.py): selection inside the loss from the
-  training forward's own statistics; nothing at generation time.
+  training forward's own statistics; nothing at generation time. A rule of that scope that reads a
+  statistic once per step (`step_needs`: STARE's H̄) takes it from one of the sources below.
 - "old_logp_forward": TRL makes a no-grad forward of the rollout policy for its old log-probs
   (num_iterations > 1, or steps_per_generation > gradient_accumulation_steps): that one forward is
   the statistics pass (`ride_old_logp_forward`) and its log-probs are handed to TRL as
@@ -38,8 +39,10 @@ def trl_makes_old_logp_forward(trainer) -> bool:
 
 
 def model_needs(trainer) -> frozenset[str]:
-    """The rule's statistics that need a forward of the rollout policy (logp stands in for an on-policy old_logp)."""
-    needs = trainer.rule.needs_for(trainer.trainer_values)
+    """The statistics of the generation batch (`trainer.batch_needs`: the rule's, or for scope "microbatch"
+    those it reads once per step) that need a forward of the rollout policy (logp stands in for an on-policy
+    old_logp)."""
+    needs = trainer.batch_needs
     out = {n for n in needs if STATISTICS[n].source in MODEL_SOURCES}
     if "old_logp" in needs and not trl_makes_old_logp_forward(trainer):
         out.add("logp")  # on-policy: π_old is the rollout policy
@@ -61,7 +64,7 @@ def generation_needs(trainer) -> frozenset[str]:
 
 def stats_source(trainer) -> str:
     """The source of this trainer's statistics, one of the module docstring's list."""
-    if trainer.selects_in_loss:
+    if trainer.selects_in_loss and not model_needs(trainer):
         return "microbatch"
     if not model_needs(trainer):
         return "none"
