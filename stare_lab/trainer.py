@@ -102,11 +102,13 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         # selection per process (the official codes) or over the micro-batches of every rank
         self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
         self.microbatch_ranks = check_choice("microbatch_ranks", microbatch_ranks, RANKS)
-        # what the statistics sources compute per generation batch: the rule's needs, or for scope
-        # "microbatch" only what it reads once per step
-        self.batch_needs = (
-            rule.step_needs_for(self.trainer_values) if self.selects_in_loss else rule.needs_for(self.trainer_values)
-        )
+
+    @property
+    def batch_needs(self) -> frozenset[str]:
+        """What the statistics sources compute per generation batch: the rule's needs, or for scope
+        "microbatch" only what it reads once per step (`step_needs`)."""
+        values = self.trainer_values
+        return self.rule.step_needs_for(values) if self.selects_in_loss else self.rule.needs_for(values)
 
     # ---- generation time: statistics and weights -------------------------------------------
     def _generate_and_score_completions(self, inputs):
