@@ -31,7 +31,7 @@ import torch
 from transformers import Qwen2ForCausalLM
 from trl import GRPOConfig
 
-from stare_lab.methods import get_method, list_methods
+from stare_lab.methods import RuleState, get_method, list_methods
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
 from stare_lab.objective import token_loss
 from stare_lab.stats import TokenStats
@@ -264,6 +264,32 @@ def test_top_entropy_microbatch_is_the_80_20_code(setup, tmp_path):
 
     def reference(micro, k):
         return ref_top_entropy(micro["entropy"], micro["inputs"]["completion_mask"], rho)
+
+    reference.score = "entropy"
+    check_run(steps, reference, verl_denominator)
+
+
+@pytest.mark.parametrize("name", ["random", "low_entropy", "gmts", "opefo"])
+def test_other_rules_of_the_scope_select_per_micro_batch_with_verls_aggregation(setup, tmp_path, name):
+    """No official code runs these per micro-batch: the reference is the rule itself on each micro-batch
+    alone (its statistics from the training forward, the step's seed), aggregated as verl does."""
+    trainer = _trainer(setup, tmp_path, get_method(name, scope="microbatch"), steps=2)
+    steps = _record(trainer)
+    batch_rule = get_method(name, scope="batch")
+
+    def reference(micro, k):
+        inputs = micro["inputs"]
+        mask = inputs["completion_mask"]
+        stats = TokenStats(
+            logp=micro["logp"],
+            mask=mask,
+            advantages=inputs["advantages"],
+            group=torch.arange(mask.size(0)),
+            entropy=micro["entropy"],
+            old_logp=micro["logp"],
+        )
+        out = batch_rule(stats, RuleState(step=k, seed=0, trainer=trainer.trainer_values))
+        return out.weights, (out.weights if out.normalize == "selected" else torch.ones(mask.shape))
 
     reference.score = "entropy"
     check_run(steps, reference, verl_denominator)
