@@ -197,7 +197,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     # ---- where the statistics come from (docs/pitfalls_signals.md, "Statistics sources") ---------
     def stats_source(self) -> str:
         """How this generation batch's statistics are obtained: "none" (the rule reads only TRL's batch),
-        "microbatch" (inside the loss), "old_logp_forward" (TRL's own no-grad forward of the rollout
+        "microbatch" (inside the loss, and nothing read once per step), "old_logp_forward" (TRL's own no-grad forward of the rollout
         policy, when it makes one), "generation" (recorded while transformers generates; JS still takes
         the pass), or "pass" (one no-grad forward after generation)."""
         return stats_source(self)
@@ -257,8 +257,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         return self._statistics(batch, needs, self._global_group(ids.size(0), ids.device))
 
     def _microbatch_weights(self, inputs: dict, entropies: torch.Tensor, logp: torch.Tensor) -> dict:
-        """Scope "microbatch": the rule on this micro-batch (of every rank) from the training forward's own
-        detached statistics of the current policy; returns its loss inputs (token_weights.apply_rule)."""
+        """Scope "microbatch": the rule on this process's micro-batch (every rank's with microbatch_ranks
+        "gathered") from the training forward's own detached statistics of the current policy; returns
+        its loss inputs (token_weights.apply_rule)."""
         needs = self.rule.needs_for(self.trainer_values)
         local = microbatch_stats(needs, inputs, entropies, logp, self.accelerator.process_index)
         training = self.model.training
