@@ -197,9 +197,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     # ---- where the statistics come from (docs/pitfalls_signals.md, "Statistics sources") ---------
     def stats_source(self) -> str:
         """How this generation batch's statistics are obtained: "none" (the rule reads only TRL's batch),
-        "microbatch" (inside the loss, and nothing read once per step), "old_logp_forward" (TRL's own no-grad forward of the rollout
-        policy, when it makes one), "generation" (recorded while transformers generates; JS still takes
-        the pass), or "pass" (one no-grad forward after generation)."""
+        "microbatch" (inside the loss, and nothing read once per step), "old_logp_forward" (TRL's own
+        no-grad forward of the rollout policy, when it makes one), "generation" (recorded while
+        transformers generates; JS still takes the pass), or "pass" (one no-grad forward after generation)."""
         return stats_source(self)
 
     @contextmanager
