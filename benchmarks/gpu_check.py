@@ -302,7 +302,7 @@ def main(argv=None) -> dict:
     import torch
 
     from stare_lab.methods import get_method, list_methods
-    from stare_lab.methods.microbatch import MICROBATCH_STATISTICS
+    from stare_lab.token_weights import MICROBATCH_STATISTICS
 
     if not a.tiny and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device (use --tiny for the CPU smoke test)")

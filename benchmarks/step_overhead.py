@@ -117,8 +117,9 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
         trainer._get_per_token_logps_and_entropies = _timed_no_grad(trainer._get_per_token_logps_and_entropies, gen)
         if rule is not None:
             trainer._token_stats = _timed(trainer._token_stats, own)
+            trainer._rows_statistics = _timed(trainer._rows_statistics, gen)  # riding TRL's old-log-prob forward
             trainer._microbatch_weights = _timed(trainer._microbatch_weights, own)  # scope microbatch, in the loss
-            if not trainer.microbatch:  # there the rule runs inside _microbatch_weights, already timed
+            if not trainer.selects_in_loss:  # there the rule runs inside _microbatch_weights, already timed
                 trainer.rule = TimedRule(trainer.rule, own)
         gc.collect()  # the previous trainer's garbage is not collected inside this one's timing
         trainer.train()
@@ -214,7 +215,7 @@ def main() -> None:
     extra = [f"trainer.num_iterations={a.num_iterations}"]
     if a.scope:
         from stare_lab.methods import get_method
-        from stare_lab.methods.microbatch import MICROBATCH_STATISTICS
+        from stare_lab.token_weights import MICROBATCH_STATISTICS
 
         rules = [
             r

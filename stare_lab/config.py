@@ -157,18 +157,22 @@ def finalize(cfg: Any) -> Any:
 # Trainer keys that never change what a run computes with one process (hashed only with several).
 MULTIPROCESS_KEYS = ("distributed", "ddp_timeout_s")
 VLLM_KEYS = tuple(k for k in TrainerConfig.__dataclass_fields__ if k.startswith("vllm_"))
+MICROBATCH_KEYS = tuple(k for k in TrainerConfig.__dataclass_fields__ if k.startswith("microbatch_"))
 
 
 def run_id(cfg: Any) -> str:
     """Hash of the resolved config without the `run` block (where and how it is named). A run of
     several processes also hashes its world size and engine (the global batch is per-device batch
     × processes); a one-process run hashes neither, so its id is what it was before they existed.
-    Likewise the `trainer.vllm_*` keys count only with `use_vllm`, and `eval.engine` only when it is
-    not transformers: a run without vLLM keeps the id it had before vLLM could be set."""
+    Likewise the `trainer.vllm_*` keys count only with `use_vllm`, the `trainer.microbatch_*` keys only
+    for a rule with `scope: microbatch`, and `eval.engine` only when it is not transformers: a run that
+    uses none of them keeps the id it had before they could be set."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     body = {k: v for k, v in data.items() if k != "run"}
     processes = int((data.get("run") or {}).get("processes") or 1)
     unused = MULTIPROCESS_KEYS + (() if body["trainer"].get("use_vllm") else VLLM_KEYS)
+    if ((body.get("method") or {}).get("params") or {}).get("scope") != "microbatch":
+        unused += MICROBATCH_KEYS
     trainer = {k: v for k, v in body["trainer"].items() if k not in unused}
     if processes > 1:
         body["processes"], trainer["distributed"] = processes, body["trainer"].get("distributed", "ddp")

@@ -16,6 +16,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from stare_lab.loss_types import AGGREGATIONS, RANKS
+
 
 def bounded(
     *,
@@ -125,6 +127,8 @@ class TrainerConfig:
     stats_chunk_tokens: int = bounded(ge=1)
     attn_chunk_queries: int = bounded(ge=1)
     js_chunk_positions: int = bounded(ge=1)
+    microbatch_aggregation: str = bounded(choices=AGGREGATIONS)  # scope microbatch only
+    microbatch_ranks: str = bounded(choices=RANKS)  # scope microbatch only
     use_cpu: bool = MISSING
     bf16: bool = MISSING
     gradient_checkpointing: bool = MISSING

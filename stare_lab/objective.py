@@ -1,11 +1,12 @@
-"""The clipped surrogate, the KL term and loss aggregation with token weights, written out.
+"""The loss: what one micro-batch back-propagates, the rule's weights included (DESIGN.md §4).
 
-The trainer does not call this module: its loss is TRL's own `_compute_loss` with the weights in
-TRL's per-token mask slot (`stare_lab/trl_loss.py`, docs/trl_parity.md). This is the explicit
-formulation of the same composition for the supported clipped-surrogate loss types (grpo, bnpo,
-dr_grpo, dapo), kept as the independent reference that the invariant, distributed and
-micro-batch tests compare against; with weights equal to the mask it equals plain TRL bit for
-bit (tests/test_objective.py).
+- `trainer_loss` is the trainer's loss: TRL's own `GRPOTrainer._compute_loss` with the rule's weights
+  in TRL's per-token mask slot (`stare_lab/trl_loss.py`, docs/trl_parity.md), so every TRL loss type
+  and term composes, and with weights equal to the mask it is plain TRL to the bit.
+- `token_loss(rule, stats, state, logp)` is the same loss written out over tensors for one micro-batch
+  of one process (the clipped-surrogate loss types grpo, bnpo, dr_grpo, dapo): the contract tests and
+  users rely on, and the independent reference the invariant, distributed and micro-batch tests compare
+  against (`clipped_surrogate`, `kl_penalty`, `aggregate`).
 
 Normalisation (docs/pitfalls.md, Normalisation):
 - "loss_type" / "valid": the loss type's own denominator (token counts of valid tokens); an
@@ -25,6 +26,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from stare_lab.methods.registry import NORMALIZE, Rule, RuleState
+from stare_lab.stats import TokenStats
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
@@ -85,11 +89,13 @@ def aggregate(
     per_token_loss, weights, mask: [B, T]; num_items: global count of valid tokens of the generation
     batch (dapo); weight_total: global sum of weights of the generation batch (dapo, "selected").
     """
-    if normalize not in ("valid", "selected", "loss_type"):
-        raise ValueError(f"normalize={normalize!r} is not one of valid, selected, loss_type")
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize={normalize!r} is not one of {', '.join(NORMALIZE)}")
     selected = normalize == "selected"
     loss = per_token_loss * weights
     if beta != 0.0:
+        if kl is None:
+            raise ValueError("beta != 0 needs the per-token kl")
         loss = loss + beta * kl
     masked = loss * mask
     if agg.loss_type == "grpo":
@@ -102,6 +108,8 @@ def aggregate(
         return masked.sum() / (per_token_loss.size(0) * agg.max_completion_length) / agg.grad_accum
     # dapo: the denominator spans the generation batch, rescaled to one accumulation window
     total = weight_total if selected else num_items
+    if total is None:
+        raise ValueError(f"loss_type='dapo' needs {'weight_total' if selected else 'num_items'}")
     normalizer = _safe(total) / agg.num_processes * agg.grad_accum / agg.steps_per_generation
     return masked.sum() / normalizer
 
@@ -112,3 +120,50 @@ def _safe(denom: Tensor) -> Tensor:
     For integer token counts this equals TRL's `clamp(min=1.0)` exactly.
     """
     return torch.where(denom > 0, denom, torch.ones_like(denom)) if torch.is_tensor(denom) else max(denom, 1.0)
+
+
+def token_loss(
+    rule: Rule, stats: TokenStats, state: RuleState, logp: Tensor, *, max_completion_length: int = 0
+) -> Tensor:
+    """The scalar loss one micro-batch back-propagates, taken as a whole step of one process (DESIGN.md §4).
+
+    logp: [B, T] current log-probs with grad. The rule runs on `stats` (for a rule of scope "microbatch":
+    the micro-batch's own, from the current policy, detached); `stats.old_logp` None means on-policy
+    (π_old = sg π, TRL's choice), `stats.ref_logp` is read when β > 0. `state.trainer` gives the loss type,
+    ε and β. max_completion_length: dr_grpo's constant (0: the batch's T). For `full` this equals TRL's
+    `_compute_loss` on the same micro-batch with one micro-batch per step (tests/test_objective.py).
+    """
+    values = state.trainer
+    if values is None:
+        raise ValueError("token_loss needs state.trainer (TrainerValues: loss type, clip ε, β)")
+    out = rule(stats, state)
+    old = stats.old_logp if stats.old_logp is not None else logp.detach()
+    per_token, _ = clipped_surrogate(logp, old, stats.advantages, values.epsilon_low, values.epsilon_high)
+    kl = kl_penalty(logp, stats.need("ref_logp", rule=rule.name)) if values.beta != 0.0 else None
+    mask = stats.mask
+    agg = Aggregation(loss_type=values.loss_type, max_completion_length=max_completion_length or mask.size(1))
+    return aggregate(
+        per_token,
+        out.weights,
+        mask,
+        agg,
+        normalize=out.normalize,
+        num_items=mask.sum(),
+        weight_total=(out.weights * mask).sum(),
+        kl=kl,
+        beta=values.beta,
+    )
+
+
+def trainer_loss(trainer, model, inputs: dict, weights=None, on_entropies=None) -> Tensor:
+    """The trainer's loss of one micro-batch: TRL's `_compute_loss` with the rule's weights in its slot.
+
+    weights: None, the batch's `token_weights` (from generation time) rescaled for its normalisation
+    (`trl_loss.loss_weights`); or a callable `(logp, entropies) -> [B, T]` evaluated right after TRL's
+    forward (scope "microbatch"). on_entropies(entropies, mask): sees the forward's entropies (metrics).
+    """
+    from stare_lab import trl_loss  # imports TRL: the tensor-level functions above need none of it
+
+    if weights is None:
+        weights = trl_loss.loss_weights(trainer, inputs, NORMALIZE[int(inputs["token_normalize"])])
+    return trl_loss.trl_loss(trainer, model, inputs, weights, on_entropies=on_entropies)

@@ -226,6 +226,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
         js_chunk_positions=t.js_chunk_positions,
         keep_batches_every=t.keep_batches_every,
         run_dir=run_dir,
+        microbatch_aggregation=t.microbatch_aggregation,
+        microbatch_ranks=t.microbatch_ranks,
     )
 
 

@@ -49,10 +49,13 @@ def statistic(meaning: str, source: str, key: str | None = None, *, required: bo
 class TokenStats:
     """One generation batch. Every statistic is a [B, T] float tensor (shape in `STATISTICS`)."""
 
-    logp: Tensor = statistic(
-        "log π(a_t) of the sampled token at the sampling temperature (NaN where the rule did not declare it)",
-        "vocab",
-        required=True,
+    # a required field: `field(metadata=...)` itself, so that type checkers see no default
+    logp: Tensor = field(
+        metadata=statistic(
+            "log π(a_t) of the sampled token at the sampling temperature (NaN where the rule did not declare it)",
+            "vocab",
+            required=True,
+        ).metadata
     )
     mask: Tensor  # [B, T] 1 on valid completion tokens, 0 on padding
     advantages: Tensor  # [B] or [B, T] group-normalised advantage
@@ -89,7 +92,8 @@ class TokenStats:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.logp.shape)
+        B, T = self.logp.shape
+        return int(B), int(T)
 
     @property
     def token_advantages(self) -> Tensor:
@@ -107,6 +111,13 @@ class TokenStats:
         """[B, T] s = -log π."""
         return -self.logp
 
+    def need(self, name: str, *, rule: str = "") -> Tensor:
+        """The statistic `name`; the ValueError of `require` when it was not computed."""
+        self.require(name, rule=rule)
+        value = getattr(self, name)
+        assert value is not None  # require raised otherwise; the assert narrows the Optional for type checkers
+        return value
+
     def require(self, *names: str, rule: str = "") -> None:
         """Fail with a clear message when a statistic a rule needs was not computed."""
         missing = [n for n in names if getattr(self, n) is None]
@@ -117,6 +128,13 @@ class TokenStats:
 STATISTICS: dict[str, Statistic] = {
     f.name: Statistic(f.name, *f.metadata["statistic"]) for f in fields(TokenStats) if "statistic" in f.metadata
 }
+
+
+def check_known(names: frozenset[str] | set[str], who: str = "") -> None:
+    """ValueError naming every name in `names` that is not a statistic of `STATISTICS` (the one check)."""
+    unknown = set(names) - set(STATISTICS)
+    if unknown:
+        raise ValueError(f"{who}unknown statistics {sorted(unknown)}; known: {', '.join(STATISTICS)}")
 
 
 def positions(mask: Tensor) -> Tensor:

@@ -1,48 +1,63 @@
 """TokenRuleGRPOTrainer: TRL's GRPOTrainer with per-token weights from a token rule.
 
-Glue on TRL's two extension points:
-- `_generate_and_score_completions`: the parent generates, scores and computes advantages; the
-  statistics the rule declares come from the cheapest exact source (`signals/paths.py`: recorded
-  during transformers generation, TRL's own old-log-prob forward, or one no-grad pass,
-  `signals.token_statistics`), are gathered over ranks (`distributed.global_token_stats`), the rule
-  is called once on the global batch with the trainer's values in its state, and this rank's rows of
-  `token_weights` [B, T] (plus the global weight sum, a 0-dim tensor) are attached to the batch.
-  TRL shuffles and splits them with the rest, so weights never depend on the micro-batch split.
-- `_compute_loss`: TRL's own `GRPOTrainer._compute_loss` with the weights in its per-token mask
-  slot (`trl_loss.py`; every TRL loss variant composes, docs/trl_parity.md). With rule `full`
-  this is TRL's loss to the bit (a test). `scope: microbatch` rules choose their weights inside
-  that call from the training forward's own statistics (`methods/microbatch.py`).
-Besides these, `_save_checkpoint` writes the rule state into each checkpoint before transformers
-marks it complete, so a resumed run continues the rule's memory.
-The trainer never names a rule: it asks the registry (`stare_lab.methods`).
+Glue on TRL's extension points; the class docstring lists each method it overrides and why. The
+statistics the rule declares come from the cheapest exact source (`signals/sources.py`), the rule
+runs through `token_weights.apply_rule`, and the loss is `objective.trainer_loss`: TRL's own
+`_compute_loss` with the weights in its per-token mask slot (docs/trl_parity.md). With rule `full`
+this is TRL's loss to the bit (a test). The trainer never names a rule: it asks the registry
+(`stare_lab.methods`).
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from stare_lab import distributed
-from stare_lab.methods import Rule, RuleState, TrainerValues
-from stare_lab.methods.microbatch import check_microbatch_scope, defer_to_loss, microbatch_weights
+from stare_lab import distributed, objective, trl_loss
+from stare_lab.methods import NORMALIZE, Rule, RuleState, TrainerValues
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
 from stare_lab.signals.attention import CHUNK_QUERIES
 from stare_lab.signals.generation import record_generation
 from stare_lab.signals.js import CHUNK_POSITIONS
-from stare_lab.signals.paths import generation_needs, ride_old_logp_forward, stats_path
+from stare_lab.signals.sources import generation_needs, model_needs, ride_old_logp_forward, stats_source
 from stare_lab.signals.vocab import CHUNK_TOKENS
 from stare_lab.stats import TokenStats
+from stare_lab.token_weights import (
+    AGGREGATIONS,
+    RANKS,
+    apply_rule,
+    check_choice,
+    deferred_inputs,
+    microbatch_stats,
+    microbatch_total_scale,
+    selects_in_loss,
+)
 from stare_lab.utils import atomic_write_json
-
-NORMALIZE_CODES = ("valid", "selected", "loss_type")
 
 
 class TokenRuleGRPOTrainer(GRPOTrainer):
+    """TRL 1.16's GRPOTrainer with a token rule's weights in the loss.
+
+    Methods of TRL it overrides, each because TRL offers no hook there:
+    - `_generate_and_score_completions`: after the parent generates, scores and computes advantages,
+      the rule's statistics (`_token_stats`) and weights (`token_weights.apply_rule`) join the batch
+      dict TRL returns, which TRL shuffles and splits with the rest (so weights never depend on the
+      micro-batch split). For the parent's one call it arms, when the statistics come from there,
+      TRL's `_generate_single_turn` (recording during transformers generation) or its no-grad
+      old-log-prob forward (the statistics pass rides it): `_statistics_taken`, instance attributes
+      restored after the call, the values returned through the dict it yields.
+    - `_compute_loss`: `objective.trainer_loss`, TRL's own loss with the weights in its per-token mask
+      slot; a rule of scope "microbatch" chooses its weights in that slot from the training forward.
+    - `_save_checkpoint`: the rule state goes into each checkpoint before transformers marks the
+      checkpoint complete (a callback's `on_save` runs only after that), so a resumed run continues it.
+    """
+
     def __init__(
         self,
         *args,
@@ -55,6 +70,8 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         keep_batches_every: int = 0,
         run_dir: str | Path | None = None,
         stats_at_generation: bool = True,
+        microbatch_aggregation: str = "verl",
+        microbatch_ranks: str = "process",
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -80,58 +97,58 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self.keep_batches_every = keep_batches_every  # viewer: keep every N-th generation batch (0 = never)
         self.run_dir = run_dir
         self.stats_at_generation = stats_at_generation  # record statistics while transformers generates
-        self.microbatch = check_microbatch_scope(rule, self.trainer_values)
-        self._taken: dict[str, torch.Tensor] | None = None  # statistics from generation or the old-log-prob forward
-        self._ride_armed = False
-        self._record = None
-        self._loss_inputs = None
+        self.selects_in_loss = selects_in_loss(rule, self.trainer_values)  # scope "microbatch"
+        # scope "microbatch" (token_weights.py): verl's token-mean per micro-batch or TRL's aggregation;
+        # selection per process (the official codes) or over the micro-batches of every rank
+        self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
+        self.microbatch_ranks = check_choice("microbatch_ranks", microbatch_ranks, RANKS)
+
+    @property
+    def batch_needs(self) -> frozenset[str]:
+        """What the statistics sources compute per generation batch: the rule's needs, or for scope
+        "microbatch" only what it reads once per step (`step_needs`)."""
+        values = self.trainer_values
+        return self.rule.step_needs_for(values) if self.selects_in_loss else self.rule.needs_for(values)
 
     # ---- generation time: statistics and weights -------------------------------------------
     def _generate_and_score_completions(self, inputs):
-        self._taken, path = None, self.stats_path()
-        self._ride_armed = path == "old_logp_forward"
-        try:
+        with self._statistics_taken(self.stats_source()) as taken:
             out = super()._generate_and_score_completions(inputs)
-        finally:
-            self._ride_armed, record, self._record = False, self._record, None
+        record = taken.get("record")
         if record is not None:  # None when the recording does not line up: the pass computes everything
-            self._taken = record.result(out["completion_ids"], out["completion_mask"])
+            taken["stats"] = record.result(out["completion_ids"], out["completion_mask"])
         mode = "train" if self.model.training else "eval"
-        if self.microbatch:
-            return defer_to_loss(self, out)
-        local, rollout_entropy = self._token_stats(out, given=self._taken)
-        self._taken = None
-        # the rule sees the global generation batch, identical on every rank (docs/distributed.md §4);
-        # with one process `stats is local` and `local_rows` is the identity
-        stats, rows = distributed.global_token_stats(local, self.accelerator)
         self.rule_state.step = self.state.global_step
         self.rule_state.total_steps = max(self.state.max_steps, 1)
         self.rule_state.trainer = self.trainer_values
+        if self.selects_in_loss:  # the rule runs per micro-batch in the loss; here only what it reads per step
+            self.rule_state.step_stats = None
+            if self.batch_needs:
+                local, _ = self._token_stats(out, given=taken.get("stats"))
+                self.rule_state.step_stats = distributed.global_token_stats(local, self.accelerator)[0]
+            out.update(deferred_inputs(out["completion_mask"]))
+            return out
+        local, rollout_entropy = self._token_stats(out, given=taken.get("stats"))
         every = self.keep_batches_every
         keep = mode == "train" and every > 0 and self.state.global_step % every == 0  # viewer.keep_due
         state_before = self.rule_state.to_dict() if keep else None  # the rule updates its memory in place
-        with distributed.deterministic():
-            result = self.rule(stats, self.rule_state)
-        weights = result.weights.to(out["completion_mask"].device)
-        out["token_weights"] = distributed.local_rows(weights, rows)
-        out["token_weight_total"] = weights.sum()  # global already: every rank's rows are in `weights`
-        out["token_normalize"] = torch.tensor(NORMALIZE_CODES.index(result.normalize))
-        selected = (result.selected if result.selected is not None else stats.valid) & stats.valid
-        out["token_selected"] = distributed.local_rows(selected, rows).float()
+        # the rule sees the global generation batch, identical on every rank (docs/distributed.md §4)
+        applied = apply_rule(self.rule, self.rule_state, local, self.accelerator)
+        out.update(applied.inputs)
         if keep:
             from stare_lab.viewer.collect import collect_for_trainer
 
             collect_for_trainer(
                 self,
                 out,
-                stats,
+                applied.stats,
                 run_dir=self.run_dir,
                 every=self.keep_batches_every,
                 rule_state=state_before,
-                trained_weights=weights,
+                trained_weights=applied.weights,
             )
         entropy_mean = self._global_mean(rollout_entropy, local.mask) if rollout_entropy is not None else None
-        self._log_rule_metrics(mode, stats, weights, selected.float(), result.metrics, entropy_mean)
+        self._log_rule_metrics(mode, applied, entropy_mean)
         return out
 
     def _global_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -146,7 +163,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         recorded during generation or taken from TRL's old-log-prob forward; the pass computes the rest."""
         completion_ids, mask = out["completion_ids"], out["completion_mask"]
         B, T = completion_ids.shape
-        needs = self.rule.needs_for(self.trainer_values)
+        needs = self.batch_needs
         group = self._global_group(B, mask.device)
         computed = self._statistics(out, needs, group, given)
         declared = {k: v for k, v in computed.items() if k in needs}
@@ -177,91 +194,116 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             given=given,
         )
 
-    # ---- where the statistics come from (docs/pitfalls_signals.md, "Statistics paths") ------------
-    def stats_path(self) -> str:
+    # ---- where the statistics come from (docs/pitfalls_signals.md, "Statistics sources") ---------
+    def stats_source(self) -> str:
         """How this generation batch's statistics are obtained: "none" (the rule reads only TRL's batch),
-        "microbatch" (inside the loss), "old_logp_forward" (TRL's own no-grad forward of the rollout
-        policy, when it makes one), "generation" (recorded while transformers generates; JS still takes
-        the pass), or "pass" (one no-grad forward after generation)."""
-        return stats_path(self)
+        "microbatch" (inside the loss, and nothing read once per step), "old_logp_forward" (TRL's own
+        no-grad forward of the rollout policy, when it makes one), "generation" (recorded while
+        transformers generates; JS still takes the pass), or "pass" (one no-grad forward after generation)."""
+        return stats_source(self)
 
-    def _generate_single_turn(self, *args, **kwargs):
-        if self.stats_path() != "generation":
-            return super()._generate_single_turn(*args, **kwargs)
-        # JS at generation time only in one process: the pass's JS of groups split over ranks is a collective
-        one_process = self.accelerator.num_processes == 1
-        with record_generation(
-            self.model,
-            generation_needs(self),
-            temperature=self.temperature,
-            attn_layers=self.rule.attn_layers,
-            chunk_queries=self.attn_chunk_queries,
-            js_group=self.num_generations if one_process else None,
-            eos_ids=self.eos_token_ids,
-        ) as rec:
-            result = super()._generate_single_turn(*args, **kwargs)
-        self._record = rec
-        return result
+    @contextmanager
+    def _statistics_taken(self, source: str):
+        """For the parent's one `_generate_and_score_completions` call, arm the TRL call the statistics come
+        from; yields a dict that holds afterwards "record" (the generation recording) or "stats" (taken from
+        TRL's old-log-prob forward), or nothing."""
+        taken: dict = {}
+        if source == "generation":
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        if self._ride_armed and model is self.model and not torch.is_grad_enabled():
-            # TRL's old-log-prob forward of the rollout policy: the rule's statistics come out of it
-            self._ride_armed = False
-            return ride_old_logp_forward(self, input_ids, attention_mask, logits_to_keep, kwargs)
-        logp, entropies, aux = super()._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            def recorded(generate):
+                # JS at generation time only in one process: the pass's JS of groups split over ranks is a collective
+                one_process = self.accelerator.num_processes == 1
+
+                def call(*args, **kwargs):
+                    with record_generation(
+                        self.model,
+                        generation_needs(self),
+                        temperature=self.temperature,
+                        attn_layers=self.rule.attn_layers,
+                        chunk_queries=self.attn_chunk_queries,
+                        js_group=self.num_generations if one_process else None,
+                        eos_ids=self.eos_token_ids,
+                    ) as rec:
+                        result = generate(*args, **kwargs)
+                    taken["record"] = rec
+                    return result
+
+                return call
+
+            with trl_loss.shadowed(self, "_generate_single_turn", recorded):
+                yield taken
+        elif source == "old_logp_forward":
+
+            def ridden(forward):
+                def call(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+                    if "stats" in taken or model is not self.model or torch.is_grad_enabled():
+                        return forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+                    # TRL's old-log-prob forward of the rollout policy: the rule's statistics come out of it
+                    taken["stats"] = ride_old_logp_forward(
+                        self._rows_statistics, model_needs(self), input_ids, attention_mask, logits_to_keep, kwargs
+                    )
+                    return taken["stats"]["logp"], None, None
+
+                return call
+
+            with trl_loss.shadowed(self, "_get_per_token_logps_and_entropies", ridden):
+                yield taken
+        else:
+            yield taken
+
+    def _rows_statistics(self, batch: dict, needs: frozenset[str]) -> dict[str, torch.Tensor]:
+        """The statistics pass over `batch`, whose rows are this rank's rows of the generation batch."""
+        ids = batch["completion_ids"]
+        return self._statistics(batch, needs, self._global_group(ids.size(0), ids.device))
+
+    def _microbatch_weights(self, inputs: dict, entropies: torch.Tensor, logp: torch.Tensor) -> dict:
+        """Scope "microbatch": the rule on this process's micro-batch (every rank's with microbatch_ranks
+        "gathered") from the training forward's own detached statistics of the current policy; returns
+        its loss inputs (token_weights.apply_rule)."""
+        needs = self.rule.needs_for(self.trainer_values)
+        local = microbatch_stats(needs, inputs, entropies, logp, self.accelerator.process_index)
+        training = self.model.training
+        applied = apply_rule(
+            self.rule,
+            self.rule_state,
+            local,
+            self.accelerator,
+            gather=self.microbatch_ranks == "gathered",
+            total_scale=microbatch_total_scale(
+                self.microbatch_ranks, self.accelerator.num_processes, self.args.steps_per_generation if training else 1
+            ),
         )
-        if self._loss_inputs is not None and entropies is not None:  # scope "microbatch": select from this forward
-            inputs, self._loss_inputs = self._loss_inputs, None
-            self._microbatch_weights(inputs, entropies, logp)
-        return logp, entropies, aux
+        self._log_rule_metrics("train" if training else "eval", applied, None)
+        return applied.inputs
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        # scope "microbatch": the first forward inside _compute_loss sets this micro-batch's weights
-        self._loss_inputs = inputs if self.microbatch else None
-        try:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            if self._loss_inputs is not None:
-                raise RuntimeError(
-                    "scope 'microbatch': _compute_loss made no forward with entropies, so no weights "
-                    "were selected for this micro-batch"
-                )
-            return loss
-        finally:
-            self._loss_inputs = None
-
-    def _microbatch_weights(self, inputs, entropies, logp) -> None:
-        """Scope "microbatch": the rule on this micro-batch (of every rank) from the training forward's own
-        detached statistics of the current policy; writes token_weights/selected/normalize/weight_total
-        into `inputs`. Called by the first `_get_per_token_logps_and_entropies` inside `_compute_loss`."""
-        microbatch_weights(self, inputs, entropies, logp)
-
-    def _log_rule_metrics(self, mode, stats, weights, selected, rule_metrics, rollout_entropy) -> None:
+    def _log_rule_metrics(self, mode, applied, rollout_entropy) -> None:
         """Global values (the rule's batch), the same on every rank; rollout_entropy: its global mean or None."""
-        valid = stats.mask
+        valid = applied.stats.mask
         n = valid.sum().clamp(min=1)
-        w = weights[valid > 0]
+        w = applied.weights[valid > 0]
         m = self._metrics[mode]
-        m["tokens/selected_frac"].append((selected.sum() / n).item())
+        m["tokens/selected_frac"].append((applied.selected.float().sum() / n).item())
         m["tokens/weight_mean"].append(w.mean().item() if w.numel() else 0.0)
         m["tokens/weight_std"].append(w.std().item() if w.numel() > 1 else 0.0)
         if rollout_entropy is not None:
             m["tokens/rollout_entropy"].append(rollout_entropy)
-        for k, v in rule_metrics.items():
+        for k, v in applied.metrics.items():
             m[k].append(float(v))
 
     # ---- loss -------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        """TRL's own loss with the rule's weights in its per-token mask slot (trl_loss.py, docs/trl_parity.md)."""
-        from stare_lab import trl_loss
-
+        """TRL's own loss with the rule's weights in its per-token mask slot (objective.trainer_loss)."""
         mode = "train" if self.model.training else "eval"
         seen = {}
+        weights = None
+        if self.selects_in_loss:
 
-        def weights():  # read when TRL reaches the slot: a "microbatch" rule has just written them
-            return trl_loss.loss_weights(self, inputs, NORMALIZE_CODES[int(inputs["token_normalize"])])
+            def weights(logp, entropies):  # TRL's slot, right after its forward: this micro-batch's weights
+                inputs.update(self._microbatch_weights(inputs, entropies, logp))
+                normalize = NORMALIZE[int(inputs["token_normalize"])]
+                return trl_loss.loss_weights(self, inputs, normalize, self.microbatch_aggregation)
 
-        loss = trl_loss.trl_loss(
+        loss = objective.trainer_loss(
             self,
             model,
             inputs,
@@ -281,8 +323,6 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     def _log_gradient_geometry(self, model, inputs, loss) -> None:
         """Cosine and norm ratio of the weighted gradient against the full-token gradient on this micro-batch
         (TRL's loss a second time with the completion mask in the slot; its side effects undone)."""
-        from stare_lab import trl_loss
-
         cosine, norm_ratio = trl_loss.gradient_geometry(self, model, inputs, loss)
         self._metrics["train"]["geometry/cosine"].append(cosine)
         self._metrics["train"]["geometry/norm_ratio"].append(norm_ratio)
@@ -322,8 +362,6 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
 
 def _check_supported(t: GRPOTrainer) -> None:
     """Refuse the TRL features that do not compose with token weights, each with its reason (docs/trl_parity.md)."""
-    from stare_lab import trl_loss
-
     problems = trl_loss.refusals(t)
     if problems:
         raise ValueError(f"TokenRuleGRPOTrainer does not support {'; '.join(problems)}")

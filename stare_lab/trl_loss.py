@@ -33,6 +33,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from stare_lab.loss_types import GENERATION_BATCH_DENOMINATOR, NO_TOKEN_DENOMINATOR
+from stare_lab.methods.registry import NORMALIZE
 
 
 def loss_mask(inputs: dict) -> Tensor:
@@ -63,20 +64,66 @@ def selected_scale(loss_type: str, weights: Tensor, mask: Tensor, num_items: Ten
     return torch.where(sums > 0, counts / torch.where(sums > 0, sums, torch.ones_like(sums)), torch.zeros_like(sums))
 
 
-def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str) -> Tensor:
-    """The tensor to put in TRL's slot: the rule's weights, rescaled for normalize="selected". [B, T]"""
+def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str, aggregation: str = "trl") -> Tensor:
+    """The tensor to put in TRL's slot: the rule's weights, rescaled for normalize="selected", or for
+    aggregation="verl" (scope microbatch: `verl_scale`). [B, T]"""
     weights = inputs["token_weights"]
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize={normalize!r} is not one of {', '.join(NORMALIZE)}")
+    if aggregation == "verl" and trainer.loss_type in GENERATION_BATCH_DENOMINATOR:
+        return weights * verl_scale(trainer, weights, loss_mask(inputs), inputs["num_items_in_batch"], normalize)
     if normalize in ("valid", "loss_type"):
         return weights
-    if normalize != "selected":
-        raise ValueError(f"normalize={normalize!r} is not one of valid, selected, loss_type")
     scale = selected_scale(
         trainer.loss_type, weights, loss_mask(inputs), inputs["num_items_in_batch"], inputs["token_weight_total"]
     )
     return weights * scale
 
 
-Weights = Tensor | Callable[[], Tensor]
+def verl_scale(trainer: GRPOTrainer, weights: Tensor, mask: Tensor, num_items: Tensor, normalize: str) -> Tensor:
+    """Factor c with TRL's generation-batch denominator / c = verl's legacy dp_actor token-mean of this micro-batch.
+
+    verl (`dp_actor.update_policy` with `agg_loss(..., "token-mean")`): each micro-batch's loss is
+    Σ(ℓ·w·m) / D_micro × loss_scale_factor, D_micro = Σ m (Σ w·m for "selected", the 80/20 code's
+    `response_mask * entropy_top_mask`), loss_scale_factor = its share of the optimizer step's rows
+    (1 / gradient_accumulation_steps; rows / mini-batch rows with dynamic batch sizes, the same for
+    TRL's equal micro-batches). TRL's dapo/cispo/vespo divide by num_items / processes × accumulation
+    / steps_per_generation (train), num_items / processes (eval). bnpo, grpo and sapo already
+    aggregate per micro-batch as verl's token-mean / seq-mean-token-mean do, dr_grpo and luspo have
+    no token count: there "verl" is TRL's aggregation. A micro-batch with D_micro = 0 gives c = 0.
+    """
+    m = mask.float()
+    d = (weights * m).sum() if normalize == "selected" else m.sum()
+    trl_denominator = num_items.float().clamp(min=1.0) / trainer.accelerator.num_processes
+    if trainer.model.training:
+        trl_denominator = (
+            trl_denominator * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
+        )
+        d = d * trainer.current_gradient_accumulation_steps
+    return torch.where(d > 0, trl_denominator / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
+
+
+# A callable gets (logp, entropies) of TRL's own forward inside `_compute_loss` (both [B, T], logp with grad)
+# and is evaluated when TRL reaches the slot: a rule of scope "microbatch" selects from that forward.
+Weights = Tensor | Callable[[Tensor, Tensor], Tensor]
+
+
+@contextmanager
+def shadowed(obj: object, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
+    """`obj.<name>` is `make(current obj.<name>)` inside the block, an instance attribute restored on exit.
+
+    How the trainer reaches into one call of a TRL method that has no hook (the loss slot, the rollout's
+    generation, TRL's old-log-prob forward) without overriding it for good or keeping state on the trainer.
+    """
+    had, before = name in vars(obj), vars(obj).get(name)
+    setattr(obj, name, make(getattr(obj, name)))
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, before)
+        else:
+            delattr(obj, name)
 
 
 @contextmanager
@@ -86,26 +133,37 @@ def weight_slot(
     """For the calls inside, TRL's per-token mask slot returns `weights` [B, T].
 
     The instance attribute shadows `get_high_entropy_mask` and `top_entropy_quantile` < 1 arms the
-    slot; both are restored on exit. A callable `weights` is evaluated when TRL reaches the slot,
-    right after its forward (a rule of scope "microbatch" selects from that forward).
-    `on_entropies(entropies, mask)` sees the training forward's per-token entropies (for metrics)
-    without a second forward.
+    slot; both are restored on exit. A callable `weights` also sees the first forward's log-probs
+    (`_get_per_token_logps_and_entropies`, shadowed for the block). `on_entropies(entropies, mask)`
+    sees the training forward's per-token entropies (for metrics) without a second forward.
     """
     if "get_high_entropy_mask" in vars(trainer):
         raise RuntimeError("the token-weight slot is already armed (nested weight_slot)")
+    forward: dict[str, Tensor] = {}
 
     def slot(entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
         if on_entropies is not None:
             on_entropies(entropies, mask)
-        return weights() if callable(weights) else weights
+        return weights(forward["logp"], entropies) if callable(weights) else weights
+
+    def capture(original: Callable) -> Callable:
+        def call(*args, **kwargs):
+            out = original(*args, **kwargs)
+            forward.setdefault("logp", out[0])  # the policy forward is _compute_loss's first
+            return out
+
+        return call
 
     quantile = trainer.top_entropy_quantile
-    trainer.get_high_entropy_mask = slot
     trainer.top_entropy_quantile = 0.0
     try:
-        yield
+        with shadowed(trainer, "get_high_entropy_mask", lambda _: slot):
+            if callable(weights):
+                with shadowed(trainer, "_get_per_token_logps_and_entropies", capture):
+                    yield
+            else:
+                yield
     finally:
-        del trainer.get_high_entropy_mask
         trainer.top_entropy_quantile = quantile
 
 

@@ -15,10 +15,10 @@ import torch
 from test_loss_compose_reference import reference_loss
 from trl import GRPOConfig, GRPOTrainer
 
-from stare_lab.methods import get_method
+from stare_lab.methods import NORMALIZE, get_method
 from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import NORMALIZE_CODES, TokenRuleGRPOTrainer
+from stare_lab.trainer import TokenRuleGRPOTrainer
 
 G = 4
 
@@ -222,7 +222,7 @@ def test_selecting_rule_equals_loop_reference(setup, tmp_path, feature, kind, no
         token_weights=w,
         token_weight_total=w.sum(),
         token_selected=(w > 0).float(),
-        token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)),
+        token_normalize=torch.tensor(NORMALIZE.index(normalize)),
     )
     logp, entropies, aux = current_logps(ours, batch)
     expected = reference_loss(ours, batch, logp, entropies, w, normalize, aux)
@@ -241,7 +241,7 @@ def test_selected_equals_valid_over_selected_mass_for_dapo(setup, tmp_path):
     batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float())
     losses = {}
     for normalize in ("valid", "selected"):
-        batch["token_normalize"] = torch.tensor(NORMALIZE_CODES.index(normalize))
+        batch["token_normalize"] = torch.tensor(NORMALIZE.index(normalize))
         losses[normalize] = ours._compute_loss(ours.model, batch).item()
     ratio = batch["num_items_in_batch"].item() / w.sum().item()
     assert losses["selected"] == pytest.approx(losses["valid"] * ratio, rel=1e-5)

@@ -27,10 +27,10 @@ from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from stare_lab.methods import get_method
+from stare_lab.methods import NORMALIZE, get_method
 from stare_lab.models.builtin import build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import NORMALIZE_CODES, TokenRuleGRPOTrainer
+from stare_lab.trainer import TokenRuleGRPOTrainer
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_moe_selecting_rule_equals_loop_reference(moe_setup, tmp_path, normalize
         token_weights=w,
         token_weight_total=w.sum(),
         token_selected=(w > 0).float(),
-        token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)),
+        token_normalize=torch.tensor(NORMALIZE.index(normalize)),
     )
     logp, entropies, aux = current_logps(ours, batch)
     assert aux is not None and aux.item() > 0
@@ -110,7 +110,7 @@ def vlm_batch(B=4, T=6, seed=0):
         "num_items_in_batch": completion_mask.sum(),
         "token_weights": completion_mask.clone(),
         "token_weight_total": completion_mask.sum(),
-        "token_normalize": torch.tensor(NORMALIZE_CODES.index("loss_type")),
+        "token_normalize": torch.tensor(NORMALIZE.index("loss_type")),
         "token_selected": completion_mask.float(),
     }
 
@@ -177,7 +177,7 @@ def test_vlm_selecting_rule_equals_loop_reference(vlm_pair, normalize):
         token_weights=w,
         token_weight_total=w.sum(),
         token_selected=(w > 0).float(),
-        token_normalize=torch.tensor(NORMALIZE_CODES.index(normalize)),
+        token_normalize=torch.tensor(NORMALIZE.index(normalize)),
     )
     assert w.shape == batch["completion_ids"].shape  # weights exist for completion tokens only
     logp, entropies, _ = current_logps(ours, batch)

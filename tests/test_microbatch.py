@@ -1,10 +1,10 @@
-"""scope "microbatch" (methods/microbatch.py): selection inside the loss from the training forward's own statistics.
+"""scope "microbatch" (stare_lab/token_weights.py): selection inside the loss from the training forward.
 
 - Against a loop reference: inside a real training run (2 micro-batches per generation batch), each
   micro-batch's weights equal the rule with scope "batch" applied to that micro-batch alone, with
   entropies of the current policy from a plain forward (model(...).logits / τ) at that moment.
 - With one micro-batch holding the generation batch, scope "microbatch" equals scope "batch".
-- STARE with scope microbatch trains (parameters move, its memory advances per micro-batch); a rule
+- STARE with scope microbatch trains (parameters move, its controller runs once per step); a rule
   that reads what the loss forward does not give is refused in one line.
 The shipped trained model: entropies without near-ties that float noise could flip.
 """
@@ -90,14 +90,15 @@ def test_microbatch_equals_a_loop_reference_per_micro_batch(setup, tmp_path):
 
     def spy(inputs, entropies, logp):
         reference_entropy = _plain_entropy(trainer.model, inputs)  # the current policy, right now
-        weights_fn(inputs, entropies, logp)
+        result = weights_fn(inputs, entropies, logp)
         seen.append(
             (
                 reference_entropy,
-                {k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()},
+                {k: v.clone() if torch.is_tensor(v) else v for k, v in {**inputs, **result}.items()},
                 trainer.rule_state.step,
             )
         )
+        return result
 
     trainer._microbatch_weights = spy
     trainer.train()
@@ -133,7 +134,9 @@ def test_one_micro_batch_holding_the_batch_equals_scope_batch(setup, tmp_path, n
         per_device_train_batch_size=8,
         gradient_accumulation_steps=1,
     )
-    assert micro.stats_path() == "microbatch" and micro.args.steps_per_generation == 1
+    # STARE reads its gate's H̄ once per step from the generation batch (recorded while sampling)
+    assert micro.stats_source() == ("generation" if name == "stare" else "microbatch")
+    assert micro.args.steps_per_generation == 1
     ds = batch_scope.train_dataset
     rows = [ds[i] for i in range(2) for _ in range(G)]
     outs = []
@@ -149,25 +152,26 @@ def test_one_micro_batch_holding_the_batch_equals_scope_batch(setup, tmp_path, n
         logp, entropies, _ = micro._get_per_token_logps_and_entropies(
             micro.model, ids, mask, ids.size(1) - out["prompt_ids"].size(1), compute_entropy=True
         )
-    micro._microbatch_weights(out, entropies, logp)
+    out.update(micro._microbatch_weights(out, entropies, logp))
     assert not torch.equal(ref["token_selected"], ref["completion_mask"].float()), "the rule must select"
     assert torch.equal(out["token_weights"], ref["token_weights"])
     assert torch.equal(out["token_selected"], ref["token_selected"])
     assert torch.equal(out["token_normalize"], ref["token_normalize"])
     assert out["token_weight_total"].item() == ref["token_weight_total"].item()
-    assert micro.rule_state.memory == batch_scope.rule_state.memory  # e.g. STARE's W, M, gate
+    for key, value in batch_scope.rule_state.memory.items():  # e.g. STARE's W, M, gate
+        assert micro.rule_state.memory[key] == value
 
 
-def test_stare_microbatch_trains_and_advances_per_micro_batch(setup, tmp_path):
+def test_stare_microbatch_trains_and_runs_its_controller_once_per_step(setup, tmp_path):
     trainer = _trainer(setup, tmp_path, get_method("stare", scope="microbatch"))
     before = [p.detach().clone() for p in trainer.model.parameters()]
     calls = []
     weights_fn = trainer._microbatch_weights
-    trainer._microbatch_weights = lambda *a: (calls.append(1), weights_fn(*a))
+    trainer._microbatch_weights = lambda *a: (calls.append(1), weights_fn(*a))[1]
     trainer.train()
     assert len(calls) == 4
     assert max((p - q).abs().max().item() for p, q in zip(trainer.model.parameters(), before, strict=True)) > 0
-    assert "gate" in trainer.rule_state.memory
+    assert "gate" in trainer.rule_state.memory and trainer.rule_state.memory["step"] == 1
 
 
 def test_microbatch_scope_refuses_rules_the_loss_cannot_feed(setup, tmp_path):

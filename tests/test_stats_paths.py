@@ -1,6 +1,6 @@
 """Statistics for free (issue 11): every source of a rule's statistics gives the weights the separate pass gives.
 
-Paths (signals/paths.py): "pass" (one no-grad forward after generation), "generation" (recorded
+Sources (signals/sources.py): "pass" (one no-grad forward after generation), "generation" (recorded
 while transformers samples), "old_logp_forward" (TRL's own old-log-prob forward, num_iterations = 2).
 On the same rollouts (same seed, same model) every rule's weights agree:
 - old_logp_forward vs pass: bit-identical (the same token_statistics call on the same tensors);
@@ -26,7 +26,7 @@ from stare_lab.methods import RuleState, get_method, list_methods
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
 from stare_lab.signals import token_statistics
 from stare_lab.signals.generation import record_generation
-from stare_lab.signals.paths import model_needs
+from stare_lab.signals.sources import model_needs
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
 
@@ -107,7 +107,7 @@ def _generate(trainer, rule, path_setup):
     trainer._token_stats = spy
     torch.manual_seed(1)
     out = trainer._generate_and_score_completions(_rows(trainer))
-    path = trainer.stats_path()
+    path = trainer.stats_source()
     if path in ("generation", "old_logp_forward"):  # the statistics really came from that source
         assert "logp" in seen["given"] and model_needs(trainer) <= set(seen["given"]), seen
     return out, path
@@ -252,7 +252,7 @@ def _count_rollout_forwards(trainer):
 @pytest.mark.parametrize("rule", ["top_entropy", "anchor", "ict"])
 def test_num_iterations_2_makes_one_no_grad_forward_per_generation_batch(setup, tmp_path, rule):
     trainer = _trainer(setup, tmp_path, rule, num_iterations=2, max_steps=2)
-    assert trainer.stats_path() == "old_logp_forward"
+    assert trainer.stats_source() == "old_logp_forward"
     count = _count_rollout_forwards(trainer)
     trainer.train()
     rows = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
@@ -262,7 +262,7 @@ def test_num_iterations_2_makes_one_no_grad_forward_per_generation_batch(setup, 
 @pytest.mark.parametrize("rule", ["top_entropy", "stare", "anchor", "opefo", "ict"])
 def test_on_policy_transformers_generation_makes_no_forward(setup, tmp_path, rule):
     trainer = _trainer(setup, tmp_path, rule, gradient_accumulation_steps=2, max_steps=2)
-    assert trainer.stats_path() == "generation"
+    assert trainer.stats_source() == "generation"
     count = _count_rollout_forwards(trainer)
     trainer.train()
     assert count["batches"] >= 1 and count["rows"] == 0, count

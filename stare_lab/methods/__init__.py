@@ -9,6 +9,7 @@ and their order is the registration order: `list_methods()`, the demo sweep and 
 """
 
 from stare_lab.methods.registry import (
+    NORMALIZE,
     Rule,
     RuleOutput,
     RuleState,
@@ -36,6 +37,7 @@ from stare_lab.methods import opefo
 from stare_lab.methods import stapo
 
 __all__ = [
+    "NORMALIZE",
     "Rule",
     "RuleOutput",
     "RuleState",

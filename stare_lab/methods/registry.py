@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from stare_lab.stats import STATISTICS, TokenStats
+from stare_lab.stats import TokenStats, check_known
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
 
+# the normalisations a rule may return; the trainer passes one to the loss as its index here
 NORMALIZE = ("valid", "selected", "loss_type")
-SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: methods/microbatch.py
+SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: stare_lab/microbatch.py
 TIES = ("topk", "quantile")
 
 
@@ -75,6 +76,9 @@ class RuleState:
     rng: optional generator; when None, `generator()` derives one from (seed, step).
     trainer: the trainer's values (clip ε, β, loss type, G), filled by the trainer; not saved
         (a resumed trainer fills it again from its own arguments).
+    step_stats: scope "microbatch" only: the whole generation batch's statistics the rule declared
+        in `step_needs` (rollout policy, every rank's rows), set by the trainer once per generation
+        batch, for what the official codes compute once per step (STARE's gate entropy H̄); not saved.
     """
 
     step: int = 0
@@ -83,6 +87,7 @@ class RuleState:
     memory: dict[str, Any] = field(default_factory=dict)
     rng: torch.Generator | None = None
     trainer: TrainerValues | None = None
+    step_stats: TokenStats | None = None
 
     @property
     def progress(self) -> float:
@@ -129,18 +134,24 @@ class _Entry:
     fn: Callable[[TokenStats, RuleState, Any], RuleOutput]
     needs: NeedsSpec
     attn_layers: LayersSpec
+    step_needs: NeedsSpec = ()
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
-def register(name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: LayersSpec = None):
+def register(
+    name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: LayersSpec = None, step_needs: NeedsSpec = ()
+):
     """Decorator: register `fn(stats, state, params) -> RuleOutput` under `name`.
 
     needs: the statistics the rule reads (names of `STATISTICS`, `logp` included), or a function
         `needs(params, trainer)` returning them.
     attn_layers: for a rule that reads `attn_entropy`, a function of its Params returning the
         layer index or indices (None = the middle layer); the statistics pass averages over them.
+    step_needs: scope "microbatch": the statistics of the whole generation batch the rule reads once per
+        step (`RuleState.step_stats`), as `needs` (a constant or a function); the trainer computes them at
+        generation time from the cheapest source.
     """
     if not dataclasses.is_dataclass(params_cls):
         raise TypeError(f"Params of rule {name!r} must be a dataclass")
@@ -155,20 +166,21 @@ def register(name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: La
     if not callable(needs):
         needs = frozenset(needs)
         _check_needs(name, needs)
+    if not callable(step_needs):
+        step_needs = frozenset(step_needs)
+        _check_needs(name, step_needs)
 
     def deco(fn):
         if name in _REGISTRY:
             raise ValueError(f"token rule {name!r} is registered twice")
-        _REGISTRY[name] = _Entry(name, params_cls, fn, needs, attn_layers)
+        _REGISTRY[name] = _Entry(name, params_cls, fn, needs, attn_layers, step_needs)
         return fn
 
     return deco
 
 
 def _check_needs(name: str, needs: frozenset[str]) -> None:
-    unknown = needs - set(STATISTICS)
-    if unknown:
-        raise ValueError(f"rule {name!r} declares unknown statistics {sorted(unknown)}; known: {', '.join(STATISTICS)}")
+    check_known(needs, f"rule {name!r} declares ")
 
 
 def trainer_params(params_cls: type) -> dict[str, str]:
@@ -214,9 +226,15 @@ class Rule:
 
     def needs_for(self, trainer: TrainerValues | None = None) -> frozenset[str]:
         """The statistics this rule reads with these trainer values (None: trainer unknown)."""
-        n = self._entry.needs
+        return self._declared(self._entry.needs, trainer)
+
+    def step_needs_for(self, trainer: TrainerValues | None = None) -> frozenset[str]:
+        """Scope "microbatch": the statistics of the whole generation batch it reads once per step (`step_stats`)."""
+        return self._declared(self._entry.step_needs, trainer)
+
+    def _declared(self, n: NeedsSpec, trainer: TrainerValues | None) -> frozenset[str]:
         if not callable(n):
-            return n
+            return frozenset(n)  # register made it one already
         names = frozenset(n(self.effective_params(trainer, strict=False), trainer))
         _check_needs(self.name, names)
         return names

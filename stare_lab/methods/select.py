@@ -43,7 +43,7 @@ def check_common(params) -> None:
 def scope_ids(valid: Tensor, group: Tensor, scope: str) -> Tensor:
     """[B, T] long id of each token's scope unit (batch → 0, group → prompt index, sequence → row)."""
     B, T = valid.shape
-    if scope in ("batch", "microbatch"):  # microbatch: the rule is handed one micro-batch (methods/microbatch.py)
+    if scope in ("batch", "microbatch"):  # microbatch: the rule is handed one micro-batch (stare_lab/token_weights.py)
         ids = torch.zeros(B, dtype=torch.long, device=valid.device)
     elif scope == "group":
         ids = torch.unique(group, return_inverse=True)[1].to(valid.device)

@@ -14,6 +14,11 @@ Deviations and decisions:
    `STAREController`; the gate is strict (H̄ = H_tgt closes it).
 2. [ours] Selection once per generation batch from the rollout policy's statistics (scope
    "batch" by default); the official code selects per micro-batch with the current policy.
+   scope="microbatch" runs it as the official code does (docs/pitfalls.md, "scope: microbatch"):
+   L+ / L- per micro-batch (per process by default) by the training forward's surprisal, while
+   the gate and the adaptive W/M are the controller's, once per step (rule-state step) from H̄ of
+   the whole generation batch of every rank (`state.step_stats`, the rollout policy, as the
+   official trainer takes it from its old-log-prob pass) and used unchanged by every micro-batch.
 3. [ours] Ties at the top-k boundary broken by a seeded random order (ties="topk"); the official
    `torch.topk` breaks them arbitrarily.
 4. [code] Adaptive W/M: the update uses this batch's H̄ and happens *before* this batch's weights
@@ -22,7 +27,8 @@ Deviations and decisions:
    sgn(0) = 0. Current W, M live in `state.memory` so a resumed run continues them.
 5. [ours] With normalize="valid" (the loss type's own denominator), a closed gate gives exactly
    the `full` rule's weights and loss.
-6. [ours] H̄ and the gate are taken over the generation batch this rank holds. Metrics:
+6. [ours] H̄ and the gate are taken over the global generation batch (scope batch: the one the
+   rule sees; scope microbatch: `state.step_stats`). Metrics:
    rule/gate, rule/entropy_mean, rule/W, rule/M (the values used for this batch) and
    rule/boosted_frac (|L+| / valid tokens, 0 while the gate is closed). `selected` is L+ ∪ L-
    while the gate is open and every valid token while it is closed (all weights 1), so the
@@ -31,6 +37,10 @@ Deviations and decisions:
    update: W, M and the gate keep their previous values, as `STAREController.update` returns early
    on a non-finite entropy. The gate is kept in `state.memory["gate"]`; before any finite H̄ it is
    open (the official controller starts with `gate_on = True`).
+8. [code] k = ⌈P·n⌉ as `ceil(P·n − 1e-9)`; the official `int(P·n + 0.999999)` rounds down where
+   P·n lies less than 1e-6 above an integer (n ≥ 10^5 tokens at P = 0.1 at the earliest). Its
+   surrogate also has verl's dual clip (c = 3 for A < 0), which binds only at ratios > 3, never on
+   policy; TRL's clipped surrogate has none.
 """
 
 from __future__ import annotations
@@ -106,14 +116,36 @@ def gate_open(memory: dict, entropy_mean: float, p: Params) -> bool:
     return memory["gate"]
 
 
-@register("stare", Params, needs={"logp", "entropy"})
-def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("entropy", rule="stare")
+def step_needs(p: Params, trainer) -> frozenset[str]:
+    """Scope microbatch: the gate's H̄ is the whole generation batch's (the official controller's)."""
+    return frozenset({"entropy"}) if p.scope == "microbatch" else frozenset()
+
+
+def controller(stats: TokenStats, state: RuleState, p: Params) -> tuple[float, float, bool, float]:
+    """(W, M, gate, H̄) for this batch; scope microbatch: updated once per rule-state step from `step_stats`."""
+    if p.scope == "microbatch":
+        if state.step_stats is None:
+            raise ValueError("stare with scope='microbatch' needs state.step_stats (the step's generation batch)")
+        memory = state.memory
+        if memory.get("step") == state.step:  # a later micro-batch of this step: the controller has run
+            return float(memory.get("W", p.W)), float(memory.get("M", p.M)), bool(memory["gate"]), memory["H"]
+        stats = state.step_stats
+    entropy = stats.need("entropy", rule="stare")
     valid = stats.valid
     n_valid = int(valid.sum())
-    entropy_mean = float(stats.entropy[valid].double().sum()) / n_valid if n_valid else float("nan")
+    entropy_mean = float(entropy[valid].double().sum()) / n_valid if n_valid else float("nan")
     W, M = adapt(state.memory, entropy_mean, p)
     gate = gate_open(state.memory, entropy_mean, p)
+    if p.scope == "microbatch":
+        state.memory.update(step=state.step, gate=gate, H=entropy_mean)
+    return W, M, gate, entropy_mean
+
+
+@register("stare", Params, needs={"logp", "entropy"}, step_needs=step_needs)
+def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    W, M, gate, entropy_mean = controller(stats, state, p)
+    valid = stats.valid
+    n_valid = int(valid.sum())
 
     A = stats.token_advantages
     gen = state.generator("stare")

@@ -11,7 +11,12 @@ Deviations and decisions:
 1. [paper] ρ = 0.2: only the top 20% highest-entropy ("forking") tokens get a gradient.
 2. [ours] Threshold taken per generation batch (scope="batch"), from detached statistics,
    before the batch is split; the official code and TRL take it per micro-batch [code]
-   (docs/pitfalls.md, Selection). `scope` may be "group" or "sequence".
+   (docs/pitfalls.md, Selection). `scope` may be "group" or "sequence", or "microbatch": the
+   official code's `get_global_entropy_top_mask` per micro-batch (per process by default) on the
+   training forward's entropies, the loss a token mean over the micro-batch's selected tokens ×
+   its share of the step's rows (docs/pitfalls.md, "scope: microbatch"). There the official k is
+   `max(1, int(ρ·n + 0.9999))`, ours ⌈ρ·n⌉ (they differ when ρ·n is within 1e-4 above an integer),
+   and its ties fall as `torch.topk` orders them, ours by the seeded keys of note 3.
 3. [ours] ties="topk" keeps exactly ⌈ρ·n⌉ tokens, ties broken by a seeded random order;
    ties="quantile" keeps every token with H ≥ torch.quantile(H, 1-ρ) (TRL's behaviour).
 4. [paper] normalize="selected": the paper averages the loss over the kept tokens.
@@ -65,5 +70,5 @@ def keep_fraction(
 
 @register("top_entropy", Params, needs={"entropy"})
 def top_entropy(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("entropy", rule="top_entropy")
-    return keep_fraction(stats.entropy, "entropy", stats, state, p, largest=True, salt="top_entropy")
+    entropy = stats.need("entropy", rule="top_entropy")
+    return keep_fraction(entropy, "entropy", stats, state, p, largest=True, salt="top_entropy")

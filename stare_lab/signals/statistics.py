@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor
 
-from stare_lab.stats import STATISTICS
+from stare_lab.stats import STATISTICS, check_known
 
 from .attention import CHUNK_QUERIES, attention_entropy, forward_with_stats, resolve_layers, unwrap_model
 from .js import CHUNK_POSITIONS, chunked_js_to_group_mean
@@ -33,9 +33,7 @@ FREE_WITH_LOGITS = ("logp", "entropy")
 
 def check_needs(needs: Iterable[str]) -> frozenset[str]:
     needs = frozenset(needs)
-    unknown = needs - set(STATISTICS)
-    if unknown:
-        raise ValueError(f"unknown statistics {sorted(unknown)}; known: {', '.join(STATISTICS)}")
+    check_known(needs)
     vocab = {n for n in needs if STATISTICS[n].source == "vocab"} - {"logp"}
     if vocab - set(WANTS):  # a statistic in the table whose computation signals/vocab.py lacks
         raise LookupError(f"no computation for vocab statistics {sorted(vocab - set(WANTS))} in signals/vocab.py")

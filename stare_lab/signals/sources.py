@@ -1,8 +1,9 @@
-"""Where a generation batch's statistics come from: the cheapest source that gives them (DESIGN.md §3).
+"""The source of a generation batch's statistics: the cheapest one that gives them (DESIGN.md §3).
 
 - "none": the rule reads nothing the model computes (full; random without a reference rule).
-- "microbatch": scope "microbatch" (methods/microbatch.py): selection inside the loss from the
-  training forward's own statistics; nothing at generation time.
+- "microbatch": scope "microbatch" (stare_lab/token_weights.py): selection inside the loss from the
+  training forward's own statistics; nothing at generation time. A rule of that scope that reads a
+  statistic once per step (`step_needs`: STARE's H̄) takes it from one of the sources below.
 - "old_logp_forward": TRL makes a no-grad forward of the rollout policy for its old log-probs
   (num_iterations > 1, or steps_per_generation > gradient_accumulation_steps): that one forward is
   the statistics pass (`ride_old_logp_forward`) and its log-probs are handed to TRL as
@@ -11,10 +12,14 @@
   logp, entropy, p², p²·log p, attention entropy and, in one process, JS to the group mean are
   recorded while sampling (signals/generation.py); with several processes JS takes the pass.
 - "pass": one no-grad forward after generation (signals.statistics.token_statistics).
-docs/pitfalls_signals.md, "Statistics paths", has the table per rule and configuration.
+docs/pitfalls_signals.md, "Statistics sources", has the table per rule and configuration.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
 
 from stare_lab.stats import STATISTICS
 
@@ -34,8 +39,10 @@ def trl_makes_old_logp_forward(trainer) -> bool:
 
 
 def model_needs(trainer) -> frozenset[str]:
-    """The rule's statistics that need a forward of the rollout policy (logp stands in for an on-policy old_logp)."""
-    needs = trainer.rule.needs_for(trainer.trainer_values)
+    """The statistics of the generation batch (`trainer.batch_needs`: the rule's, or for scope "microbatch"
+    those it reads once per step) that need a forward of the rollout policy (logp stands in for an on-policy
+    old_logp)."""
+    needs = trainer.batch_needs
     out = {n for n in needs if STATISTICS[n].source in MODEL_SOURCES}
     if "old_logp" in needs and not trl_makes_old_logp_forward(trainer):
         out.add("logp")  # on-policy: π_old is the rollout policy
@@ -55,8 +62,9 @@ def generation_needs(trainer) -> frozenset[str]:
     return frozenset(model_needs(trainer) & GENERATION_STATISTICS)
 
 
-def stats_path(trainer) -> str:
-    if trainer.microbatch:
+def stats_source(trainer) -> str:
+    """The source of this trainer's statistics, one of the module docstring's list."""
+    if trainer.selects_in_loss and not model_needs(trainer):
         return "microbatch"
     if not model_needs(trainer):
         return "none"
@@ -67,9 +75,16 @@ def stats_path(trainer) -> str:
     return "pass"
 
 
-def ride_old_logp_forward(trainer, input_ids, attention_mask, logits_to_keep: int, forward_kwargs: dict):
-    """TRL's old-log-prob call, answered by the statistics pass: (logp [B, T], None, None) as TRL expects,
-    with the rule's statistics of the same forward kept in `trainer._taken`."""
+def ride_old_logp_forward(
+    statistics: Callable[[dict, frozenset[str]], dict[str, Tensor]],
+    needs: frozenset[str],
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    logits_to_keep: int,
+    forward_kwargs: dict,
+) -> dict[str, Tensor]:
+    """TRL's old-log-prob call answered by the statistics pass: `statistics(batch, needs | {"logp"})` of the
+    same rows (the caller hands its "logp" to TRL as the old log-probs and keeps the rest)."""
     k = logits_to_keep
     batch = {
         "prompt_ids": input_ids[:, :-k],
@@ -78,7 +93,4 @@ def ride_old_logp_forward(trainer, input_ids, attention_mask, logits_to_keep: in
         "completion_mask": attention_mask[:, -k:],
     }
     batch.update({key: v for key, v in forward_kwargs.items() if key in MULTIMODAL_KEYS and v is not None})
-    group = trainer._global_group(input_ids.size(0), input_ids.device)
-    taken = trainer._statistics(batch, model_needs(trainer) | {"logp"}, group)
-    trainer._taken = taken
-    return taken["logp"], None, None
+    return statistics(batch, needs | {"logp"})
