@@ -19,6 +19,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from stare_lab import distributed, objective, trl_loss
+from stare_lab.loss_types import AGGREGATIONS, RANKS
 from stare_lab.methods import NORMALIZE, Rule, RuleState, TrainerValues
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
@@ -29,8 +30,6 @@ from stare_lab.signals.sources import generation_needs, model_needs, ride_old_lo
 from stare_lab.signals.vocab import CHUNK_TOKENS
 from stare_lab.stats import TokenStats
 from stare_lab.token_weights import (
-    AGGREGATIONS,
-    RANKS,
     apply_rule,
     check_choice,
     deferred_inputs,

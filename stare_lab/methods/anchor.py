@@ -62,8 +62,9 @@ def check_layers(layers):
 
 def keep_by_ae(stats: TokenStats, state: RuleState, p: Params, *, rule: str, largest: bool) -> RuleOutput:
     """Keep the top (largest=True, explorers) or bottom (anchors) fraction p.rho by AE."""
-    stats.require("attn_entropy", rule=rule)
-    return keep_fraction(stats.attn_entropy, "attn_entropy", stats, state, p, largest=largest, salt=rule)
+    return keep_fraction(
+        stats.need("attn_entropy", rule=rule), "attn_entropy", stats, state, p, largest=largest, salt=rule
+    )
 
 
 @register("anchor", Params, needs={"attn_entropy"}, attn_layers=lambda p: p.layers)

@@ -46,9 +46,9 @@ class Params:
 
 @register("attn_soft", Params, needs={"attn_entropy"}, attn_layers=lambda p: p.layers)
 def attn_soft(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("attn_entropy", rule="attn_soft")
+    ae = stats.need("attn_entropy", rule="attn_soft")
     valid = stats.valid
-    u = rank_normalise(stats.attn_entropy, valid, stats.group, p.scope)  # [B, T], 0 = lowest AE
+    u = rank_normalise(ae, valid, stats.group, p.scope)  # [B, T], 0 = lowest AE
     lam = state.progress
     w = 1.0 + p.kappa * (2.0 * u - 1.0) * (2.0 * lam - 1.0)
     w = w * valid

@@ -107,13 +107,15 @@ def needs(p: Params, trainer=None) -> set[str]:
 
 def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
     """δ [B, T] (|H·ω|, or its per-sequence-mean share, note 6) and the clipped-side indicator [B, T] bool."""
+    # the trainer's values are filled in before a rule runs (registry: fields with metadata "trainer")
+    assert p.eps_low is not None and p.eps_high is not None and p.beta is not None, "gmts: trainer values unset"
     A = stats.token_advantages.float()
     ratio = torch.exp(stats.logp - stats.old_logp).float() if stats.old_logp is not None else torch.ones_like(A)
     clipped = ((A > 0) & (ratio > 1 + p.eps_high)) | ((A < 0) & (ratio < 1 - p.eps_low))
     omega = torch.where(clipped, torch.zeros_like(A), ratio * A)
     if p.beta > 0:
-        omega = omega + p.beta * torch.exp(stats.ref_logp - stats.logp).float() - p.beta
-    delta = (stats.entropy.float() * omega).abs()
+        omega = omega + p.beta * torch.exp(stats.need("ref_logp", rule="gmts") - stats.logp).float() - p.beta
+    delta = (stats.need("entropy", rule="gmts").float() * omega).abs()
     if p.score == "sequence_mean":
         length = stats.mask.sum(-1, keepdim=True)  # [B, 1] |o_i|
         rows = (stats.group[:, None] == stats.group[None, :]).sum(-1, keepdim=True)  # [B, 1] G of the group
@@ -123,7 +125,7 @@ def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
 
 @register("gmts", Params, needs=needs)
 def gmts(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("entropy", *(["ref_logp"] if p.beta > 0 else []), rule="gmts")
+    stats.require("entropy", *(["ref_logp"] if (p.beta or 0.0) > 0 else []), rule="gmts")
     delta, clipped = gradient_score(stats, p)
     keep = select_top(
         delta,
@@ -137,4 +139,6 @@ def gmts(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     )
     n_valid = float(stats.valid.sum())
     metrics = {"rule/clipped_frac": float(clipped.sum()) / n_valid if n_valid else 0.0}
-    return RuleOutput(weights=keep.float() * stats.mask, normalize=p.normalize, metrics=metrics, selected=keep)
+    return RuleOutput(
+        weights=keep.float() * stats.mask, normalize=p.normalize or MODES[p.mode], metrics=metrics, selected=keep
+    )

@@ -49,12 +49,10 @@ def in_warmup(state: RuleState, p: Params) -> bool:
 
 @register("ict", Params, needs={"js"})
 def ict(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("js", rule="ict")
+    js = stats.need("js", rule="ict")  # checked in the warm-up too: a missing statistic fails at once
     if in_warmup(state, p):
         return RuleOutput(weights=stats.mask.clone().float(), normalize=p.normalize, metrics={"rule/warmup": 1.0})
-    keep = select_top(
-        stats.js, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties, generator=state.generator("ict")
-    )
+    keep = select_top(js, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties, generator=state.generator("ict"))
     return RuleOutput(
         weights=keep.float() * stats.mask, normalize=p.normalize, metrics={"rule/warmup": 0.0}, selected=keep
     )

@@ -31,5 +31,6 @@ class Params(TopEntropyParams):
 
 @register("low_entropy", Params, needs={"entropy"})
 def low_entropy(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("entropy", rule="low_entropy")
-    return keep_fraction(stats.entropy, "entropy", stats, state, p, largest=False, salt="low_entropy")
+    return keep_fraction(
+        stats.need("entropy", rule="low_entropy"), "entropy", stats, state, p, largest=False, salt="low_entropy"
+    )

@@ -59,11 +59,11 @@ def needs(p: Params, trainer=None) -> set[str]:
 
 def entropy_flow(stats: TokenStats, flow: str) -> Tensor:
     """ΔH [B, T] (float64), 0 on padding."""
-    logp, H = stats.logp.double(), stats.entropy.double()
+    logp, H = stats.logp.double(), stats.need("entropy", rule="opefo").double()
     pi = torch.exp(logp)
     term = pi * (logp + H)
     if flow == "full":
-        term = term - (stats.p2logp.double() + H * stats.p2.double())
+        term = term - (stats.need("p2logp", rule="opefo").double() + H * stats.need("p2", rule="opefo").double())
     return torch.where(stats.valid, -stats.token_advantages.double() * term, torch.zeros_like(term))
 
 

@@ -59,7 +59,7 @@ class Params:
 
 def relative_surprisal(stats: TokenStats) -> torch.Tensor:
     """[B, T] RSI = s / H, 0 where H < 1e-6."""
-    H = stats.entropy.float()
+    H = stats.need("entropy", rule="rsi_band").float()
     safe_H = torch.where(H < H_EPS, torch.ones_like(H), H)
     return torch.where(H < H_EPS, torch.zeros_like(H), stats.surprisal.float() / safe_H)
 

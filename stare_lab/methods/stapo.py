@@ -40,13 +40,13 @@ class Params:
 
 @register("stapo", Params, needs={"logp", "entropy"})
 def stapo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    stats.require("entropy", rule="stapo")
+    H = stats.need("entropy", rule="stapo")
     valid = stats.valid
     n_valid = int(valid.sum())
     if n_valid == 0:
         return RuleOutput(weights=stats.mask.clone().float(), normalize=p.normalize, metrics={"rule/masked_frac": 0.0})
-    q_h = float(quantile(stats.entropy[valid].double(), p.tau_h_quantile))
-    drop = valid & (stats.token_advantages > 0) & (stats.logp < math.log(p.tau_p)) & (stats.entropy < q_h)
+    q_h = float(quantile(H[valid].double(), p.tau_h_quantile))
+    drop = valid & (stats.token_advantages > 0) & (stats.logp < math.log(p.tau_p)) & (H < q_h)
     keep = valid & ~drop
     metrics = {"rule/masked_frac": float(drop.sum()) / n_valid, "rule/entropy_quantile": q_h}
     return RuleOutput(weights=keep.float(), normalize=p.normalize, metrics=metrics, selected=keep)
