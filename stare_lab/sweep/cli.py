@@ -97,19 +97,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SweepError("--workers: expected an integer ≥ 1")
     if spec.search is not None:
         return _run_search(spec, args)
-    from stare_lab.sweep.expand import expand_sweep
     from stare_lab.sweep.lock import SweepLock
 
     if args.dry_run:
-        runs = expand_sweep(spec)
-        _check_inputs(runs)
-        _print_plan(spec, runs)
+        _print_plan(spec, _checked_runs(spec))
         return 0
+    # A new sweep writes nothing (not even its output folder) before every run is checked; a sweep
+    # that ran before takes its lock first, so a second `sweep run` is told at once, before expanding.
+    runs = _checked_runs(spec) if not spec.folder.is_dir() else None
     check_output(spec)
-    with SweepLock(spec.folder, spec.name):  # first: a second `sweep run` is told at once, before expanding
-        runs = expand_sweep(spec)
-        _check_inputs(runs)
-        return _launch(spec, runs, args.retry_failed, args.rerun_other_code)
+    with SweepLock(spec.folder, spec.name):
+        return _launch(spec, runs or _checked_runs(spec), args.retry_failed, args.rerun_other_code)
+
+
+def _checked_runs(spec) -> list:
+    """The sweep's runs, each one's inputs checked (`_check_inputs`)."""
+    from stare_lab.sweep.expand import expand_sweep
+
+    runs = expand_sweep(spec)
+    _check_inputs(runs)
+    return runs
 
 
 def _check_inputs(runs) -> None:
