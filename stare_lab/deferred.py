@@ -45,7 +45,8 @@ class _Deferred(types.ModuleType):
         return getattr(self._load(), attr)
 
     def __setattr__(self, attr: str, value) -> None:
-        if attr in ("__spec__",) or self.__dict__.get("_real") is None and attr.startswith("__"):
+        # before the load, the import system's own dunders stay here; every other write is the real module's
+        if attr == "__spec__" or (self.__dict__["_real"] is None and attr.startswith("__")):
             super().__setattr__(attr, value)
         else:
             setattr(self._load(), attr, value)
