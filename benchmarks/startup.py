@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from refusal import timed  # benchmarks/refusal.py: a whole command, median of reps, its exit code checked
 
 SWEEP = """name: startup
 base:
@@ -31,17 +31,6 @@ seeds: 2
 eval: {n: 2}
 launcher: {name: local, workers: 2}
 """
-
-
-def timed(cmd: list[str], cwd: Path, reps: int, expect: int) -> float:
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-        times.append(time.perf_counter() - t)
-        if run.returncode != expect:
-            sys.exit(f"{' '.join(cmd)}: exit {run.returncode}, expected {expect}: {run.stderr.strip()[-500:]}")
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -363,3 +363,16 @@ def test_plot_passk(sweep, tmp_path):
     paths = plot_passk(collect_runs(sweep), tmp_path)
     assert sorted(p.name for p in paths) == ["passk_aime24.png", "passk_arithmetic.png"]
     assert all(_png_size(p) == (640, 400) for p in paths)
+
+
+def test_the_analysis_names_resolve_lazily_to_their_modules():
+    import subprocess
+    import sys
+
+    import stare_lab.analysis as analysis
+
+    assert sorted(analysis.__all__) == sorted(analysis._HOMES)
+    for name in analysis.__all__:
+        assert getattr(analysis, name).__module__ == f"stare_lab.analysis.{analysis._HOMES[name]}", name
+    code = "import sys; from stare_lab.analysis import results_table; print('matplotlib' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -50,7 +50,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+# t and noncentral t through scipy.special (what scipy.stats computes them with, a third of its import
+# time: `stare-lab table` answers sooner); scipy.stats only for the bootstrap views
+from scipy import special
 
 AVG_COLUMN = "Avg."
 PER_PROBLEM_COLUMNS = ("arm", "seed", "benchmark", "problem", "correct", "n")
@@ -122,9 +125,9 @@ def contrast(arm: list[np.ndarray], base: list[np.ndarray], paired: bool, confid
     nu = max(var * var / denom, 1.0) if denom > 0 else math.inf
     se = math.sqrt(var)
     alpha = 1 - confidence
-    half = float(stats.t.ppf(1 - alpha / 2, nu)) * se
+    half = float(special.stdtrit(nu, 1 - alpha / 2)) * se  # t quantile
     if se > 0:
-        p_value = float(2 * stats.t.sf(abs(delta) / se, nu))
+        p_value = float(2 * special.stdtr(nu, -abs(delta) / se))  # two-sided: 2 · P(T ≤ −|t|)
     else:
         p_value = 1.0 if delta == 0 else 0.0
     seed_known = len(known) == len(groups)
@@ -243,6 +246,8 @@ def _pair(arm: list[_Arm], base: list[_Arm]) -> tuple[list[np.ndarray], list[np.
 
 def _iqm_delta(*samples: np.ndarray, k: int) -> np.ndarray:
     """IQM of the arm's run scores (all benchmarks pooled) − the baseline's; samples: k arm, then k base."""
+    from scipy import stats
+
     arm, base = np.concatenate(samples[:k], axis=-1), np.concatenate(samples[k:], axis=-1)
     return stats.trim_mean(arm, 0.25, axis=-1) - stats.trim_mean(base, 0.25, axis=-1)
 
@@ -258,6 +263,8 @@ def _prob_improvement(*samples: np.ndarray, k: int) -> np.ndarray:
 
 def _aggregate_views(arm: list[np.ndarray], base: list[np.ndarray], confidence: float, rng) -> dict:
     """rliable's IQM difference (points) and probability of improvement, with stratified bootstrap intervals."""
+    from scipy import stats
+
     k = len(arm)
     samples = [t.mean(axis=1) for t in arm] + [t.mean(axis=1) for t in base]  # run scores per benchmark
     out = {}
@@ -376,9 +383,10 @@ def power_at(delta: float, var_problem, var_seed, seeds, df_problem, confidence:
         nu = np.where(denom > 0, var**2 / denom, np.inf)
         nu = np.maximum(np.where(np.isfinite(seeds), nu, df_problem), 1.0)
         lam = np.where(var > 0, abs(delta) / np.sqrt(var), np.inf)
-    t_c = stats.t.ppf(1 - (1 - confidence) / 2, nu)
+    t_c = special.stdtrit(nu, 1 - (1 - confidence) / 2)
     lam = np.minimum(lam, 1e6)
-    power = stats.nct.sf(t_c, nu, lam) + stats.nct.sf(t_c, nu, -lam)  # cdf(−t, λ) = sf(t, −λ): no NaN far out
+    # P(T' > t) + P(T' < −t) for the noncentral T' (cdf(−t, λ) = sf(t, −λ): no NaN far out)
+    power = (1 - special.nctdtr(nu, lam, t_c)) + (1 - special.nctdtr(nu, -lam, t_c))
     return np.where(lam < 1e6, power, 1.0)
 
 
