@@ -54,18 +54,27 @@ def benchmark_source(name: str) -> str | None:
     return str((yaml.safe_load(path.read_text()) or {}).get("source") or "")
 
 
-def input_problems(cfg: Mapping[str, Any]) -> list[str]:
-    """What `check_inputs` would refuse, one line each (empty: every input is there)."""
+def hub_problem(cfg: Mapping[str, Any]) -> str | None:
+    """A hub model this machine can not load: not in the local cache while HF_HUB_OFFLINE is set."""
+    model = str(cfg["model"]["name_or_path"])
+    local = model == "builtin" or model.startswith(LOCAL_PREFIXES) or Path(os.path.expanduser(model)).exists()
+    if local or not _offline() or _hub_cached(model):
+        return None
+    return f"model.name_or_path: {model!r} is not in the local hub cache and HF_HUB_OFFLINE is set"
+
+
+def input_problems(cfg: Mapping[str, Any], hub: bool = True) -> list[str]:
+    """What `check_inputs` would refuse, one line each (empty: every input is there). `hub`: also
+    `hub_problem` (a sweep's dry run only warns of it: the machine that launches may have the model)."""
     problems = []
     model = str(cfg["model"]["name_or_path"])
-    if model != "builtin":
-        path = Path(os.path.expanduser(model))
-        if model.startswith(LOCAL_PREFIXES) or path.exists():
-            if not (path / "config.json").is_file():
-                what = "does not exist" if not path.exists() else "has no config.json (not a saved model)"
-                problems.append(f"model.name_or_path: {model} {what}")
-        elif _offline() and not _hub_cached(model):
-            problems.append(f"model.name_or_path: {model!r} is not in the local hub cache and HF_HUB_OFFLINE is set")
+    path = Path(os.path.expanduser(model))
+    if model != "builtin" and (model.startswith(LOCAL_PREFIXES) or path.exists()):
+        if not (path / "config.json").is_file():
+            what = "does not exist" if not path.exists() else "has no config.json (not a saved model)"
+            problems.append(f"model.name_or_path: {model} {what}")
+    elif hub and hub_problem(cfg):
+        problems.append(str(hub_problem(cfg)))
     task = cfg["task"]
     for key in ("train_source", "heldout_source"):
         source = task.get(key)

@@ -17,7 +17,7 @@ do: per micro-batch, from the current policy's statistics of the training forwar
 extra forward (docs/pitfalls.md, "scope: microbatch", says where each option differs from them).
 - At generation time the rule state gets the step (the rule's seeded draws and schedules move) and
   `step_stats`, the whole generation batch's statistics the rule declares in `step_needs` (STARE's
-  H̄ for its gate and adaptive W/M, once per step); the loss inputs are NaN placeholders
+  H̄ for its gate and adaptive W/M, once per step); the loss inputs are NaN stand-ins
   (`deferred_inputs`), so a loss that read them before its forward would fail loudly.
 - In the loss, `microbatch_stats` builds the micro-batch's `TokenStats` from that forward's detached
   log-probs and entropies (temperature-scaled, as TRL's fused head computes them; old/ref log-probs

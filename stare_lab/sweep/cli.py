@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stare_lab.sweep.lock import SweepLock
 
     if args.dry_run:
-        _print_plan(spec, _checked_runs(spec))
+        _print_plan(spec, _checked_runs(spec, dry_run=True))
         return 0
     # A new sweep writes nothing (not even its output folder) before every run is checked; a sweep
     # that ran before takes its lock first, so a second `sweep run` is told at once, before expanding.
@@ -110,19 +110,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _launch(spec, runs or _checked_runs(spec), args.retry_failed, args.rerun_other_code)
 
 
-def _checked_runs(spec) -> list:
+def _checked_runs(spec, dry_run: bool = False) -> list:
     """The sweep's runs, each one's inputs checked (`_check_inputs`)."""
     from stare_lab.sweep.expand import expand_sweep
 
     runs = expand_sweep(spec)
-    _check_inputs(runs)
+    _check_inputs(runs, dry_run)
     return runs
 
 
-def _check_inputs(runs) -> None:
+def _check_inputs(runs, dry_run: bool = False) -> None:
     """Every file the runs will read exists (stare_lab.inputs), before any run directory is made;
-    a training set that holds held-out problems is said once per distinct pair."""
-    from stare_lab.inputs import input_problems, overlap_warnings
+    a training set that holds held-out problems is said once per distinct pair. A dry run only warns
+    of a hub model this machine can not load offline (the one that launches may have it)."""
+    from stare_lab.inputs import hub_problem, input_problems, overlap_warnings
 
     seen, said = set(), set()
     for run in runs:
@@ -131,10 +132,11 @@ def _check_inputs(runs) -> None:
         if key in seen:
             continue
         seen.add(key)
-        problems = input_problems(c)
+        problems = input_problems(c, hub=not dry_run)
         if problems:
             raise SweepError(f"{problems[0]} (run '{run.label}')")
-        for line in overlap_warnings(c):
+        warnings = overlap_warnings(c) + ([f"warning: {hub_problem(c)}"] if dry_run and hub_problem(c) else [])
+        for line in warnings:
             if line not in said:
                 said.add(line)
                 print(f"stare-lab: {line}", file=sys.stderr)

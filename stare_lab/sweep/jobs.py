@@ -10,6 +10,7 @@ claim, so a re-run after the driver died watches it instead of starting a second
 
 from __future__ import annotations
 
+import abc
 import signal
 import socket
 import threading
@@ -95,7 +96,7 @@ def stop_job(job) -> None:
         job.cancel(check=False)
 
 
-class Starter:
+class Starter(abc.ABC):
     """Starts queued runs: `begin` takes what is submitted at once (a Slurm array), `start` moves
     what can start now from the queue into the tracked runs, `live_jobs` are the jobs to stop on
     Ctrl-C besides the tracked runs' own."""
@@ -103,8 +104,8 @@ class Starter:
     def begin(self, queue: list[RunSpec]) -> list[Tracked]:
         return []
 
-    def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None: ...
 
     def live_jobs(self) -> list:
         return []

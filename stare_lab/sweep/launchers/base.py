@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import typing
@@ -88,7 +89,7 @@ def _fields(cls: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
 
 
 @dataclass(frozen=True)
-class Launcher:
+class Launcher(abc.ABC):
     """The interface every launcher implements (see the module docstring). Subclasses are frozen
     dataclasses whose fields are the keys of their `launcher:` block."""
 
@@ -97,7 +98,8 @@ class Launcher:
     study_file: ClassVar[str] = "optuna.db"  # an Optuna search's storage in the sweep folder (sqlite)
 
     def check(self, fail: Fail) -> None:
-        """Checks across fields, after each field was checked alone."""
+        """Checks across fields, after each field was checked alone (none unless a launcher adds them)."""
+        return None
 
     def settings(self) -> dict[str, Any]:
         """name and every key, in the block's order (the dry run prints them)."""
@@ -124,17 +126,17 @@ class Launcher:
         """Torch threads of each worker process; None: torch's default (the job has its own cores)."""
         return None
 
+    @abc.abstractmethod
     def layout(self, runs: int) -> str:
         """The dry run's line: what one run and the sweep ask for."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def executor(self, folder: Path, job_name: str):
         """The submitit executor of this launcher's jobs (logs under `folder`)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def starter(self, executor, workers: Workers) -> Starter:
         """How queued runs become jobs (stare_lab.sweep.jobs), submitting `workers`' callables."""
-        raise NotImplementedError
 
     def watch(self) -> JobWatch:
         """How a launch tells that a tracked run's job has ended."""
@@ -142,6 +144,6 @@ class Launcher:
 
         return JobWatch()
 
+    @abc.abstractmethod
     def stop(self, jobs: list, echo: Callable[[str], None]) -> None:
         """Ctrl-C in `sweep run`: what happens to the jobs still running, said in one line."""
-        raise NotImplementedError
