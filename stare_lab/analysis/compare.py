@@ -246,10 +246,15 @@ def _pair(arm: list[_Arm], base: list[_Arm]) -> tuple[list[np.ndarray], list[np.
 
 def _iqm_delta(*samples: np.ndarray, k: int) -> np.ndarray:
     """IQM of the arm's run scores (all benchmarks pooled) − the baseline's; samples: k arm, then k base."""
-    from scipy import stats
-
     arm, base = np.concatenate(samples[:k], axis=-1), np.concatenate(samples[k:], axis=-1)
-    return stats.trim_mean(arm, 0.25, axis=-1) - stats.trim_mean(base, 0.25, axis=-1)
+    return _trim_mean(arm) - _trim_mean(base)
+
+
+def _trim_mean(x: np.ndarray, cut: float = 0.25) -> np.ndarray:
+    """The mean without the lowest and highest int(cut·n) values, as scipy.stats.trim_mean (IQM at 0.25)."""
+    n = x.shape[-1]
+    k = int(cut * n)
+    return np.sort(x, axis=-1)[..., k : n - k].mean(axis=-1)
 
 
 def _prob_improvement(*samples: np.ndarray, k: int) -> np.ndarray:
@@ -263,8 +268,6 @@ def _prob_improvement(*samples: np.ndarray, k: int) -> np.ndarray:
 
 def _aggregate_views(arm: list[np.ndarray], base: list[np.ndarray], confidence: float, rng) -> dict:
     """rliable's IQM difference (points) and probability of improvement, with stratified bootstrap intervals."""
-    from scipy import stats
-
     k = len(arm)
     samples = [t.mean(axis=1) for t in arm] + [t.mean(axis=1) for t in base]  # run scores per benchmark
     out = {}
@@ -272,6 +275,8 @@ def _aggregate_views(arm: list[np.ndarray], base: list[np.ndarray], confidence: 
         point = float(fn(*samples, k=k)) * scale
         lo = hi = math.nan
         if min(len(s) for s in samples) >= MIN_BOOTSTRAP_SEEDS:
+            from scipy import stats  # the bootstrap alone needs scipy.stats (a slow import)
+
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # a degenerate resample (all scores equal) is fine here
                 res = stats.bootstrap(
