@@ -1,4 +1,4 @@
-"""With a real engine, statistics ride TRL's own old-log-prob forward (signals/paths.py): a step makes
+"""With a real engine, statistics ride TRL's own old-log-prob forward (signals/sources.py): a step makes
 exactly the forwards plain TRL makes, and every rule's weights from the ridden forward equal those of
 a separate statistics pass over the same batch."""
 
@@ -42,7 +42,7 @@ def _plain_trl(cfg, out_dir):
 def test_a_step_makes_exactly_trls_forwards(tmp_path):
     cfg = compose(["method=top_entropy", "trainer.max_steps=2", *SMALL])
     ours = build_trainer(cfg, tmp_path / "ours")
-    assert ours.stats_path() == "old_logp_forward"
+    assert ours.stats_source() == "old_logp_forward"
     plain = _plain_trl(cfg, tmp_path / "plain")
     counts = []
     for trainer in (plain, ours):
@@ -65,8 +65,8 @@ RIDING = [r for r in list_methods() if r != "full"]  # full reads nothing: its p
 @pytest.mark.parametrize("rule", RIDING)
 def test_ridden_weights_equal_a_separate_pass(rule, tmp_path):
     trainer = build_trainer(compose([f"method={rule}", "trainer.max_steps=1", *SMALL]), tmp_path)
-    if trainer.stats_path() != "old_logp_forward":
-        pytest.skip(f"{rule}: statistics path {trainer.stats_path()!r} (nothing to ride)")
+    if trainer.stats_source() != "old_logp_forward":
+        pytest.skip(f"{rule}: statistics source {trainer.stats_source()!r} (nothing to ride)")
     trainer.model.train()
     state = RuleState.from_dict(trainer.rule_state.to_dict())  # the rule updates its memory in place
     n = _count_forwards(trainer.model)
