@@ -73,8 +73,8 @@ def input_problems(cfg: Mapping[str, Any], hub: bool = True) -> list[str]:
         if not (path / "config.json").is_file():
             what = "does not exist" if not path.exists() else "has no config.json (not a saved model)"
             problems.append(f"model.name_or_path: {model} {what}")
-    elif hub and hub_problem(cfg):
-        problems.append(str(hub_problem(cfg)))
+    elif hub and (offline := hub_problem(cfg)):
+        problems.append(offline)
     task = cfg["task"]
     for key in ("train_source", "heldout_source"):
         source = task.get(key)

@@ -135,7 +135,8 @@ def _check_inputs(runs, dry_run: bool = False) -> None:
         problems = input_problems(c, hub=not dry_run)
         if problems:
             raise SweepError(f"{problems[0]} (run '{run.label}')")
-        warnings = overlap_warnings(c) + ([f"warning: {hub_problem(c)}"] if dry_run and hub_problem(c) else [])
+        offline = hub_problem(c) if dry_run else None
+        warnings = overlap_warnings(c) + ([f"warning: {offline}"] if offline else [])
         for line in warnings:
             if line not in said:
                 said.add(line)
