@@ -72,13 +72,18 @@ def test_run_and_status_agree_about_a_worker_on_another_host(tmp_path):
     assert started == {alive.id, dead.id} and not active and set(shown.values()) == {"stalled"}
 
 
-def _fake_sacct(tmp_path, monkeypatch, body: str) -> Path:
-    """A `sacct` on PATH that logs its arguments and runs `body` (shell); returns the log."""
+UNKNOWN_JOB = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"  # squeue's answer, no job known
+
+
+def _fake_sacct(tmp_path, monkeypatch, body: str, squeue: str = UNKNOWN_JOB) -> Path:
+    """A `sacct` on PATH that logs its arguments and runs `body` (shell), and a `squeue` that runs
+    `squeue` (by default: it knows no job); returns the log, one line per call of either."""
     bin_dir, log = tmp_path / "bin", tmp_path / "sacct.log"
     bin_dir.mkdir()
-    script = bin_dir / "sacct"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n{body}\n')
-    script.chmod(0o755)
+    for name, text in (("sacct", body), ("squeue", squeue)):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n{text}\n')
+        script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return log
 
@@ -93,11 +98,11 @@ def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, mon
     log = _fake_sacct(tmp_path, monkeypatch, f'printf "{table}"')
     states = slurm_states(["7_0", "7_2", "9", "7_1"])
     assert states == {"7_0": "RUNNING", "7_1": "PENDING", "7_2": "PENDING", "9": "CANCELLED by 0"}
-    assert log.read_text().split() == ["-o", "JobID,State,NodeList", "--parsable2", "-j", "7", "-j", "9"]
+    assert log.read_text().split() == ["sacct", "-o", "JobID,State,NodeList", "--parsable2", "-j", "7", "-j", "9"]
 
     live = Liveness.probe([{"state": "running", "slurm_job_id": "7_1"}], job_ids=["9"])
     assert live.slurm_job_live("7_1") and not live.slurm_job_live("9") and not live.slurm_job_live("8")
-    assert len(log.read_text().splitlines()) == 2  # one more call for the whole look
+    assert len(log.read_text().splitlines()) == 2  # one more call for the whole look (squeue not asked)
 
     class Job:  # what the watch reads of a submitit SlurmJob
         def __init__(self, job_id):
@@ -117,6 +122,25 @@ def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, mon
     # a job accounting does not list, without a result: not over (submitit could not read its end)
     write_status(runs[2].run_dir, {"state": "failed", "attempts": 1, "label": runs[2].label})
     assert SlurmWatch().ended_runs([Tracked(runs[2], Job("8"))]) == []
+    assert log.read_text().splitlines()[-1] == "squeue --array --noheader --format=%i|%T --jobs=8"
+
+
+def test_a_job_accounting_does_not_list_yet_is_asked_of_the_controller(tmp_path, monkeypatch):
+    """slurmdbd records a job seconds after sbatch returns (seen on the CI cluster: a re-run right after
+    its driver was killed found the fresh array in squeue only, and resumed runs whose jobs were queued)."""
+    from stare_lab.sweep.liveness import slurm_states
+
+    table = "JobID|State|NodeList\\n7_0|RUNNING|n1\\n"
+    log = _fake_sacct(tmp_path, monkeypatch, f'printf "{table}"', squeue="printf '12_0|RUNNING\\n12_1|PENDING\\n'")
+    assert slurm_states(["7_0", "12_0", "12_1", "12_2"]) == {"7_0": "RUNNING", "12_0": "RUNNING", "12_1": "PENDING"}
+    assert log.read_text().splitlines()[-1] == "squeue --array --noheader --format=%i|%T --jobs=12"
+    live = Liveness.probe([{"state": "pending", "slurm_job_id": "12_1"}, {"state": "running", "slurm_job_id": "12_2"}])
+    assert live.slurm_job_live("12_1") and not live.slurm_job_live("12_2")  # 12_2: in neither, ended
+    # a controller that does not answer: unknown, so alive (never resume a run a job may still hold)
+    log = tmp_path / "sacct.log"
+    (tmp_path / "bin" / "squeue").write_text(f"#!/bin/sh\necho squeue >> {log}\nexit 1\n")
+    assert slurm_states(["12_1"]) is None
+    assert Liveness.probe([{"state": "pending", "slurm_job_id": "12_1"}]).slurm_job_live("12_1")
 
 
 def test_an_unanswered_sacct_counts_as_alive_and_no_slurm_as_dead(tmp_path, monkeypatch):

@@ -63,10 +63,12 @@ def process_start(pid: int) -> str | None:
 def slurm_states(job_ids: Iterable[str]) -> dict[str, str] | None:
     """The states of these Slurm jobs, one batched `sacct` call (submitit's SlurmInfoWatcher's
     query and parser: one `-j` per job, an array's tasks as `A_i`): {job id: state}. A job
-    accounting does not list is absent (ended long ago, or never this cluster's). Empty where
-    Slurm is not installed (no job of this machine's can be alive); None when sacct does not
-    answer (a busy controller or database)."""
-    ids = sorted({str(job).split("_")[0] for job in job_ids if job})
+    accounting does not list yet is asked of the controller (`squeue_states`: slurmdbd records a
+    job some seconds after its submission); one neither lists is absent (ended long ago, or never
+    this cluster's). Empty where Slurm is not installed (no job of this machine's can be alive);
+    None when sacct or squeue does not answer (a busy controller or database)."""
+    job_ids = [str(job) for job in job_ids if job]
+    ids = sorted({job.split("_")[0] for job in job_ids})
     if not ids:
         return {}
     command = ["sacct", "-o", "JobID,State,NodeList", "--parsable2"]
@@ -82,7 +84,41 @@ def slurm_states(job_ids: Iterable[str]) -> dict[str, str] | None:
         return None
     from submitit.slurm.slurm import SlurmInfoWatcher
 
-    return {job: info.get("State", "") for job, info in SlurmInfoWatcher().read_info(out.stdout).items()}
+    states = {job: info.get("State", "") for job, info in SlurmInfoWatcher().read_info(out.stdout).items()}
+    missing = sorted(set(job_ids) - set(states))
+    if missing:  # accounting lags the controller: a job submitted a moment ago is not in sacct yet
+        queued = squeue_states(missing)
+        if queued is None:
+            return None
+        states.update(queued)
+    return states
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, str] | None:
+    """{job id: state} of these jobs as the controller lists them (`squeue`, an array's tasks one by
+    one): the live jobs that accounting does not list yet. A job it does not know is absent (ended);
+    None when squeue does not answer."""
+    ids = ",".join(sorted({job.split("_")[0] for job in job_ids}))
+    try:
+        out = subprocess.run(
+            ["squeue", "--array", "--noheader", "--format=%i|%T", f"--jobs={ids}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except FileNotFoundError:
+        return {}
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        # squeue refuses a list of only unknown ids (purged after MinJobAge: ended long ago)
+        return {} if "Invalid job id" in out.stderr else None
+    states = {}
+    for line in out.stdout.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job:
+            states[job] = state
+    return states
 
 
 @dataclass(frozen=True)
