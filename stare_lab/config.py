@@ -149,6 +149,10 @@ def finalize(cfg: Any) -> Any:
     trainer = cfg["trainer"]
     if trainer["steps_per_generation"] is None:  # TRL's default: one rollout batch per optimizer step
         trainer["steps_per_generation"] = trainer["gradient_accumulation_steps"]
+    if trainer["num_iterations"] is None:  # the rule's passes over each generation batch (Lopti: 2)
+        from stare_lab.methods import method_iterations
+
+        trainer["num_iterations"] = method_iterations(cfg["method"]["name"])
     if cfg["run"]["id"] is None:
         cfg["run"]["id"] = run_id(cfg)
     return cfg

@@ -110,7 +110,7 @@ class TrainerConfig:
     per_device_train_batch_size: int = bounded(ge=1)
     gradient_accumulation_steps: int = bounded(ge=1)
     steps_per_generation: int | None = bounded(ge=1)
-    num_iterations: int = bounded(ge=1)
+    num_iterations: int | None = bounded(ge=1)  # None: the rule's (`register(iterations=...)`, else 1)
     max_completion_length: int = bounded(ge=1)
     temperature: float = bounded(gt=0)  # rollouts are sampled
     top_p: float = bounded(gt=0, le=1)

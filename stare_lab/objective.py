@@ -17,7 +17,10 @@ Normalisation (docs/pitfalls.md, Normalisation):
   denominator is a constant (B·max_completion_length), so "selected" equals "valid" there.
 The weights multiply the clipped policy term only; the KL penalty (β > 0) stays on every valid
 token [ours]. (Here the KL term shares the "selected" denominator; in the trainer, TRL's slot
-divides it by TRL's own valid-token denominator: the two agree whenever β = 0 or normalize ≠ "selected".)
+divides it by TRL's own valid-token denominator: the two agree whenever β = 0 or normalize ≠
+"selected".) A rule that changes the loss (`Rule.changes_loss`, registry `loss=`) gives its own
+per-token policy term in place of the clipped surrogate (weighted and aggregated as it), and may add
+a term with its own denominator in place of the KL (`LossTerms`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from stare_lab.methods.registry import NORMALIZE, Rule, RuleState
+from stare_lab.methods.registry import NORMALIZE, LossBatch, LossTerms, Rule, RuleState
 from stare_lab.stats import TokenStats
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -131,18 +134,31 @@ def token_loss(
     the micro-batch's own, from the current policy, detached); `stats.old_logp` None means on-policy
     (π_old = sg π, TRL's choice), `stats.ref_logp` is read when β > 0. `state.trainer` gives the loss type,
     ε and β. max_completion_length: dr_grpo's constant (0: the batch's T). For `full` this equals TRL's
-    `_compute_loss` on the same micro-batch with one micro-batch per step (tests/test_objective.py).
+    `_compute_loss` on the same micro-batch with one micro-batch per step (tests/test_objective.py); for
+    every registered rule the trainer's loss equals it (tests/test_loss_rules.py). A loss-changing rule's
+    `loss` reads `stats.entropy` as the current policy's entropy (NaN where not given) and the rule's
+    `selected` tokens; its policy term replaces the clipped surrogate, its `own` term is added once, and
+    with `drops_kl` the β·KL term is left out.
     """
     values = state.trainer
     if values is None:
         raise ValueError("token_loss needs state.trainer (TrainerValues: loss type, clip ε, β)")
     out = rule(stats, state)
     old = stats.old_logp if stats.old_logp is not None else logp.detach()
-    per_token, _ = clipped_surrogate(logp, old, stats.advantages, values.epsilon_low, values.epsilon_high)
-    kl = kl_penalty(logp, stats.need("ref_logp", rule=rule.name)) if values.beta != 0.0 else None
     mask = stats.mask
+    terms: LossTerms | None = None
+    if rule.changes_loss:
+        entropy = stats.entropy if stats.entropy is not None else torch.full_like(mask, float("nan"))
+        selected = out.selected if out.selected is not None else stats.valid
+        batch = LossBatch(logp, old, stats.advantages, mask, entropy, selected, values, stats.ref_logp)
+        terms = rule.loss_terms(batch)
+        per_token = terms.policy
+    else:
+        per_token, _ = clipped_surrogate(logp, old, stats.advantages, values.epsilon_low, values.epsilon_high)
+    beta = 0.0 if terms is not None and terms.drops_kl else values.beta
+    kl = kl_penalty(logp, stats.need("ref_logp", rule=rule.name)) if beta != 0.0 else None
     agg = Aggregation(loss_type=values.loss_type, max_completion_length=max_completion_length or mask.size(1))
-    return aggregate(
+    loss = aggregate(
         per_token,
         out.weights,
         mask,
@@ -151,8 +167,11 @@ def token_loss(
         num_items=mask.sum(),
         weight_total=(out.weights * mask).sum(),
         kl=kl,
-        beta=values.beta,
+        beta=beta,
     )
+    if terms is not None and terms.own is not None:
+        loss = loss + terms.own
+    return loss
 
 
 def trainer_loss(trainer, model, inputs: dict, weights=None, on_entropies=None) -> Tensor:

@@ -30,8 +30,12 @@ extra forward (docs/pitfalls.md, "scope: microbatch", says where each option dif
   the rows of the optimizer step (1 / gradient_accumulation_steps), `trl_loss.loss_weights`; "trl":
   TRL's loss type aggregation (dapo: the generation batch's token count; "selected": the micro-batch's
   weight sum × micro-batches per generation batch, so the dapo denominator is that micro-batch's count).
-A loss-changing rule of this scope (Clip-Cov, KL-Cov, DPPO) takes the same path: the micro-batch's
+A loss-changing rule of this scope (Clip-Cov, KL-Cov) takes the same path: the micro-batch's
 statistics, the step, the ranks and the aggregation come from here, not from the rule.
+
+scope "token" (adv_reweight, Lopti, entropy_adv) is a per-token rule computed inside the loss for what
+that costs nothing there (TRL's own π_old, the forward's entropy): nothing depends on other rows, so
+it runs on the micro-batch alone and the loss keeps TRL's aggregation (the split changes nothing).
 """
 
 from __future__ import annotations
@@ -82,19 +86,29 @@ def apply_rule(
     return Applied(inputs, stats, weights, selected, result.metrics)
 
 
-# ---- scope "microbatch" ----------------------------------------------------------------------
+# ---- scope "microbatch" (and "token") --------------------------------------------------------
+IN_LOSS_SCOPES = ("microbatch", "token")
+
+
 def selects_in_loss(rule: Rule, trainer_values: TrainerValues) -> bool:
-    """True for a rule configured with scope="microbatch"; one-line ValueError if it reads more than the loss has."""
-    if getattr(rule.params, "scope", None) != "microbatch":
+    """True for a rule configured with scope "microbatch" or "token"; one-line ValueError if it reads more
+    than the loss has."""
+    scope = getattr(rule.params, "scope", None)
+    if scope not in IN_LOSS_SCOPES:
         return False
     extra = rule.needs_for(trainer_values) - MICROBATCH_STATISTICS
     if extra:
         raise ValueError(
-            f"rule {rule.name!r}: scope='microbatch' selects from the training forward, which gives "
+            f"rule {rule.name!r}: scope={scope!r} selects from the training forward, which gives "
             f"logp and entropy only, but the rule reads {', '.join(sorted(extra))} "
             f"(use scope batch, group or sequence)"
         )
     return True
+
+
+def per_token_scope(rule: Rule) -> bool:
+    """scope "token": computed in the loss, on the micro-batch alone, under TRL's aggregation."""
+    return getattr(rule.params, "scope", None) == "token"
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
@@ -132,9 +146,9 @@ def microbatch_stats(
     fields = {}
     if "entropy" in needs:
         fields["entropy"] = entropies.detach().float()
-    if "old_logp" in needs:
+    if "old_logp" in needs:  # TRL's own π_old: its old log-probs, or (none computed) the forward's, detached
         old = inputs.get("old_per_token_logps")
-        fields["old_logp"] = old.float() if old is not None else lp
+        fields["old_logp"] = old.float() if old is not None else logp.detach().float()
     if "ref_logp" in needs:
         fields["ref_logp"] = inputs["ref_per_token_logps"].float()
     group = process_index * B + torch.arange(B, device=mask.device)

@@ -20,7 +20,7 @@ from trl import GRPOTrainer
 
 from stare_lab import distributed, objective, trl_loss
 from stare_lab.loss_types import AGGREGATIONS, RANKS
-from stare_lab.methods import NORMALIZE, Rule, RuleState, TrainerValues
+from stare_lab.methods import NORMALIZE, LossBatch, Rule, RuleState, TrainerValues
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
 from stare_lab.signals.attention import CHUNK_QUERIES
@@ -35,6 +35,7 @@ from stare_lab.token_weights import (
     deferred_inputs,
     microbatch_stats,
     microbatch_total_scale,
+    per_token_scope,
     selects_in_loss,
 )
 from stare_lab.utils import atomic_write_json
@@ -52,7 +53,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
       old-log-prob forward (the statistics pass rides it): `_statistics_taken`, instance attributes
       restored after the call, the values returned through the dict it yields.
     - `_compute_loss`: `objective.trainer_loss`, TRL's own loss with the weights in its per-token mask
-      slot; a rule of scope "microbatch" chooses its weights in that slot from the training forward.
+      slot; a rule of scope "microbatch" or "token" chooses its weights in that slot from the training
+      forward; a rule that changes the loss (`Rule.changes_loss`) adds its terms there
+      (`trl_loss.surrogate_change`: its policy term in place of TRL's clipped surrogate).
     - `_save_checkpoint`: the rule state goes into each checkpoint before transformers marks the
       checkpoint complete (a callback's `on_save` runs only after that), so a resumed run continues it.
     """
@@ -83,6 +86,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             beta=self.beta,
             loss_type=self.loss_type,
             num_generations=self.num_generations,
+            num_iterations=self.num_iterations,
+            delta=self.args.delta,
+            importance_sampling_level=self.importance_sampling_level,
         )
         rule.check_trainer(self.trainer_values)
         self.rule_state = rule_state or RuleState(seed=self.args.seed)
@@ -96,7 +102,12 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self.keep_batches_every = keep_batches_every  # viewer: keep every N-th generation batch (0 = never)
         self.run_dir = run_dir
         self.stats_at_generation = stats_at_generation  # record statistics while transformers generates
-        self.selects_in_loss = selects_in_loss(rule, self.trainer_values)  # scope "microbatch"
+        self.selects_in_loss = selects_in_loss(rule, self.trainer_values)  # scope "microbatch" or "token"
+        if rule.iterations > 1 and not self.selects_in_loss:
+            raise ValueError(
+                f"rule {rule.name!r} has weights per iteration ({rule.iterations}); it must run in the loss "
+                "(scope 'token' or 'microbatch')"
+            )
         # scope "microbatch" (token_weights.py): verl's token-mean per micro-batch or TRL's aggregation;
         # selection per process (the official codes) or over the micro-batches of every rank
         self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
@@ -262,12 +273,13 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         needs = self.rule.needs_for(self.trainer_values)
         local = microbatch_stats(needs, inputs, entropies, logp, self.accelerator.process_index)
         training = self.model.training
+        self.rule_state.iteration = self._iteration()
         applied = apply_rule(
             self.rule,
             self.rule_state,
             local,
             self.accelerator,
-            gather=self.microbatch_ranks == "gathered",
+            gather=self.microbatch_ranks == "gathered" and not per_token_scope(self.rule),
             total_scale=microbatch_total_scale(
                 self.microbatch_ranks, self.accelerator.num_processes, self.args.steps_per_generation if training else 1
             ),
@@ -289,18 +301,35 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         for k, v in applied.metrics.items():
             m[k].append(float(v))
 
+    def _iteration(self) -> int:
+        """Which of TRL's `num_iterations` passes over the buffered generation batch this micro-batch is
+        in (TRL's `_prepare_inputs` reuses a batch for steps_per_generation × num_iterations micro-batches;
+        `_step` counts micro-batches and is advanced after the loss); 0 in evaluation."""
+        if not self.model.training:
+            return 0
+        return (self._step // self.args.steps_per_generation) % self.num_iterations
+
     # ---- loss -------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        """TRL's own loss with the rule's weights in its per-token mask slot (objective.trainer_loss)."""
+        """TRL's own loss with the rule's weights in its per-token mask slot (objective.trainer_loss), and
+        the terms of a rule that changes the loss added (trl_loss.surrogate_change)."""
         mode = "train" if self.model.training else "eval"
         seen = {}
         weights = None
-        if self.selects_in_loss:
+        changed: dict = {}
+        if self.selects_in_loss or self.rule.changes_loss:
 
             def weights(logp, entropies):  # TRL's slot, right after its forward: this micro-batch's weights
-                inputs.update(self._microbatch_weights(inputs, entropies, logp))
+                aggregation = "trl"
+                if self.selects_in_loss:
+                    inputs.update(self._microbatch_weights(inputs, entropies, logp))
+                    aggregation = "trl" if per_token_scope(self.rule) else self.microbatch_aggregation
                 normalize = NORMALIZE[int(inputs["token_normalize"])]
-                return trl_loss.loss_weights(self, inputs, normalize, self.microbatch_aggregation)
+                slot = trl_loss.loss_weights(self, inputs, normalize, aggregation)
+                if self.rule.changes_loss:
+                    terms = self.rule.loss_terms(self._loss_batch(inputs, logp, entropies))
+                    changed.update(terms=terms, change=trl_loss.surrogate_change(self, inputs, logp, slot, terms))
+                return slot
 
         loss = objective.trainer_loss(
             self,
@@ -309,10 +338,39 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             weights,
             on_entropies=lambda entropies, mask: seen.update(entropies=entropies.detach(), mask=mask),
         )
+        if changed:
+            loss = loss + trl_loss.trl_aggregate(self, changed["change"], inputs)
+            loss = loss + trl_loss.own_term(self, changed["terms"])
+            self._log_loss_terms(mode, changed["terms"].metrics)
         if mode == "train" and self._geometry_due():
             self._log_gradient_geometry(model, inputs, loss)
         self._log_loss_metrics(mode, seen["entropies"], seen["mask"], inputs)
         return loss
+
+    def _loss_batch(self, inputs: dict, logp: torch.Tensor, entropies: torch.Tensor) -> LossBatch:
+        """What a loss-changing rule sees of this micro-batch: TRL's forward and TRL's batch."""
+        old = inputs.get("old_per_token_logps")
+        return LossBatch(
+            logp=logp,
+            old_logp=logp.detach() if old is None else old,
+            advantages=inputs["advantages"],
+            mask=trl_loss.loss_mask(inputs),
+            entropy=entropies.detach(),
+            selected=inputs["token_selected"] > 0,
+            trainer=self.trainer_values,
+            ref_logp=inputs.get("ref_per_token_logps"),
+        )
+
+    def _log_loss_terms(self, mode: str, metrics: dict[str, float]) -> None:
+        """A loss-changing rule's per-micro-batch metrics, averaged over the ranks."""
+        if not metrics:
+            return
+        keys = sorted(metrics)
+        values = torch.tensor([float(metrics[k]) for k in keys], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            values = self.accelerator.reduce(values, reduction="mean")
+        for k, v in zip(keys, values.tolist(), strict=True):
+            self._metrics[mode][k].append(v)
 
     def _geometry_due(self) -> bool:
         n = self.grad_geometry_every

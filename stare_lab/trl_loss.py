@@ -33,7 +33,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from stare_lab.loss_types import GENERATION_BATCH_DENOMINATOR, NO_TOKEN_DENOMINATOR
-from stare_lab.methods.registry import NORMALIZE
+from stare_lab.methods.registry import NORMALIZE, LossTerms
 
 
 def loss_mask(inputs: dict) -> Tensor:
@@ -219,6 +219,76 @@ def gradient_geometry(trainer: GRPOTrainer, model, inputs: dict, weighted_loss: 
     if norm_f == 0:
         return float("nan"), float("nan")
     return (flat_w @ flat_f / (flat_w.norm() * norm_f)).item(), (flat_w.norm() / norm_f).item()
+
+
+# ---- a rule that changes the loss (registry `loss=`): its terms added to TRL's own loss ---------------
+def surrogate_change(trainer: GRPOTrainer, inputs: dict, logp: Tensor, slot: Tensor, terms: LossTerms) -> Tensor:
+    """[B, T] the per-token term whose TRL aggregation, added to TRL's loss with `slot` in its weight slot,
+    puts the rule's policy term in place of TRL's clipped surrogate (and, for `drops_kl`, removes TRL's β·KL).
+
+    TRL's per-token loss is ℓ_PPO·opm·slot·is + β·kl and every loss type aggregates it linearly with
+    denominators that do not depend on it, so TRL(slot) + agg((ℓ_rule − ℓ_PPO)·opm·slot·is − β·kl)
+    = agg(ℓ_rule·opm·slot·is [+ β·kl]) with TRL's own denominator, off-policy mask (opm), vLLM IS ratio
+    (is), entropy bonus and MoE aux loss. ℓ_PPO is recomputed here as TRL computes it (with its
+    two-sided clipping `delta`); the two copies cancel to float rounding (tests/test_loss_rules.py).
+    """
+    from stare_lab.objective import clipped_surrogate, kl_penalty
+
+    mask = loss_mask(inputs)
+    old = inputs.get("old_per_token_logps")
+    old = logp.detach() if old is None else old
+    advantages = inputs["advantages"]
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    ppo, ratio = clipped_surrogate(logp, old, advantages, trainer.epsilon_low, trainer.epsilon_high, trainer.args.delta)
+    change = terms.policy - ppo
+    if trainer.off_policy_mask_threshold is not None:  # TRL's own mask, with TRL's arguments
+        change = change * trainer.get_off_policy_mask(
+            advantages=advantages,
+            per_token_logps=logp,
+            sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
+            mask=mask,
+            off_policy_threshold=trainer.off_policy_mask_threshold,
+        )
+    change = change * slot
+    if trainer.use_vllm and trainer.vllm_importance_sampling_correction and trainer.loss_type != "vespo":
+        change = change * inputs["importance_sampling_ratio"]
+    if terms.drops_kl and trainer.beta != 0.0:
+        kl = kl_penalty(logp, inputs["ref_per_token_logps"])
+        if trainer.args.use_bias_correction_kl:
+            kl = kl * ratio
+        change = change - trainer.beta * kl
+    return change
+
+
+def trl_aggregate(trainer: GRPOTrainer, per_token: Tensor, inputs: dict) -> Tensor:
+    """TRL 1.16's aggregation of a per-token loss [B, T] for `trainer.loss_type` (`_compute_loss` from
+    "if self.loss_type in ['grpo', 'sapo']" on): the loss type's denominator and its accumulation factor."""
+    mask = loss_mask(inputs)
+    training = trainer.model.training
+    accumulation = trainer.current_gradient_accumulation_steps if training else 1.0
+    x = per_token * mask
+    loss_type = trainer.loss_type
+    if loss_type in ("grpo", "sapo"):
+        return (x.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+    if loss_type == "bnpo":
+        return x.sum() / mask.sum().clamp(min=1.0) / accumulation
+    if loss_type == "dr_grpo":
+        return x.sum() / (per_token.size(0) * trainer.max_completion_length) / accumulation
+    if loss_type in GENERATION_BATCH_DENOMINATOR:
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / trainer.accelerator.num_processes
+        if training:
+            normalizer = normalizer * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
+        return x.sum() / normalizer
+    if loss_type == "luspo":
+        return x.sum(-1).mean() / accumulation
+    raise ValueError(f"loss_type={loss_type!r}: no aggregation known")
+
+
+def own_term(trainer: GRPOTrainer, terms: LossTerms) -> Tensor | float:
+    """The rule's term with its own denominator, scaled for gradient accumulation as TRL's entropy bonus."""
+    if terms.own is None:
+        return 0.0
+    return terms.own / (trainer.current_gradient_accumulation_steps if trainer.model.training else 1.0)
 
 
 def refusals(trainer: GRPOTrainer) -> list[str]:

@@ -9,13 +9,14 @@ calls `check_all` for non-default parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import rule_batches
 import torch
 from rule_batches import TRAINER
 
-from stare_lab.methods import Rule, RuleState, TrainerValues
+from stare_lab.methods import LossBatch, Rule, RuleState, TrainerValues
 from stare_lab.methods.registry import NORMALIZE
 from stare_lab.objective import Aggregation, aggregate
 from stare_lab.stats import STATISTICS, TokenStats
@@ -131,13 +132,58 @@ def check_split_independent(rule: Rule) -> None:
 
 def check_declarations(rule: Rule) -> None:
     assert rule.needs_for(TRAINER) <= set(STATISTICS)
-    rule.check_trainer(TRAINER)  # defaults follow the trainer
+    rule.check_trainer(dataclasses.replace(TRAINER, num_iterations=rule.iterations))  # defaults follow the trainer
     if "attn_entropy" not in rule.needs_for(TRAINER):
         assert rule.attn_layers is None, "attention layers declared by a rule that reads no attention entropy"
 
 
+def _loss_batch(rule: Rule, pad: float | None, lengths: list[int] | None = None, seed: int = 0):
+    """The rule's `loss` on a batch whose padding holds `pad` in every tensor; log π with grad."""
+    full = rule_batches.make_stats(seed, 8, 6, pad_value=pad, lengths=lengths)  # every statistic, old and ref too
+    stats = make_stats(rule, seed=seed, pad=pad, lengths=lengths)
+    out = rule(stats, state())
+    logp = full.logp.double().clone().requires_grad_(True)
+    selected = out.selected if out.selected is not None else stats.valid
+    batch = LossBatch(
+        logp=logp,
+        old_logp=full.old_logp.double(),
+        advantages=full.advantages.double(),
+        mask=full.mask.double(),
+        entropy=full.entropy.double(),
+        selected=selected,
+        trainer=TRAINER,
+        ref_logp=full.ref_logp.double(),
+    )
+    return rule.loss_terms(batch), logp, full.mask
+
+
+def check_loss_terms(rule: Rule) -> None:
+    """A loss-changing rule's terms: finite on valid tokens, the same whatever padding holds, no gradient
+    reaching a padding position once masked, finite on an all-padding and a one-token batch."""
+    if not rule.changes_loss:
+        return
+    clean, _, mask = _loss_batch(rule, None)
+    valid = mask > 0
+    assert torch.isfinite(clean.policy[valid]).all(), rule
+    for pad in PADDING:
+        dirty, logp, _ = _loss_batch(rule, pad)
+        assert torch.equal(torch.where(valid, dirty.policy, 0), torch.where(valid, clean.policy, 0)), (rule, pad)
+        assert (clean.own is None) == (dirty.own is None) and (clean.own is None or torch.equal(clean.own, dirty.own))
+        assert all(math.isfinite(v) for v in dirty.metrics.values()), (rule, dirty.metrics)
+    # the model's log-probs on padding are finite (TRL's forward): no gradient reaches them through the mask
+    terms, logp, _ = _loss_batch(rule, -0.5)
+    total = (terms.policy * mask).sum() + (terms.own if terms.own is not None else 0)
+    (grad,) = torch.autograd.grad(total, logp, allow_unused=True)
+    assert grad is not None and torch.isfinite(grad).all() and (grad[~valid] == 0).all(), rule
+    for lengths in ([0] * 8, [0, 0, 1, 0, 0, 0, 0, 0]):
+        terms, _, m = _loss_batch(rule, float("nan"), lengths=lengths)
+        assert torch.isfinite(terms.policy[m > 0]).all() and (terms.own is None or torch.isfinite(terms.own))
+        assert all(isinstance(v, float) and math.isfinite(v) for v in terms.metrics.values()), (rule, terms.metrics)
+
+
 CHECKS = (
     check_declarations,
+    check_loss_terms,
     check_padding_ignored,
     check_finite,
     check_all_padding,

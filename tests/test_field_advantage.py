@@ -12,7 +12,7 @@ import ref_field as R
 import torch
 from official_field import lopti as off
 
-from stare_lab.methods import adv_reweight, entropy_adv, lopti
+from stare_lab.methods import adv_reweight, entropy_adv, get_method, lopti
 from stare_lab.methods.clip_cov import clipped_surrogate
 
 EPS = (0.2, 0.24)  # AR-Lopti scripts: CLIP_LOW=0.20, CLIP_HIGH=0.24
@@ -63,7 +63,7 @@ def test_bad_params(module, kwargs, name):
 
 def test_defaults():
     assert (adv_reweight.Params().alpha, adv_reweight.Params().tau, adv_reweight.Params().neg_weight) == (0.2, 0.8, 1.0)
-    assert lopti.Params().eta == 0.5 and lopti.SPEC["phases"] == 2
+    assert lopti.Params().eta == 0.5 and get_method("lopti").iterations == 2
     assert (entropy_adv.Params().alpha, entropy_adv.Params().kappa) == (0.4, 2.0)
 
 

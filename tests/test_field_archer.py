@@ -15,6 +15,8 @@ from official_field import archer as off
 from stare_lab.methods import archer
 from stare_lab.methods.clip_cov import clipped_surrogate
 
+SCRIPT_BETA = 0.001  # the script's kl_loss_coef; the registered rule takes the trainer's β (archer.py note 7)
+
 
 def close(a, b, rtol=1e-10, atol=1e-12):
     torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
@@ -100,13 +102,14 @@ def test_by_hand():
     ref[0, 1] = math.log(0.25)
     adv = torch.ones(1, dtype=torch.float64)
     mask = torch.ones(1, 5, dtype=torch.float64)
-    widened, penalised = archer.entropy_sets(H, mask, archer.Params())
+    widened, penalised = archer.entropy_sets(H, mask, archer.Params(kl_coef=SCRIPT_BETA))
     assert widened.tolist() == [[False, False, False, False, True]] and (penalised == ~widened).all()
-    val, grad = R.value_and_grad(archer.per_token_loss(lp, old, ref, adv, mask, H, archer.Params()), lp, mask)
+    p = archer.Params(kl_coef=SCRIPT_BETA)
+    val, grad = R.value_and_grad(archer.per_token_loss(lp, old, ref, adv, mask, H, p), lp, mask)
     k3 = 0.5 + math.log(2) - 1
     close(val, torch.tensor([[-1.2, -1 + 0.00125 * k3, -1.0, -1.0, -1.4]], dtype=torch.float64))
     close(grad, torch.tensor([[0.0, -0.999375, -1.0, -1.0, -1.4]], dtype=torch.float64))
-    assert archer.metrics(H, mask, archer.Params()) == {"rule/widened_frac": 0.2, "rule/penalised_frac": 0.8}
+    assert archer.metrics(H, mask, p) == {"rule/widened_frac": 0.2, "rule/penalised_frac": 0.8}
 
 
 @pytest.mark.parametrize("token_adv", [False, True])
@@ -114,7 +117,7 @@ def test_by_hand():
     "params", [{}, {"q": 0.5, "high_kl_coef": 0.01, "kl_coef": 0.1}, {"dual_clip": 1.5, "eps_low_wide": 0.3}]
 )
 def test_against_loop_and_official(token_adv, params, monkeypatch):
-    p = archer.Params(**params)
+    p = archer.Params(**{"kl_coef": SCRIPT_BETA, **params})
     for b in R.batches(scale=2.0, token_adv=token_adv):
         lp, old, ref, A, mask, H = b["logp"], b["old"], b["ref"], b["adv"], b["mask"], b["entropy"]
         ours = archer.per_token_loss(lp, old, ref, A, mask, H, p)
@@ -146,7 +149,7 @@ def test_against_loop_and_official(token_adv, params, monkeypatch):
 
 def test_one_response_per_micro_batch_as_the_official_script(monkeypatch):
     # micro_batch_size_per_gpu = 1: every response is its own micro-batch, so the KL means are per response
-    p = archer.Params()
+    p = archer.Params(kl_coef=SCRIPT_BETA)
     b = next(R.batches(scale=2.0))
     lp, old, ref, A, mask, H = b["logp"], b["old"], b["ref"], b["adv"], b["mask"], b["entropy"]
     for i in range(lp.shape[0]):
@@ -163,12 +166,12 @@ def test_one_response_per_micro_batch_as_the_official_script(monkeypatch):
 def test_invert_reads_the_official_masks_by_their_names():
     H = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]], dtype=torch.float64)
     mask = torch.ones(1, 5, dtype=torch.float64)
-    widened, penalised = archer.entropy_sets(H, mask, archer.Params(invert=True))
+    widened, penalised = archer.entropy_sets(H, mask, archer.Params(invert=True, kl_coef=SCRIPT_BETA))
     assert widened.tolist() == [[True, True, True, True, False]] and penalised.tolist() == [[0, 0, 0, 0, 1]]
 
 
 def test_empty_row_is_in_neither_set():
     H = torch.rand(2, 3, dtype=torch.float64)
     mask = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
-    widened, penalised = archer.entropy_sets(H, mask, archer.Params())
+    widened, penalised = archer.entropy_sets(H, mask, archer.Params(kl_coef=SCRIPT_BETA))
     assert not widened.any() and penalised.tolist() == [[False] * 3, [True, False, False]]

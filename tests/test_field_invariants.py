@@ -24,7 +24,7 @@ def losses(b):
         "adv_reweight": adv_reweight.per_token_loss(lp, old, A, mask, adv_reweight.Params(), 0.2, 0.2),
         "lopti_0": lopti.per_token_loss(lp, old, A, mask, lopti.Params(), 0, 0.2, 0.2),
         "lopti_1": lopti.per_token_loss(lp, old, A, mask, lopti.Params(), 1, 0.2, 0.2),
-        "archer": archer.per_token_loss(lp, old, ref, A, mask, H, archer.Params()),
+        "archer": archer.per_token_loss(lp, old, ref, A, mask, H, archer.Params(kl_coef=0.001)),
         "entropy_adv": entropy_adv.per_token_loss(lp, old, A, mask, H, entropy_adv.Params(), 0.2, 0.2),
         "ce_gppo": ce_gppo.per_token_loss(lp, old, A, mask, ce_gppo.Params(), 0.2, 0.2),
     }

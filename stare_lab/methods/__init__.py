@@ -10,12 +10,15 @@ and their order is the registration order: `list_methods()`, the demo sweep and 
 
 from stare_lab.methods.registry import (
     NORMALIZE,
+    LossBatch,
+    LossTerms,
     Rule,
     RuleOutput,
     RuleState,
     TrainerValues,
     get_method,
     list_methods,
+    method_iterations,
     method_params,
     register,
 )
@@ -35,15 +38,26 @@ from stare_lab.methods import ict
 from stare_lab.methods import gmts
 from stare_lab.methods import opefo
 from stare_lab.methods import stapo
+from stare_lab.methods import clip_cov
+from stare_lab.methods import kl_cov
+from stare_lab.methods import dppo
+from stare_lab.methods import adv_reweight
+from stare_lab.methods import lopti
+from stare_lab.methods import archer
+from stare_lab.methods import entropy_adv
+from stare_lab.methods import ce_gppo
 
 __all__ = [
     "NORMALIZE",
+    "LossBatch",
+    "LossTerms",
     "Rule",
     "RuleOutput",
     "RuleState",
     "TrainerValues",
     "get_method",
     "list_methods",
+    "method_iterations",
     "method_params",
     "register",
 ]

@@ -21,6 +21,13 @@ Differences from the official code (zhyang2226/AR-Lopti `verl/trainer/ppo/ray_tr
    TRL's whole per-token loss (β·KL included) must apply this weight to the surrogate only.
 5. [code] Scope: the generation batch, π_old = exp(old log-probs) computed once after rollout, before
    any update (the official `batch.batch['old_log_probs']`); micro-batch splits change nothing.
+6. [ours] As a registered rule, w is a weight in TRL's per-token slot, which multiplies the surrogate
+   and not β·KL (note 4). scope "token" (default) computes it inside the loss from TRL's own π_old
+   (`old_per_token_logps`, or the training forward's detached log-probs when TRL computes none because
+   they are equal): no extra forward. scope "batch" computes it at generation time from the statistics
+   (the same values; a statistics forward when TRL makes no old-log-prob forward). Loss types with a
+   surrogate of their own (cispo, sapo, vespo) are refused: a weight on A is not a weight on their loss.
+   With TRL's entropy bonus, the bonus averages over the weighted tokens (trl_loss.py), as for every rule.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import clipped_surrogate, token_advantages
-from stare_lab.methods.select import check_fraction
+from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate, token_advantages
+from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
+from stare_lab.methods.select import check_choice, check_fraction
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -42,6 +51,7 @@ class Params:
     alpha: float = 0.2  # AR-Lopti scripts/train_kklogic_AR_4x80GB.sh: REWEIGHT_K=0.2 (α; 0.3 with Lopti)
     tau: float | None = None  # None: 1 − α (the paper; the scripts' REWEIGHT_TAU=0.8)
     neg_weight: float = 1.0  # AR-Lopti scripts: NEG_ADV_WEIGHT=1.0 (config default 0.8)
+    scope: str = "token"  # [ours] in the loss from TRL's own π_old; "batch": at generation (note 6)
 
     def __post_init__(self) -> None:
         check_fraction("alpha", self.alpha, open_low=False)
@@ -51,9 +61,10 @@ class Params:
             raise ValueError(f"tau={tau} is out of range (tau ≥ 0)")
         if not self.neg_weight >= 0.0:
             raise ValueError(f"neg_weight={self.neg_weight} is out of range (neg_weight ≥ 0)")
+        check_choice("scope", self.scope, SCOPES)
 
 
-SPEC = {"name": "adv_reweight", "params": Params, "needs": {"logp", "old_logp"}, "changes": "weight"}
+SCOPES = ("token", "batch")
 
 
 def advantage_weights(old_logp: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
@@ -62,7 +73,7 @@ def advantage_weights(old_logp: Tensor, advantages: Tensor, mask: Tensor, p: Par
     w = p.alpha * torch.exp(old_logp.detach()) + p.tau
     A = token_advantages(advantages, old_logp)
     w = torch.where(A > 0, w, w * p.neg_weight)
-    return w * (mask > 0).to(w.dtype)
+    return torch.where(mask > 0, w, torch.zeros_like(w))  # whatever sits on padding (NaN too)
 
 
 def per_token_loss(
@@ -90,3 +101,16 @@ def metrics(weights: Tensor, mask: Tensor) -> dict[str, float]:
     """rule/weight_mean over valid tokens."""
     n = float(mask.sum())
     return {"rule/weight_mean": float((weights * mask).sum()) / n if n else 0.0}
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(
+            f"a weight on A is a weight on PPO's surrogate only; loss_type={trainer.loss_type} has its own"
+        )
+
+
+@register("adv_reweight", Params, needs={"logp", "old_logp"}, check=check)
+def adv_reweight(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    w = advantage_weights(stats.need("old_logp", rule="adv_reweight"), stats.advantages, stats.mask, p).float()
+    return RuleOutput(weights=w, normalize="valid", metrics=metrics(w, stats.mask))

@@ -36,17 +36,28 @@ Differences from the official code (wizard-III/ArcherCodeR `verl/workers/actor/d
    unset; the script sets all four widths, which are our defaults.
 6. [code] Token-mean aggregation of the surrogate over the micro-batch (the script's
    loss_agg_mode=token-mean); the integration must keep the loss type's denominator for pg only.
+7. [ours] As a registered rule: pg replaces TRL's clipped surrogate (under the loss type's denominator,
+   the vLLM IS ratio and the entropy bonus), and the KL means, with their own denominators (each token
+   set of the micro-batch), replace TRL's β·KL term (`LossTerms.own`, divided only by the gradient
+   accumulation). β is the trainer's (`kl_coef` stands for trainer.beta): TRL computes the reference
+   log-probs only with β > 0, so with the STARE recipe's β = 0 Archer is its clip part alone, and
+   high_kl_coef > 0 needs β > 0. The entropy is TRL's own of the loss's forward (free). TRL's `delta`
+   is refused (the rule applies its dual clip), as are loss types with a surrogate of their own.
+   `selected` (weights step, rollout policy) is every valid token: the sets are the current policy's,
+   per micro-batch; the loss logs rule/widened_frac and rule/penalised_frac.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import clipped_surrogate
+from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate
+from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_fraction
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -60,7 +71,8 @@ class Params:
     eps_low_wide: float = 0.5  # script: high_entropy_clip_ratio_low=0.5 (high-entropy tokens)
     eps_high_wide: float = 0.5  # script: high_entropy_clip_ratio_high=0.5
     dual_clip: float = 10.0  # script: actor.clip_ratio_c=10.0
-    kl_coef: float = 0.001  # script: kl_loss_coef=0.001 (β, on low-entropy tokens)
+    # script: kl_loss_coef=0.001 (β, on low-entropy tokens); None: the trainer's β (note 7)
+    kl_coef: float | None = field(default=None, metadata={"trainer": "beta"})
     high_kl_coef: float = 0.0  # script: high_entropy_kl_loss_scale_coef=0.0 (β_high)
     invert: bool = False  # True: the official masks read by their names (note 1)
 
@@ -70,13 +82,10 @@ class Params:
         for name in ("eps_low_tight", "eps_low_wide"):
             check_fraction(name, getattr(self, name), open_low=False)
         for name in ("eps_high_tight", "eps_high_wide", "kl_coef", "high_kl_coef"):
-            if not getattr(self, name) >= 0.0:
+            if getattr(self, name) is not None and not getattr(self, name) >= 0.0:
                 raise ValueError(f"{name}={getattr(self, name)} is out of range ({name} ≥ 0)")
         if not self.dual_clip > 1.0:
             raise ValueError(f"dual_clip={self.dual_clip} is out of range (dual_clip > 1)")
-
-
-SPEC = {"name": "archer", "params": Params, "needs": {"logp", "old_logp", "ref_logp", "entropy"}, "changes": "clip+kl"}
 
 
 def entropy_sets(entropy: Tensor, mask: Tensor, p: Params) -> tuple[Tensor, Tensor]:
@@ -111,6 +120,8 @@ def kl_coefficients(widened: Tensor, penalised: Tensor, mask: Tensor, p: Params)
     β·N/(|penalised| + 1e-8) on `penalised`, β_high·N/(|widened| + 1e-8) on `widened` (verl's masked_mean).
     """
     n = float((mask > 0).sum())
+    if p.kl_coef is None:
+        raise ValueError("kl_coef is unset (= the trainer's β): pass the trainer's value")
     kappa = p.kl_coef * n / (float(penalised.sum()) + 1e-8)
     kappa_widened = p.high_kl_coef * n / (float(widened.sum()) + 1e-8)
     return penalised.to(torch.float64) * kappa + widened.to(torch.float64) * kappa_widened
@@ -133,3 +144,38 @@ def metrics(entropy: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
         return {"rule/widened_frac": 0.0, "rule/penalised_frac": 0.0}
     widened, penalised = entropy_sets(entropy, mask, p)
     return {"rule/widened_frac": float(widened.sum()) / n, "rule/penalised_frac": float(penalised.sum()) / n}
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(f"replaces PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
+    if trainer.delta is not None:
+        raise ValueError(f"applies its own dual clip (dual_clip); TRL's delta={trainer.delta} (leave it unset)")
+    if p.high_kl_coef > 0 and trainer.beta == 0:
+        raise ValueError(
+            f"high_kl_coef={p.high_kl_coef} needs reference log-probs, which TRL computes only with trainer.beta > 0"
+        )
+
+
+def loss(batch: LossBatch, p: Params) -> LossTerms:
+    """pg per token; the two KL means over this micro-batch's token sets as `own` (TRL's β·KL dropped)."""
+    widened, penalised = entropy_sets(batch.entropy, batch.mask, p)
+    eps_low, eps_high = clip_widths(penalised, p)
+    pg = clipped_surrogate(
+        batch.logp, batch.old_logp, batch.advantages, eps_low, eps_high, p.dual_clip, clamp_log_ratio=True
+    )
+    own = None
+    if batch.ref_logp is not None:
+        kl = k3(batch.logp, batch.ref_logp)
+        zero = torch.zeros_like(kl)
+        low = torch.where(penalised, kl, zero).sum() / (penalised.sum() + 1e-8)
+        high = torch.where(widened, kl, zero).sum() / (widened.sum() + 1e-8)
+        assert p.kl_coef is not None  # filled from the trainer
+        own = p.kl_coef * low + p.high_kl_coef * high
+    terms = metrics(batch.entropy, batch.mask, p)
+    return LossTerms(policy=pg.to(batch.logp.dtype), own=own, drops_kl=True, metrics=terms)
+
+
+@register("archer", Params, loss=loss, check=check)
+def archer(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    return RuleOutput(weights=stats.mask.clone(), normalize="valid")

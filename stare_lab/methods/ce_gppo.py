@@ -18,6 +18,9 @@ Differences from the official code (Kwai-Klear/CE-GPPO `verl/trainer/ppo/core_al
 3. [code] ε and c are the trainer's clip settings; the official scripts use ε_low = ε_high = 0.2 and
    clip_ratio_c = 10, token-mean aggregation. TRL has no dual clip: `dual_clip=None` leaves it out.
 4. [code] Scope: per token; nothing depends on the batch.
+5. [ours] As a registered rule: weights 1; the loss replaces TRL's clipped surrogate with ℓ, using the
+   trainer's ε; it applies its own dual clip, so TRL's `delta` is refused, as are loss types with a
+   surrogate of their own. Metrics per micro-batch: rule/clipped_low_frac, rule/clipped_high_frac.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import token_advantages
+from stare_lab.methods.clip_cov import OWN_SURROGATE, token_advantages
+from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -45,9 +50,6 @@ class Params:
                 raise ValueError(f"{name}={getattr(self, name)} is out of range ({name} ≥ 0)")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"dual_clip={self.dual_clip} is out of range (dual_clip > 1)")
-
-
-SPEC = {"name": "ce_gppo", "params": Params, "needs": {"logp", "old_logp"}, "changes": "surrogate"}
 
 
 def clipped_sides(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float):
@@ -81,3 +83,24 @@ def metrics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, ep
         "rule/clipped_low_frac": float((low & valid).sum()) / n if n else 0.0,
         "rule/clipped_high_frac": float((high & valid).sum()) / n if n else 0.0,
     }
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(f"replaces PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
+    if trainer.delta is not None:
+        raise ValueError(f"applies its own dual clip (dual_clip); TRL's delta={trainer.delta} (leave it unset)")
+
+
+def loss(batch: LossBatch, p: Params) -> LossTerms:
+    t = batch.trainer
+    policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p, t.epsilon_low, t.epsilon_high)
+    return LossTerms(
+        policy=policy,
+        metrics=metrics(batch.logp, batch.old_logp, batch.advantages, batch.mask, t.epsilon_low, t.epsilon_high),
+    )
+
+
+@register("ce_gppo", Params, loss=loss, check=check)
+def ce_gppo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    return RuleOutput(weights=stats.mask.clone(), normalize="valid")

@@ -33,7 +33,13 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    compute over the tensors they are given; `scope` tells the integration which tensors to give.
 6. [code] The official scripts (`recipe/dapo/7b_clip_cov.sh`) set clip_ratio_low = clip_ratio_high = 1,
    so PPO's clip only filters extremes (the authors, issue #16 of the official repository): ε is the
-   trainer's, and a `field` sweep should ship those values.
+   trainer's, and the packaged `field` sweep ships those values.
+7. [ours] As a registered rule, D is a weight of 0 on TRL's clipped surrogate (normalize "valid": the
+   denominator keeps D), so every TRL loss type with PPO's surrogate composes; loss types with a
+   surrogate of their own (cispo, sapo, vespo) and TRL's two-sided clipping `delta` are refused (the
+   official loss has no dual clip). `selected` is the trained tokens (valid, not in D), so
+   tokens/selected_frac = 1 − rule/detached_frac. At scope "microbatch" the draw of every micro-batch of
+   a step takes a generator seeded by (run seed, step, iteration): the same stream, other candidates.
 """
 
 from __future__ import annotations
@@ -43,7 +49,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -63,9 +71,6 @@ class Params:
         if not self.lb < self.ub:
             raise ValueError(f"lb={self.lb} must be below ub={self.ub} (lb < ub)")
         check_choice("scope", self.scope, SCOPES)
-
-
-SPEC = {"name": "clip_cov", "params": Params, "needs": {"logp", "old_logp"}, "changes": "detach"}
 
 
 def token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
@@ -169,3 +174,28 @@ def metrics(detached: Tensor, mask: Tensor) -> dict[str, float]:
     """rule/detached_frac: |D| / N (the official `pg_clipfrac` of Clip-Cov)."""
     n = float(mask.sum())
     return {"rule/detached_frac": float(detached.sum()) / n if n else 0.0}
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    """PPO's surrogate without a dual clip (note 7)."""
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(f"detaches tokens of PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
+    if trainer.delta is not None:
+        raise ValueError(f"the official loss has no dual clip; TRL's delta={trainer.delta} adds one (leave it unset)")
+
+
+# TRL 1.16's loss types whose policy term is not PPO's clipped surrogate
+OWN_SURROGATE = ("cispo", "sapo", "vespo")
+
+
+@register("clip_cov", Params, needs={"logp", "old_logp"}, check=check)
+def clip_cov(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    t = state.trainer
+    if t is None:
+        raise ValueError("rule 'clip_cov' reads the trainer's clip ε (RuleState.trainer is None)")
+    old = stats.need("old_logp", rule="clip_cov")
+    gen = state.generator(f"clip_cov:{state.iteration}")
+    detached = detached_tokens(stats.logp, old, stats.advantages, stats.mask, p, t.epsilon_low, t.epsilon_high, gen)
+    valid = stats.valid
+    kept = valid & ~detached
+    return RuleOutput(weights=kept.float(), normalize="valid", metrics=metrics(detached, stats.mask), selected=kept)

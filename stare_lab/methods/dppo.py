@@ -23,6 +23,10 @@ Differences from the official code (verl `verl/trainer/ppo/core_algos.py` `compu
 4. [code] The loss is the log π form verl writes (−A·sg(r)·log π); its value is not the paper's
    surrogate −r·A, only its gradient is, so loss values are not comparable to PPO's.
 5. [code] Scope: per token; nothing depends on the batch, so micro-batch and global give the same.
+6. [ours] As a registered rule: weights 1 (the loss type's own denominator); the loss replaces TRL's
+   clipped surrogate, so TRL's ε do not act (δ is the rule's) and TRL's `delta` and loss types with a
+   surrogate of their own are refused. The vLLM IS ratio multiplies ℓ (verl's `rollout_is_weights`).
+   Metrics per micro-batch: rule/dropped_frac, rule/capped_frac.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import token_advantages
+from stare_lab.methods.clip_cov import OWN_SURROGATE, token_advantages
+from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -63,9 +69,6 @@ class Params:
                 raise ValueError(f"{name}={value} is out of range ({name} > 0)")
         if not self.is_cap > 0.0:
             raise ValueError(f"is_cap={self.is_cap} is out of range (is_cap > 0)")
-
-
-SPEC = {"name": "dppo", "params": Params, "needs": {"logp", "old_logp"}, "changes": "surrogate"}
 
 
 def bernoulli_kl(logp: Tensor, old_logp: Tensor) -> Tensor:
@@ -111,3 +114,20 @@ def metrics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, p:
         "rule/dropped_frac": float((valid & ~keep).sum()) / n,
         "rule/capped_frac": float((valid & capped).sum()) / n,
     }
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(f"replaces PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
+    if trainer.delta is not None:
+        raise ValueError(f"its trust region replaces the ratio clip; TRL's delta={trainer.delta} (leave it unset)")
+
+
+def loss(batch: LossBatch, p: Params) -> LossTerms:
+    policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p)
+    return LossTerms(policy=policy, metrics=metrics(batch.logp, batch.old_logp, batch.advantages, batch.mask, p))
+
+
+@register("dppo", Params, loss=loss, check=check)
+def dppo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    return RuleOutput(weights=stats.mask.clone(), normalize="valid")

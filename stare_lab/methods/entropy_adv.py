@@ -12,11 +12,15 @@ With κ > 1 the bonus never flips A's sign and A′ = w·A with w = A′/A ∈ [
 No official code was found (METHODS.md, "The field beyond the seeds"); this follows the paper.
 Decisions:
 1. [paper] α = 0.4 and κ = 2 (as METHODS.md records them for GRPO).
-2. [ours] Scope: `scope="batch"` (default) takes H from the rollout policy's statistics, once per
-   generation batch; `scope="microbatch"` takes the current policy's entropy from the loss's forward,
-   detached. The paper's verl implementation is not public; both are offered.
-3. [ours] 0 < κ ≤ 1 is allowed but makes w ≤ 0 possible for A < 0 (the bonus can flip the sign):
-   `advantage_weights` then raises, and only `per_token_loss` (A′ in the surrogate) is exact.
+2. [ours] Scope: `scope="token"` (default) takes the current policy's entropy from the loss's own
+   forward (TRL's, detached: free, and the rollout policy's on the first update of a batch);
+   `scope="batch"` takes H from the rollout policy's statistics once per generation batch (a
+   statistics pass or the generation-time recording). The paper's code is not public; both are offered.
+3. [ours] 0 < κ < 1 is a valid parameter of the functions but makes w < 0 possible for A < 0 (the bonus
+   can flip the sign): `advantage_weights` then raises, and only `per_token_loss` (A′ in the surrogate)
+   is exact. The registered rule is a weight on TRL's clipped surrogate, so it refuses κ < 1.
+5. [ours] As a registered rule w multiplies the surrogate in TRL's slot (not β·KL); loss types with a
+   surrogate of their own are refused. Metrics: rule/bonus_mean, rule/bonus_capped_frac.
 4. [ours] The surrogate is PPO's with the trainer's ε (and optional dual clip); the paper does not
    change the clip.
 """
@@ -28,20 +32,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import clipped_surrogate, token_advantages
+from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate, token_advantages
+from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
 
-SCOPES = ("batch", "microbatch")
+SCOPES = ("token", "batch")
 
 
 @dataclass(frozen=True)
 class Params:
     alpha: float = 0.4  # arXiv 2506.14758 (METHODS.md): α = 0.4 with GRPO
     kappa: float = 2.0  # arXiv 2506.14758 (METHODS.md): κ = 2
-    scope: str = "batch"  # [ours] rollout entropy; "microbatch": the current policy's (note 2)
+    scope: str = "token"  # [ours] the loss's own entropy; "batch": the rollout statistics' (note 2)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0:
@@ -49,9 +55,6 @@ class Params:
         if not self.kappa > 0.0:
             raise ValueError(f"kappa={self.kappa} is out of range (kappa > 0)")
         check_choice("scope", self.scope, SCOPES)
-
-
-SPEC = {"name": "entropy_adv", "params": Params, "needs": {"logp", "old_logp", "entropy"}, "changes": "advantage"}
 
 
 def bonus(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
@@ -71,8 +74,8 @@ def advantage_weights(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Para
     A = token_advantages(advantages, entropy).detach()
     shaped = shaped_advantages(entropy, advantages, mask, p)
     w = torch.where(A != 0, shaped / torch.where(A != 0, A, torch.ones_like(A)), torch.ones_like(A))
-    w = w * (mask > 0).to(w.dtype)
-    if bool((w[mask > 0] <= 0).any()):
+    w = torch.where(mask > 0, w, torch.zeros_like(w))  # whatever sits on padding (NaN too)
+    if bool((w[mask > 0] < 0).any()):
         raise ValueError(f"kappa={p.kappa} flips an advantage's sign: use A′ in the surrogate, not a weight")
     return w
 
@@ -106,3 +109,19 @@ def metrics(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> dic
         "rule/bonus_mean": float(bonus(entropy, advantages, mask, p).sum()) / n,
         "rule/bonus_capped_frac": float(capped.sum()) / n,
     }
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(
+            f"a weight on A is a weight on PPO's surrogate only; loss_type={trainer.loss_type} has its own"
+        )
+    if p.kappa < 1.0:
+        raise ValueError(f"kappa={p.kappa} < 1 lets the bonus flip an advantage's sign, which no weight expresses")
+
+
+@register("entropy_adv", Params, needs={"entropy"}, check=check)
+def entropy_adv(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    H = stats.need("entropy", rule="entropy_adv")
+    w = advantage_weights(H, stats.advantages, stats.mask, p).float()
+    return RuleOutput(weights=w, normalize="valid", metrics=metrics(H, stats.advantages, stats.mask, p))

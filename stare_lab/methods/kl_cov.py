@@ -38,6 +38,11 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    gradient are 0 (d|x|/dx = 0 at x = 0 in torch) and −A·r is GRPO's loss: KL-Cov then equals `full`.
    It acts only from the second update on a batch (TRL's steps_per_generation or num_iterations > 1),
    as the authors answer in PRIME-RL/Entropy-Mechanism-of-RL issue #1.
+9. [ours] As a registered rule: the weights step picks S (`selected`, scope "microbatch" from the
+   training forward's detached log-probs, scope "batch" once from the rollout policy's) and the loss
+   (`loss`) replaces TRL's clipped surrogate by ℓ per token, under TRL's loss-type denominator, vLLM IS
+   ratio, β·KL and entropy bonus. Loss types with a surrogate of their own and TRL's `delta` (a dual
+   clip the official loss does not have) are refused. tokens/selected_frac is rule/penalised_frac.
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import token_advantages
+from stare_lab.methods.clip_cov import OWN_SURROGATE, token_advantages
+from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -67,9 +74,6 @@ class Params:
         if not self.kl_coef >= 0.0:
             raise ValueError(f"kl_coef={self.kl_coef} is out of range (kl_coef ≥ 0)")
         check_choice("scope", self.scope, SCOPES)
-
-
-SPEC = {"name": "kl_cov", "params": Params, "needs": {"logp", "old_logp"}, "changes": "surrogate+penalty"}
 
 
 def selected_tokens(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float) -> Tensor:
@@ -114,3 +118,25 @@ def metrics(selected: Tensor, mask: Tensor) -> dict[str, float]:
     """rule/penalised_frac: |S| / N."""
     n = float(mask.sum())
     return {"rule/penalised_frac": float(selected.sum()) / n if n else 0.0}
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(f"replaces PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
+    if trainer.delta is not None:
+        raise ValueError(f"the official loss has no clip at all; TRL's delta={trainer.delta} adds one (leave it unset)")
+
+
+def loss(batch: LossBatch, p: Params) -> LossTerms:
+    """ℓ on this micro-batch with S from the weights step (`batch.selected`)."""
+    selected = batch.selected & (batch.mask > 0)
+    policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p, selected=selected)
+    return LossTerms(policy=policy)
+
+
+@register("kl_cov", Params, needs={"logp"}, loss=loss, check=check)
+def kl_cov(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    selected = selected_tokens(stats.logp, stats.advantages, stats.mask, p.ratio)
+    return RuleOutput(
+        weights=stats.mask.clone(), normalize="valid", metrics=metrics(selected, stats.mask), selected=selected
+    )

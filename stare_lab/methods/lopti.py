@@ -26,6 +26,18 @@ Differences from the official code (zhyang2226/AR-Lopti `verl/trainer/ppo/ray_tr
    `actor/sep_portion` counts padding positions in its numerator (the threshold is applied to the
    whole old-log-prob tensor, padding included, and divided by the valid count), so it can exceed 1;
    its weights are right all the same, since padding is masked out of every loss.
+6. [ours] As a registered rule (`iterations=2`): the trainer's num_iterations is 2 (null resolves to it),
+   so TRL trains every generation batch twice without recomputing the old log-probs, and
+   `RuleState.iteration` is the phase. The weights are computed inside the loss (scope "token") from
+   TRL's own π_old (`old_per_token_logps`, which TRL computes with two iterations): no extra forward.
+   `trainer.max_steps` counts optimizer steps, so a Lopti run sees half the generation batches of a
+   one-update rule at the same max_steps (the packaged `field` sweep doubles its max_steps).
+7. [ours] ω multiplies TRL's surrogate (the weight slot), not TRL's β·KL, which TRL adds after it:
+   β > 0 is refused. TRL's entropy bonus averages over each phase's tokens (the official code divides
+   by every valid token), a difference only with entropy_coef > 0.
+8. [code] With adv_reweight (AR+Lopti, the official `compute_reweight_advantage` before the phase
+   split): `alpha` > 0 multiplies ω by adv_reweight's w (α = 0.3 in the AR+Lopti script; 0: Lopti alone),
+   τ = 1 − α and neg_weight 1 as adv_reweight's defaults.
 """
 
 from __future__ import annotations
@@ -35,8 +47,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import clipped_surrogate
-from stare_lab.methods.select import check_choice
+from stare_lab.methods import adv_reweight
+from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate
+from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
+from stare_lab.methods.select import check_choice, check_fraction
+from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -49,14 +64,15 @@ PHASES = 2
 class Params:
     eta: float = 0.5  # AR-Lopti scripts/train_kklogic_AR-Lopti_4x80GB.sh: SEPERATE_PROB=0.5 (η)
     order: str = "low_first"  # official: a positive SEPERATE_PROB updates the low-probability tokens first
+    alpha: float = 0.0  # adv_reweight's α composed in (note 8); train_kklogic_AR-Lopti_4x80GB.sh: REWEIGHT_K=0.3
+    scope: str = "token"  # [ours] in the loss from TRL's π_old (note 6)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.eta < 1.0:
             raise ValueError(f"eta={self.eta} is out of range (0 < eta < 1)")
         check_choice("order", self.order, ORDERS)
-
-
-SPEC = {"name": "lopti", "params": Params, "needs": {"old_logp"}, "changes": "phases", "phases": PHASES}
+        check_fraction("alpha", self.alpha, open_low=False)
+        check_choice("scope", self.scope, ("token",))
 
 
 def first_phase_tokens(old_logp: Tensor, p: Params) -> Tensor:
@@ -100,3 +116,24 @@ def metrics(old_logp: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
     if not n:
         return {"rule/phase1_frac": 0.0, "rule/phase2_frac": 0.0}
     return {f"rule/phase{k + 1}_frac": float(phase_weights(old_logp, mask, p, k).sum()) / n for k in range(PHASES)}
+
+
+def check(p: Params, trainer: TrainerValues) -> None:
+    if trainer.loss_type in OWN_SURROGATE:
+        raise ValueError(f"its phase weights zero A in PPO's surrogate; loss_type={trainer.loss_type} has its own")
+    if trainer.beta != 0.0:
+        raise ValueError(
+            f"the official phases also mask the KL term, which TRL adds after the weights: trainer.beta={trainer.beta} "
+            "(use beta 0)"
+        )
+
+
+@register("lopti", Params, needs={"logp", "old_logp"}, iterations=PHASES, check=check)
+def lopti(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    old = stats.need("old_logp", rule="lopti")
+    w = phase_weights(old, stats.mask, p, state.iteration).float()
+    if p.alpha > 0:
+        w = w * adv_reweight.advantage_weights(old, stats.advantages, stats.mask, adv_reweight.Params(alpha=p.alpha))
+    out = metrics(old, stats.mask, p)
+    out["rule/phase"] = float(state.iteration + 1)
+    return RuleOutput(weights=w.float(), normalize="valid", metrics=out, selected=(w > 0) & stats.valid)

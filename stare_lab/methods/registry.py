@@ -9,6 +9,16 @@ A Params field may stand for a trainer value (GMTS's clip ε and β): declare it
 `field(default=None, metadata={"trainer": "<TrainerValues field>"})`. None means "the trainer's
 value", filled in from `RuleState.trainer` before the rule runs; an explicit value must agree
 with the trainer (`Rule.check_trainer`, called when the config is resolved and by the trainer).
+
+A rule may change the loss, not only weight it (the field's methods, docs/field.md): `register(...,
+loss=fn)` with `fn(batch: LossBatch, params) -> LossTerms` gives a per-token policy term that
+replaces PPO's clipped surrogate (KL-Cov's −A·r plus its penalty, DPPO, CE-GPPO, Archer's
+per-token clip), optionally a term with its own denominator (Archer's KL) in place of TRL's β·KL.
+It is evaluated inside the loss with the current log-probs (with grad); the rule's weights still
+multiply it, and everything else stays TRL's (trl_loss.surrogate_change). `iterations=k`: the rule
+trains each generation batch k times with different weights (Lopti's two phases): its weights are
+computed once per iteration (`RuleState.iteration`) and the trainer's `num_iterations` is k.
+`check=fn(params, trainer)` refuses, with one line, a trainer setting the rule does not compose with.
 """
 
 from __future__ import annotations
@@ -32,6 +42,10 @@ SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: stare_lab/m
 TIES = ("topk", "quantile")
 
 
+# TRL 1.16's loss types whose policy term is PPO's clipped surrogate (the others have their own)
+PPO_SURROGATE_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+
 @dataclass(frozen=True)
 class TrainerValues:
     """The trainer values a rule may read (the values the trainer actually uses)."""
@@ -41,6 +55,9 @@ class TrainerValues:
     beta: float  # KL coefficient (0: no KL term, TRL computes no ref_logp)
     loss_type: str  # TRL loss type (dapo, grpo, bnpo, dr_grpo)
     num_generations: int  # G, rollouts per prompt
+    num_iterations: int | None = 1  # TRL's μ: optimizer passes over each generation batch (None: the rule's)
+    delta: float | None = None  # TRL's two-sided clipping (= verl's dual clip c), None: off
+    importance_sampling_level: str = "token"  # TRL's ratio per token, or per sequence (GSPO)
 
     @classmethod
     def from_config(cls, trainer_cfg: Any) -> TrainerValues:
@@ -53,14 +70,25 @@ class TrainerValues:
                 else getattr(trainer_cfg, key)
             )
 
+        def optional(key: str, default: Any) -> Any:
+            try:
+                value = get(key)
+            except (KeyError, AttributeError):
+                return default
+            return default if value is None else value
+
         eps = float(get("epsilon"))
         eps_high = get("epsilon_high")
+        delta = optional("delta", None)
         return cls(
             epsilon_low=eps,
             epsilon_high=eps if eps_high is None else float(eps_high),
             beta=float(get("beta")),
             loss_type=str(get("loss_type")),
             num_generations=int(get("num_generations")),
+            num_iterations=None if optional("num_iterations", None) is None else int(get("num_iterations")),
+            delta=None if delta is None else float(delta),
+            importance_sampling_level=str(optional("importance_sampling_level", "token")),
         )
 
 
@@ -79,6 +107,8 @@ class RuleState:
     step_stats: scope "microbatch" only: the whole generation batch's statistics the rule declared
         in `step_needs` (rollout policy, every rank's rows), set by the trainer once per generation
         batch, for what the official codes compute once per step (STARE's gate entropy H̄); not saved.
+    iteration: which of the rule's `iterations` passes over the generation batch the weights are for
+        (0 ≤ iteration < iterations; Lopti's phase); the trainer sets it; not saved.
     """
 
     step: int = 0
@@ -88,6 +118,7 @@ class RuleState:
     rng: torch.Generator | None = None
     trainer: TrainerValues | None = None
     step_stats: TokenStats | None = None
+    iteration: int = 0
 
     @property
     def progress(self) -> float:
@@ -117,7 +148,42 @@ class RuleOutput:
     weights: Tensor  # [B, T] float, 0 where mask is 0
     normalize: str  # "valid" | "selected" | "loss_type"
     metrics: dict[str, float] = field(default_factory=dict)
-    selected: Tensor | None = None  # [B, T] bool: the rule's selected subset (for metrics); None = all valid
+    # [B, T] bool: the rule's selected subset (metrics; a loss-changing rule reads it back in its loss as
+    # `LossBatch.selected`, e.g. KL-Cov's penalised tokens); None = all valid
+    selected: Tensor | None = None
+
+
+@dataclass
+class LossBatch:
+    """What a loss-changing rule's `loss` sees of one micro-batch (one loss call)."""
+
+    logp: Tensor  # [B, T] current policy, with grad
+    old_logp: Tensor  # [B, T] π_old (= logp detached on-policy, TRL's choice)
+    advantages: Tensor  # [B] or [B, T]
+    mask: Tensor  # [B, T] the loss's mask
+    entropy: Tensor  # [B, T] the current policy's entropy (detached; TRL's forward computes it)
+    selected: Tensor  # [B, T] bool: the rule's `selected` for these rows (its weights' output)
+    trainer: TrainerValues
+    ref_logp: Tensor | None = None  # [B, T] when β > 0 (TRL computes it then only)
+
+
+@dataclass
+class LossTerms:
+    """A rule's change to the per-token objective of one micro-batch.
+
+    policy: [B, T] the per-token policy loss in place of PPO's clipped surrogate; like it, it is
+        multiplied by the rule's weights (and TRL's off-policy mask and vLLM IS ratio) and aggregated
+        with the loss type's denominator.
+    own: 0-dim, a term with a denominator of its own, added once per micro-batch (divided only by the
+        gradient accumulation, as TRL's entropy bonus) — Archer's KL means over its token sets.
+    drops_kl: TRL's β·KL term is left out (the rule's `own` replaces it).
+    metrics: per-micro-batch values to log (averaged over micro-batches and ranks).
+    """
+
+    policy: Tensor
+    own: Tensor | None = None
+    drops_kl: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 # A declaration is a constant or a function. `needs` functions get (params, trainer): the Params
@@ -135,13 +201,24 @@ class _Entry:
     needs: NeedsSpec
     attn_layers: LayersSpec
     step_needs: NeedsSpec = ()
+    loss: Callable[[LossBatch, Any], LossTerms] | None = None
+    iterations: int = 1
+    check: Callable[[Any, TrainerValues], None] | None = None
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
 def register(
-    name: str, params_cls: type, needs: NeedsSpec = (), attn_layers: LayersSpec = None, step_needs: NeedsSpec = ()
+    name: str,
+    params_cls: type,
+    needs: NeedsSpec = (),
+    attn_layers: LayersSpec = None,
+    step_needs: NeedsSpec = (),
+    *,
+    loss: Callable[[LossBatch, Any], LossTerms] | None = None,
+    iterations: int = 1,
+    check: Callable[[Any, TrainerValues], None] | None = None,
 ):
     """Decorator: register `fn(stats, state, params) -> RuleOutput` under `name`.
 
@@ -152,6 +229,9 @@ def register(
     step_needs: scope "microbatch": the statistics of the whole generation batch the rule reads once per
         step (`RuleState.step_stats`), as `needs` (a constant or a function); the trainer computes them at
         generation time from the cheapest source.
+    loss: `loss(batch, params) -> LossTerms`, for a rule that changes the per-token objective (module docstring).
+    iterations: passes over each generation batch, each with its own weights (`RuleState.iteration`).
+    check: `check(params, trainer)` raising a one-line ValueError for a trainer setting it does not compose with.
     """
     if not dataclasses.is_dataclass(params_cls):
         raise TypeError(f"Params of rule {name!r} must be a dataclass")
@@ -173,7 +253,9 @@ def register(
     def deco(fn):
         if name in _REGISTRY:
             raise ValueError(f"token rule {name!r} is registered twice")
-        _REGISTRY[name] = _Entry(name, params_cls, fn, needs, attn_layers, step_needs)
+        if iterations < 1:
+            raise ValueError(f"rule {name!r}: iterations={iterations} (at least 1)")
+        _REGISTRY[name] = _Entry(name, params_cls, fn, needs, attn_layers, step_needs, loss, iterations, check)
         return fn
 
     return deco
@@ -215,7 +297,8 @@ class Rule:
         return dataclasses.replace(self.params, **fill) if fill else self.params
 
     def check_trainer(self, values: TrainerValues) -> None:
-        """ValueError (one line) when an explicitly set trainer-valued parameter disagrees with the trainer."""
+        """ValueError (one line) when an explicitly set trainer-valued parameter disagrees with the trainer,
+        or the trainer's settings do not compose with what the rule changes in the loss."""
         for name, key in trainer_params(type(self.params)).items():
             mine, theirs = getattr(self.params, name), getattr(values, key)
             if mine is not None and mine != theirs:
@@ -223,6 +306,50 @@ class Rule:
                     f"rule {self.name!r}: {name}={mine} but trainer.{key}={theirs} "
                     f"(leave it unset to use the trainer's)"
                 )
+        if self.changes_loss:
+            if values.loss_type not in PPO_SURROGATE_LOSS_TYPES:
+                raise ValueError(
+                    f"rule {self.name!r} replaces PPO's clipped surrogate, but trainer.loss_type={values.loss_type} "
+                    f"has a surrogate of its own (use one of {', '.join(PPO_SURROGATE_LOSS_TYPES)})"
+                )
+            if values.importance_sampling_level != "token":
+                raise ValueError(
+                    f"rule {self.name!r} has a per-token ratio, but importance_sampling_level="
+                    f"{values.importance_sampling_level} makes TRL's ratio per sequence (use 'token')"
+                )
+        if self.iterations > 1 and values.num_iterations not in (None, self.iterations):
+            raise ValueError(
+                f"rule {self.name!r} trains each generation batch {self.iterations} times with different "
+                f"weights, but trainer.num_iterations={values.num_iterations} (set it to {self.iterations}, or null)"
+            )
+        check = self._entry.check
+        if check is not None:
+            try:
+                check(self.effective_params(values), values)
+            except ValueError as e:
+                raise ValueError(f"rule {self.name!r}: {e}") from None
+
+    @property
+    def changes_loss(self) -> bool:
+        """The rule changes the per-token objective (`loss_terms`), not only weights it."""
+        return self._entry.loss is not None
+
+    @property
+    def iterations(self) -> int:
+        """Passes over each generation batch with weights of their own (Lopti: 2); 1 for most rules."""
+        return self._entry.iterations
+
+    def loss_terms(self, batch: LossBatch) -> LossTerms:
+        """The rule's change to one micro-batch's per-token objective (only for `changes_loss`)."""
+        if self._entry.loss is None:
+            raise LookupError(f"rule {self.name!r} does not change the loss (it only weights it)")
+        terms = self._entry.loss(batch, self.effective_params(batch.trainer))
+        if terms.policy.shape != batch.mask.shape:
+            raise RuntimeError(
+                f"rule {self.name!r} returned a policy term of shape {tuple(terms.policy.shape)}, "
+                f"expected {tuple(batch.mask.shape)}"
+            )
+        return terms
 
     def needs_for(self, trainer: TrainerValues | None = None) -> frozenset[str]:
         """The statistics this rule reads with these trainer values (None: trainer unknown)."""
@@ -274,6 +401,12 @@ def list_methods() -> list[str]:
 
 def method_params(name: str) -> type:
     return _lookup(name).params_cls
+
+
+def method_iterations(name: str) -> int:
+    """Passes over each generation batch the rule trains (`register(iterations=...)`): what a null
+    `trainer.num_iterations` resolves to."""
+    return _lookup(name).iterations
 
 
 def _lookup(name: str) -> _Entry:
