@@ -10,7 +10,7 @@ from stare_lab.cli import main
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["method=nope"], "unknown method option 'nope'; valid: anchor, attn_soft"),
+        (["method=nope"], "unknown method option 'nope'; valid: adv_reweight, anchor, archer, attn_soft"),
         (["method=stare", "method.params.Q=1"], "unknown parameter 'Q' for rule 'stare'; valid parameters:"),
         (["method=top_entropy", "method.params.rho=1.5"], "rho=1.5 is out of range"),
         (["method=rsi_band", "method.params.low=3", "method.params.high=2"], "low"),

@@ -18,7 +18,7 @@ BASE = "name: bad\nbase: {model: builtin, logger: none}\nseeds: [0]\n"
 # (case, file text with OUT for the output folder, expected key path in the error, expected words)
 MALFORMED = [
     ("unknown top-level key", BASE + "gird: {method: [full]}\n", "unknown key 'gird'", "valid keys: name"),
-    ("unknown rule", BASE + "grid: {method: [full, nope]}\n", "grid.method[1]", "valid: anchor"),
+    ("unknown rule", BASE + "grid: {method: [full, nope]}\n", "grid.method[1]", "valid: adv_reweight, anchor"),
     (
         "wrong value type",
         BASE.replace("logger: none}", "logger: none, overrides: {trainer.max_steps: abc}}"),
