@@ -152,7 +152,8 @@ def step_times(
             disable_tqdm=True,
             logging_steps=1000,
             seed=0,
-            num_iterations=num_iterations,
+            # a rule with passes of its own (Lopti: 2 per generation batch) trains them: it is timed per optimizer step
+            num_iterations=num_iterations if rule is None else max(num_iterations, get_method(rule).iterations),
             generation_kwargs={"min_new_tokens": length} if generate else None,
         )
         kw = dict(

@@ -65,6 +65,7 @@ class TimedRule:
 
     def __init__(self, rule, sink: list[float]):
         self._rule, self._call = rule, _timed(rule.__call__, sink)
+        self._loss_terms = _timed(rule.loss_terms, sink)
 
     def __getattr__(self, name):
         return getattr(self._rule, name)
@@ -72,11 +73,15 @@ class TimedRule:
     def __call__(self, stats, state):
         return self._call(stats, state)
 
+    def loss_terms(self, batch):  # a loss-changing rule's terms, inside the loss
+        return self._loss_terms(batch)
+
 
 def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple[list[float], float, float]:
-    """Wall time of each optimizer step after the first, stare_lab's own generation-time work
-    (stats pass + rule) per step, and transformers generation per step (with any statistics recorded
-    in it), timed directly."""
+    """Wall time of each optimizer step after the first, stare_lab's own work (stats pass + rule at
+    generation time; for scope microbatch/token the rule in the loss; for a loss-changing rule its terms
+    and their addition to TRL's loss) per step, and transformers generation per step (with any statistics
+    recorded in it), timed directly."""
     from trl import GRPOTrainer
 
     from stare_lab.config import compose
@@ -113,6 +118,7 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
         trainer.remove_callback(PrinterCallback)
         own: list[float] = []
         gen: list[float] = []
+        patched: list[tuple] = []
         trainer._generate_single_turn = _timed(trainer._generate_single_turn, gen)
         trainer._get_per_token_logps_and_entropies = _timed_no_grad(trainer._get_per_token_logps_and_entropies, gen)
         if rule is not None:
@@ -121,8 +127,20 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
             trainer._microbatch_weights = _timed(trainer._microbatch_weights, own)  # scope microbatch, in the loss
             if not trainer.selects_in_loss:  # there the rule runs inside _microbatch_weights, already timed
                 trainer.rule = TimedRule(trainer.rule, own)
+            if trainer.rule.changes_loss:  # the rule's terms inside the loss: the rule (above) and what adds them
+                from stare_lab import trl_loss
+
+                for name in ("surrogate_change", "trl_aggregate", "own_term"):
+                    patched.append((trl_loss, name, getattr(trl_loss, name)))
+                    setattr(trl_loss, name, _timed(getattr(trl_loss, name), own))
+                trainer._loss_batch = _timed(trainer._loss_batch, own)
+                trainer._log_loss_terms = _timed(trainer._log_loss_terms, own)
         gc.collect()  # the previous trainer's garbage is not collected inside this one's timing
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            for module, name, original in patched:
+                setattr(module, name, original)
     # the first step pays one-off costs
     return clock.times[1:], sum(own) / max(steps, 1), sum(gen) / max(steps, 1)
 
@@ -191,8 +209,9 @@ def main() -> None:
     p.add_argument(
         "--num-iterations",
         type=int,
-        default=1,
-        help="TRL's num_iterations for every arm (2: TRL makes an old-log-prob forward)",
+        default=None,
+        help="TRL's num_iterations for every arm (2: TRL makes an old-log-prob forward); default: each "
+        "rule's own (Lopti: 2 passes per generation batch, every other rule and plain TRL: 1)",
     )
     p.add_argument("--scope", default=None, help="e.g. microbatch: that scope for the rules that take it")
     p.add_argument(
@@ -212,7 +231,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
 
     rules = a.rules or list_methods()
-    extra = [f"trainer.num_iterations={a.num_iterations}"]
+    extra = [f"trainer.num_iterations={a.num_iterations}"] if a.num_iterations else []
     if a.scope:
         from stare_lab.methods import get_method
         from stare_lab.token_weights import MICROBATCH_STATISTICS
@@ -251,10 +270,11 @@ def main() -> None:
     print(
         f"\n{a.rounds} interleaved rounds × {a.steps - 1} timed steps per rule; built-in model, "
         f"{BENCH[0].split('=')[1]} rollouts of {length} tokens per micro-batch, 2 micro-batches per step, "
-        f"num_iterations={a.num_iterations}" + (f", scope={a.scope}" if a.scope else "")
+        f"num_iterations={a.num_iterations or 'each rule’s own'}" + (f", scope={a.scope}" if a.scope else "")
     )
     print(
-        "own = stats pass + rule after generation; gen = transformers generation (recording included) and "
+        "own = stats pass + rule after generation (in the loss for scope microbatch/token, with a "
+        "loss-changing rule's terms); gen = transformers generation (recording included) and "
         "TRL's no-grad old-log-prob forward (statistics riding on it included), per step; "
         "estimate = (plain + own + gen − gen of plain TRL) / plain"
     )

@@ -235,3 +235,31 @@ def test_hook_inside_training_keeps_the_due_steps_and_each_reproduces_its_weight
         own = apply_rule(batch, "random", batch.run_rule["params"], own=True)
         assert batch.step == step and torch.equal(own.weights, trained[step].float())
     assert not torch.equal(trained[0], trained[2])
+
+
+def test_the_page_shows_which_tokens_a_loss_changing_rule_touches_and_how(tmp_path):
+    """Archer: its two entropy sets of each response (wide clip / tight clip + KL); KL-Cov: its top-Cov
+    tokens; DPPO on-policy (old = rollout): nothing outside the trust region."""
+    import dataclasses
+
+    from stare_lab.methods import TrainerValues, archer, kl_cov
+
+    kw = random_batch_tensors(B=8, T=10, G=G)
+    values = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=G)
+    meta = {"num_layers": 4, "attn_layers": [2], "trainer": dataclasses.asdict(values)}
+    batch = load_batch(
+        save_batch(tmp_path / "b.safetensors", 0, **kw, run_rule={"name": "full", "params": {}}, meta=meta)
+    )
+    valid = batch.mask > 0
+    view = apply_rule(batch, "archer")
+    widened, penalised = archer.entropy_sets(batch.stats["entropy"], batch.mask, archer.Params(kl_coef=0.0))
+    assert torch.equal(view.touched["wide clip, no KL (high entropy)"], widened)
+    assert torch.equal(view.touched["tight clip + KL (low entropy)"], penalised)
+    assert torch.equal(view.selected, valid) and 0 < widened.sum() < valid.sum()
+    n = float(valid.sum())
+    assert view.metrics["touched: wide clip, no KL (high entropy)"] == pytest.approx(float(widened.sum()) / n)
+    view = apply_rule(batch, "kl_cov")
+    want = kl_cov.selected_tokens(batch.stats["logp"], batch.advantages, batch.mask, kl_cov.Params().ratio)
+    assert torch.equal(view.selected, want) and int(view.selected.sum()) == max(1, int(n * 2e-3))
+    view = apply_rule(batch, "dppo")
+    assert view.reason is None and not view.selected.any()

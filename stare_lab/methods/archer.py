@@ -173,7 +173,8 @@ def loss(batch: LossBatch, p: Params) -> LossTerms:
         assert p.kl_coef is not None  # filled from the trainer
         own = p.kl_coef * low + p.high_kl_coef * high
     terms = metrics(batch.entropy, batch.mask, p)
-    return LossTerms(policy=pg.to(batch.logp.dtype), own=own, drops_kl=True, metrics=terms)
+    touched = {"wide clip, no KL (high entropy)": widened, "tight clip + KL (low entropy)": penalised}
+    return LossTerms(policy=pg.to(batch.logp.dtype), own=own, drops_kl=True, metrics=terms, touched=touched)
 
 
 @register("archer", Params, loss=loss, check=check)

@@ -95,9 +95,12 @@ def check(p: Params, trainer: TrainerValues) -> None:
 def loss(batch: LossBatch, p: Params) -> LossTerms:
     t = batch.trainer
     policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p, t.epsilon_low, t.epsilon_high)
+    low, high = clipped_sides(batch.logp, batch.old_logp, batch.advantages, t.epsilon_low, t.epsilon_high)
+    valid = batch.mask > 0
     return LossTerms(
         policy=policy,
         metrics=metrics(batch.logp, batch.old_logp, batch.advantages, batch.mask, t.epsilon_low, t.epsilon_high),
+        touched={"clipped low, gradient kept (β1)": low & valid, "clipped high, gradient kept (β2)": high & valid},
     )
 
 

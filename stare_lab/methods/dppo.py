@@ -125,7 +125,12 @@ def check(p: Params, trainer: TrainerValues) -> None:
 
 def loss(batch: LossBatch, p: Params) -> LossTerms:
     policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p)
-    return LossTerms(policy=policy, metrics=metrics(batch.logp, batch.old_logp, batch.advantages, batch.mask, p))
+    valid = batch.mask > 0
+    keep = kept_tokens(batch.logp, batch.old_logp, batch.advantages, p)
+    touched = {"outside the trust region (no gradient)": valid & ~keep}
+    return LossTerms(
+        policy=policy, metrics=metrics(batch.logp, batch.old_logp, batch.advantages, batch.mask, p), touched=touched
+    )
 
 
 @register("dppo", Params, loss=loss, check=check)

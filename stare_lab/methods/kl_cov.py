@@ -131,7 +131,7 @@ def loss(batch: LossBatch, p: Params) -> LossTerms:
     """ℓ on this micro-batch with S from the weights step (`batch.selected`)."""
     selected = batch.selected & (batch.mask > 0)
     policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p, selected=selected)
-    return LossTerms(policy=policy)
+    return LossTerms(policy=policy, touched={"KL-penalised (top Cov)": selected})
 
 
 @register("kl_cov", Params, needs={"logp"}, loss=loss, check=check)

@@ -70,12 +70,13 @@ class TrainerValues:
                 else getattr(trainer_cfg, key)
             )
 
-        def optional(key: str, default: Any) -> Any:
+        def optional(key: str, default: Any, null: Any = None) -> Any:
+            """`default` where the block has no such key (TRL's default), `null` where it is null."""
             try:
                 value = get(key)
             except (KeyError, AttributeError):
                 return default
-            return default if value is None else value
+            return null if value is None else value
 
         eps = float(get("epsilon"))
         eps_high = get("epsilon_high")
@@ -86,9 +87,9 @@ class TrainerValues:
             beta=float(get("beta")),
             loss_type=str(get("loss_type")),
             num_generations=int(get("num_generations")),
-            num_iterations=None if optional("num_iterations", None) is None else int(get("num_iterations")),
+            num_iterations=None if (mu := optional("num_iterations", 1)) is None else int(mu),  # null: the rule's
             delta=None if delta is None else float(delta),
-            importance_sampling_level=str(optional("importance_sampling_level", "token")),
+            importance_sampling_level=str(optional("importance_sampling_level", "token", "token")),
         )
 
 
@@ -178,12 +179,15 @@ class LossTerms:
         gradient accumulation, as TRL's entropy bonus) — Archer's KL means over its token sets.
     drops_kl: TRL's β·KL term is left out (the rule's `own` replaces it).
     metrics: per-micro-batch values to log (averaged over micro-batches and ranks).
+    touched: {what the rule does to them: [B, T] bool} — the tokens whose objective differs from PPO's
+        and how (Archer's "wide clip, no KL"), for the token viewer.
     """
 
     policy: Tensor
     own: Tensor | None = None
     drops_kl: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
+    touched: dict[str, Tensor] = field(default_factory=dict)
 
 
 # A declaration is a constant or a function. `needs` functions get (params, trainer): the Params

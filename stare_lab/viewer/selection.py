@@ -4,7 +4,10 @@ A rule runs with its default parameters on the batch's statistics, with the batc
 (step, total steps, seed: the same seeded tie-breaks and random draws as in training); the
 run's own rule runs with its parameters and its memory as it was before the rule ran. "Selected" is
 the rule's `selected` set, or every valid token for a rule without one (the trainer's definition
-of `tokens/selected_frac`).
+of `tokens/selected_frac`). For a rule that changes the loss (`Rule.changes_loss`) it is the tokens
+its loss treats otherwise than PPO's (`LossTerms.touched`, at the kept batch's rollout policy against
+its old log-probs: on-policy r = 1, so DPPO's trust region and CE-GPPO's clip touch nothing there),
+and `touched` names how, each with its fraction in the metrics.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class RuleView:
     normalize: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     reason: str | None = None  # why the rule could not run on this batch ("not computable: needs X")
+    touched: dict[str, Tensor] = field(default_factory=dict)  # a loss-changing rule: how → [B, T] bool
 
     @property
     def computable(self) -> bool:
@@ -99,7 +103,37 @@ def apply_rule(batch: Batch, name: str, params: dict[str, Any] | None = None, *,
     view.selected = (out.selected.bool() & valid) if out.selected is not None else valid.clone()
     view.normalize = out.normalize
     view.metrics = {k: float(v) for k, v in out.metrics.items()}
+    if rule.changes_loss:
+        _touched(view, rule, stats, state, out)
     return view
+
+
+def _touched(view: RuleView, rule, stats, state, out) -> None:
+    """A loss-changing rule's terms on the kept batch (rollout policy; entropy where kept): which tokens
+    its loss changes, and how."""
+    from stare_lab.methods import LossBatch
+
+    nan = torch.full_like(stats.logp, float("nan"))
+    batch = LossBatch(
+        logp=stats.logp,
+        old_logp=stats.old_logp if stats.old_logp is not None else stats.logp,
+        advantages=stats.advantages,
+        mask=stats.mask,
+        entropy=stats.entropy if stats.entropy is not None else nan,
+        selected=view.selected,
+        trainer=state.trainer,
+        ref_logp=stats.ref_logp,
+    )
+    try:
+        terms = rule.loss_terms(batch)
+    except Exception as err:  # shown for this rule, as a failing weights call
+        view.reason = f"its loss failed on this batch: {type(err).__name__}: {err}"
+        return
+    n = max(float(stats.valid.sum()), 1.0)
+    view.touched = {how: mask.bool() & stats.valid for how, mask in terms.touched.items()}
+    if view.touched:
+        view.selected = torch.stack(list(view.touched.values())).any(0)
+    view.metrics.update({f"touched: {how}": float(m.sum()) / n for how, m in view.touched.items()})
 
 
 def apply_all_rules(batch: Batch) -> list[RuleView]:
