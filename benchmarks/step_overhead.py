@@ -236,11 +236,17 @@ def main() -> None:
         from stare_lab.methods import get_method
         from stare_lab.token_weights import MICROBATCH_STATISTICS
 
+        def takes_scope(r: str) -> bool:
+            try:
+                get_method(r, scope=a.scope)
+            except ValueError:
+                return False
+            return True
+
         rules = [
             r
             for r in rules
-            if hasattr(get_method(r).params, "scope")
-            and (a.scope != "microbatch" or get_method(r).needs_for(None) <= MICROBATCH_STATISTICS)
+            if takes_scope(r) and (a.scope != "microbatch" or get_method(r).needs_for(None) <= MICROBATCH_STATISTICS)
         ]
         extra.append(f"method.params.scope={a.scope}")
     print(
