@@ -34,6 +34,7 @@ from trl import GRPOTrainer
 
 from stare_lab.loss_types import GENERATION_BATCH_DENOMINATOR, NO_TOKEN_DENOMINATOR
 from stare_lab.methods.registry import NORMALIZE, LossTerms
+from stare_lab.surrogate import clipped_surrogate, kl_penalty
 
 
 def loss_mask(inputs: dict) -> Tensor:
@@ -232,8 +233,6 @@ def surrogate_change(trainer: GRPOTrainer, inputs: dict, logp: Tensor, slot: Ten
     (is), entropy bonus and MoE aux loss. ℓ_PPO is recomputed here as TRL computes it (with its
     two-sided clipping `delta`); the two copies cancel to float rounding (tests/test_loss_rules.py).
     """
-    from stare_lab.objective import clipped_surrogate, kl_penalty
-
     mask = loss_mask(inputs)
     old = inputs.get("old_per_token_logps")
     old = logp.detach() if old is None else old

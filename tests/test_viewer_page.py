@@ -16,7 +16,7 @@ import torch
 import yaml
 from synthetic_batch import write_random_batch
 
-from stare_lab.methods import RuleState, TrainerValues, get_method, list_methods
+from stare_lab.methods import LossBatch, RuleState, TrainerValues, get_method, list_methods
 from stare_lab.viewer import batch_path, load_batch, main_view, render_run, render_sweep
 from stare_lab.viewer.browser import chromium_path, dump_dom, screenshot
 
@@ -94,6 +94,16 @@ def rule_outputs(batch):
         if any(getattr(stats, n, None) is None for n in rule.needs_for(trainer)):
             continue
         out[key] = rule(stats, state)
+        if rule.changes_loss:  # the page selects the tokens its loss treats otherwise than PPO's
+            old = stats.old_logp if stats.old_logp is not None else stats.logp
+            selected = out[key].selected if out[key].selected is not None else stats.valid
+            terms = rule.loss_terms(
+                LossBatch(
+                    stats.logp, old, stats.advantages, stats.mask, stats.entropy, selected, trainer, stats.ref_logp
+                )
+            )
+            if terms.touched:
+                out[key].selected = torch.stack([m & stats.valid for m in terms.touched.values()]).any(0)
     return out
 
 

@@ -47,7 +47,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods import adv_reweight
+from stare_lab.methods.adv_reweight import Params as AdvReweightParams
+from stare_lab.methods.adv_reweight import advantage_weights
 from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
@@ -133,7 +134,7 @@ def lopti(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     old = stats.need("old_logp", rule="lopti")
     w = phase_weights(old, stats.mask, p, state.iteration).float()
     if p.alpha > 0:
-        w = w * adv_reweight.advantage_weights(old, stats.advantages, stats.mask, adv_reweight.Params(alpha=p.alpha))
+        w = w * advantage_weights(old, stats.advantages, stats.mask, AdvReweightParams(alpha=p.alpha))
     out = metrics(old, stats.mask, p)
     out["rule/phase"] = float(state.iteration + 1)
     return RuleOutput(weights=w.float(), normalize="valid", metrics=out, selected=(w > 0) & stats.valid)
