@@ -169,8 +169,8 @@ def test_lopti_second_pass_trains_the_other_phase(setup, tmp_path):
 
 
 # ---- a loss-changing rule whose policy term is PPO's own surrogate: TRL's loss under every feature ----
-def ppo_twin(delta: float | None = None) -> Rule:
-    """A rule that changes the loss to PPO's clipped surrogate, as TRL computes it."""
+def ppo_twin(delta: float | None = None, scale: float = 1.0) -> Rule:
+    """A rule that changes the loss to `scale` × PPO's clipped surrogate, as TRL computes it."""
 
     def weights(stats, state, p):
         return RuleOutput(weights=stats.mask.clone(), normalize="loss_type")
@@ -180,9 +180,9 @@ def ppo_twin(delta: float | None = None) -> Rule:
         policy, _ = clipped_surrogate(
             batch.logp, batch.old_logp, batch.advantages, t.epsilon_low, t.epsilon_high, delta
         )
-        return LossTerms(policy=policy)
+        return LossTerms(policy=scale * policy)
 
-    return Rule(_Entry("ppo_twin", FullParams, weights, frozenset(), None, loss=loss), FullParams())
+    return Rule(_Entry(f"ppo_twin_{scale}", FullParams, weights, frozenset(), None, loss=loss), FullParams())
 
 
 PPO_FEATURES = [f for f, kw in FEATURES.items() if kw.get("loss_type", "dapo") in ("grpo", "bnpo", "dr_grpo", "dapo")]
@@ -205,31 +205,17 @@ def test_a_rule_changing_the_surrogate_to_ppos_own_gives_trls_loss(setup, tmp_pa
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
     # and a rule whose policy differs changes the loss by exactly its aggregated difference
-    doubled = _scaled_twin(2.0, kw.get("delta"))
+    doubled = ppo_twin(kw.get("delta"), scale=2.0)
     ours2, _ = make_trainer(setup, tmp_path, doubled, **copy.deepcopy(kw))
     if ours2.use_adaptive_entropy:
         ours2._last_world_entropy = 0.0
     twice = ours2._compute_loss(ours2.model, dict(batch)).item()
-    no_policy = _scaled_twin(0.0, kw.get("delta"))
+    no_policy = ppo_twin(kw.get("delta"), scale=0.0)
     ours0, _ = make_trainer(setup, tmp_path, no_policy, **copy.deepcopy(kw))
     if ours0.use_adaptive_entropy:
         ours0._last_world_entropy = 0.0
     rest = ours0._compute_loss(ours0.model, dict(batch)).item()  # KL, entropy bonus, aux loss only
     assert twice - rest == pytest.approx(2 * (want_loss.item() - rest), rel=1e-4, abs=1e-6)
-
-
-def _scaled_twin(c: float, delta: float | None) -> Rule:
-    def weights(stats, state, p):
-        return RuleOutput(weights=stats.mask.clone(), normalize="loss_type")
-
-    def loss(batch, p):
-        t = batch.trainer
-        policy, _ = clipped_surrogate(
-            batch.logp, batch.old_logp, batch.advantages, t.epsilon_low, t.epsilon_high, delta
-        )
-        return LossTerms(policy=c * policy)
-
-    return Rule(_Entry(f"twin_{c}", FullParams, weights, frozenset(), None, loss=loss), FullParams())
 
 
 # ---- refusals: one line, at construction (and at resolve time for what a config can set) -------------

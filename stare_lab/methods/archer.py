@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate
+from stare_lab.methods.clip_cov import clipped_surrogate, refuse_delta
 from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_fraction
 from stare_lab.stats import TokenStats
@@ -147,10 +147,9 @@ def metrics(entropy: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    if trainer.loss_type in OWN_SURROGATE:
-        raise ValueError(f"replaces PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
-    if trainer.delta is not None:
-        raise ValueError(f"applies its own dual clip (dual_clip); TRL's delta={trainer.delta} (leave it unset)")
+    refuse_delta(
+        trainer, "applies its own dual clip (dual_clip)"
+    )  # loss types with a surrogate of their own: Rule.check_trainer
     if p.high_kl_coef > 0 and trainer.beta == 0:
         raise ValueError(
             f"high_kl_coef={p.high_kl_coef} needs reference log-probs, which TRL computes only with trainer.beta > 0"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import OWN_SURROGATE, token_advantages
+from stare_lab.methods.clip_cov import refuse_delta, token_advantages
 from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.stats import TokenStats
 
@@ -86,10 +86,9 @@ def metrics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, ep
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    if trainer.loss_type in OWN_SURROGATE:
-        raise ValueError(f"replaces PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
-    if trainer.delta is not None:
-        raise ValueError(f"applies its own dual clip (dual_clip); TRL's delta={trainer.delta} (leave it unset)")
+    refuse_delta(
+        trainer, "applies its own dual clip (dual_clip)"
+    )  # loss types with a surrogate of their own: Rule.check_trainer
 
 
 def loss(batch: LossBatch, p: Params) -> LossTerms:

@@ -180,8 +180,13 @@ def check(p: Params, trainer: TrainerValues) -> None:
     """PPO's surrogate without a dual clip (note 7)."""
     if trainer.loss_type in OWN_SURROGATE:
         raise ValueError(f"detaches tokens of PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
+    refuse_delta(trainer, "the official loss has no dual clip")
+
+
+def refuse_delta(trainer: TrainerValues, why: str) -> None:
+    """TRL's two-sided clipping `delta` (a dual clip) where the field's rule has none, or its own."""
     if trainer.delta is not None:
-        raise ValueError(f"the official loss has no dual clip; TRL's delta={trainer.delta} adds one (leave it unset)")
+        raise ValueError(f"{why}; TRL's delta={trainer.delta} adds one (leave it unset)")
 
 
 # TRL 1.16's loss types whose policy term is not PPO's clipped surrogate

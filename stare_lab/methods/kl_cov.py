@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import OWN_SURROGATE, token_advantages
+from stare_lab.methods.clip_cov import refuse_delta, token_advantages
 from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
@@ -121,10 +121,9 @@ def metrics(selected: Tensor, mask: Tensor) -> dict[str, float]:
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    if trainer.loss_type in OWN_SURROGATE:
-        raise ValueError(f"replaces PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
-    if trainer.delta is not None:
-        raise ValueError(f"the official loss has no clip at all; TRL's delta={trainer.delta} adds one (leave it unset)")
+    refuse_delta(
+        trainer, "the official loss has no clip at all"
+    )  # loss types with a surrogate of their own: Rule.check_trainer
 
 
 def loss(batch: LossBatch, p: Params) -> LossTerms:
