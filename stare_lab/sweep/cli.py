@@ -218,13 +218,22 @@ def _print_plan(spec, runs) -> None:
     settings = ", ".join(f"{k}={v}" for k, v in la.settings().items() if k != "name" and v not in (None, [], {}))
     print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la.name}: {settings}")
     print(la.layout(len(runs)))
+    layouts = [_run_layout(la, r.config["trainer"]) for r in runs]
+    served = any(r.config["trainer"].get("use_vllm") and r.config["trainer"].get("vllm_mode") == "server" for r in runs)
     table = Table()
-    for col in ("#", "run id", "label", "method", "seed", "state"):
+    for col in ("#", "run id", "label", "method", "seed", "state") + (("layout",) if served else ()):
         table.add_column(col)
-    for i, r in enumerate(runs):
+    for i, (r, layout) in enumerate(zip(runs, layouts, strict=True)):
         state = (read_status(r.run_dir) or {}).get("state", "new")
-        table.add_row(str(i), r.id, Text(r.label), r.config["method"]["name"], str(r.seed), state)
+        row = [str(i), r.id, Text(r.label), r.config["method"]["name"], str(r.seed), state]
+        table.add_row(*row, *((Text(layout),) if served else ()))
     Console(width=max(120, Console().width)).print(table)
+
+
+def _run_layout(la, trainer: dict) -> str:
+    from stare_lab.sweep.server_task import describe_run
+
+    return describe_run(trainer, la.nodes_per_run, la.processes_per_run, la.gpus_per_run // la.nodes_per_run)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
