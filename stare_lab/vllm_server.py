@@ -197,7 +197,8 @@ def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | No
         devices=devices,
         dtype=str(t.get("vllm_dtype") or m.dtype),
         gpu_memory_utilization=float(t.vllm_gpu_memory_utilization),
-        tp=int(t.vllm_tensor_parallel_size),
+        # the GPUs a launcher kept for the server are one tensor-parallel engine; else the configured size
+        tp=len(devices.split(",")) if devices else int(t.vllm_tensor_parallel_size),
         # CPU: a server there only serves generation (training against it needs CUDA), and vLLM's torch.compile
         # warm-up took 73 s of its start-up on the 2-core test machine; eager mode skips it
         eager=bool(t.use_cpu),
