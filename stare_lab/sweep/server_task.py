@@ -97,7 +97,7 @@ def describe_run(trainer: dict[str, Any], nodes: int, tasks: int, gpus_per_node:
         if trainer.get("vllm_server_port") is not None:
             where = f"{trainer.get('vllm_server_host')}:{trainer['vllm_server_port']}"
             return f"{tasks} training process(es); vLLM server: the one already at {where}"
-        return "1 training process; vLLM server started by it on its own devices; address: loopback"
+        return "1 training process; vLLM server started by that process (no GPU), address: loopback"
     return f"{nodes} node(s): {tasks} training process(es)"
 
 
@@ -105,7 +105,14 @@ def server_layout(trainer: dict[str, Any], nodes: int, tasks: int, gpus_per_node
     """The layout of a run of `tasks` tasks on `nodes` nodes; None when the run has no server task
     (not server mode, or one task: its process starts the server). ValueError naming the key when
     the server leaves no training process or does not fit on one node."""
-    if not (trainer.get("use_vllm") and trainer.get("vllm_mode") == "server") or tasks <= 1:
+    if not (trainer.get("use_vllm") and trainer.get("vllm_mode") == "server"):
+        return None
+    if tasks <= 1:
+        if gpus_per_node and trainer.get("vllm_server_port") is None:  # TRL's NCCL sync can not share one GPU
+            raise ValueError(
+                "trainer.vllm_mode: server on GPUs needs a GPU for the server besides the trainers' and this run "
+                f"has {tasks} task on {gpus_per_node} GPU(s): give it 2 or more (launcher gpus_per_node)"
+            )
         return None
     per_node = tasks // max(1, nodes)
     if trainer.get("vllm_server_node"):

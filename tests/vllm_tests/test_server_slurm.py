@@ -105,6 +105,10 @@ def test_dry_run_prints_each_runs_layout_and_refuses_a_server_without_trainers(t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "base.overrides.trainer.vllm_server_gpus: 4 of the run's 4 task(s)" in err[0], err
     assert "leaves no training process" in err[0]
+    shared = write_sweep(tmp_path, "shared", overrides=SERVER, launcher={**launcher, "nodes": 1, "gpus_per_node": 1})
+    assert main(["sweep", "run", str(shared), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "base.overrides.trainer.vllm_mode: server on GPUs needs a GPU for the server" in err[0]
 
 
 @pytest.mark.slow  # ~95 s here: a vLLM start-up (~50 s on the shared 2 cores) and the job around it
