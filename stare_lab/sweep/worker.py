@@ -226,7 +226,7 @@ def _run_task(run_dir: Path, env) -> dict[str, Any]:
     if served and env.global_rank >= training:
         gate = RankGate(run_dir, key, env.global_rank, env.num_tasks)
         return server_task.serve_slot(run_dir, cfg, gate, env.local_rank, env.num_tasks // env.num_nodes, env.num_nodes)
-    _export_world(training)
+    _export_world(training if served else env.num_tasks)  # else a mismatch is runner.execute's one-line refusal
     if served:
         os.environ.update(server_task.training_env(run_dir / RANKS_DIR / key, training))
     return run_rank(run_dir, env.global_rank, env.num_tasks, key)
