@@ -162,6 +162,9 @@ def finalize(cfg: Any) -> Any:
 MULTIPROCESS_KEYS = ("distributed", "ddp_timeout_s")
 VLLM_KEYS = tuple(k for k in TrainerConfig.__dataclass_fields__ if k.startswith("vllm_"))
 MICROBATCH_KEYS = tuple(k for k in TrainerConfig.__dataclass_fields__ if k.startswith("microbatch_"))
+# Where a run's server sits (stare_lab.sweep.server_task): hashed only in server mode, so that colocated runs keep
+# the ids they had before these keys existed (the world size they leave to training is hashed as `processes`).
+SERVER_LAYOUT_KEYS = ("vllm_server_gpus", "vllm_server_node")
 
 
 def run_id(cfg: Any) -> str:
@@ -175,6 +178,8 @@ def run_id(cfg: Any) -> str:
     body = {k: v for k, v in data.items() if k != "run"}
     processes = int((data.get("run") or {}).get("processes") or 1)
     unused = MULTIPROCESS_KEYS + (() if body["trainer"].get("use_vllm") else VLLM_KEYS)
+    if body["trainer"].get("vllm_mode") != "server":
+        unused += SERVER_LAYOUT_KEYS
     if ((body.get("method") or {}).get("params") or {}).get("scope") != "microbatch":
         unused += MICROBATCH_KEYS
     trainer = {k: v for k, v in body["trainer"].items() if k not in unused}

@@ -143,6 +143,8 @@ class TrainerConfig:
     vllm_server_host: str = MISSING
     vllm_server_port: int | None = bounded(ge=1, le=65535)  # null: a free port chosen per run
     vllm_server_timeout: float = bounded(gt=0)
+    vllm_server_gpus: int = bounded(ge=1)  # server: GPUs (CPU: task slots) of the last node for the server
+    vllm_server_node: bool = MISSING  # server: the whole last node for the server
     generation_kwargs: dict[str, Any] = MISSING
     distributed: str = bounded(choices=("ddp", "fsdp", "deepspeed_zero2", "deepspeed_zero3"))
     ddp_timeout_s: int = bounded(ge=10)  # a hung collective fails the run after this

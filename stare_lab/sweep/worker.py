@@ -44,13 +44,14 @@ from stare_lab.record import (
     first_line,
     new_status,
     now_iso,
+    process_count,
     provenance,
     read_status,
     update_status,
     write_status,
 )
 from stare_lab.sweep.liveness import self_identity
-from stare_lab.sweep.ranks import RankGate, attempt_key, is_echo
+from stare_lab.sweep.ranks import RANKS_DIR, RankGate, attempt_key, is_echo
 
 
 class Terminated(BaseException):
@@ -153,7 +154,7 @@ def _run_claimed(
         state="running",
         attempts=attempt,
         error=None,
-        world_size=gate.world if gate else 1,
+        world_size=process_count() if gate else 1,  # training processes (a server task is not one)
         traceback=None,
         finished=None,
         started=status.get("started") or now_iso(),
@@ -201,20 +202,45 @@ def _run_claimed(
     return status
 
 
-def _export_world() -> tuple[int, int] | None:
-    """(rank, world size) of a job of several tasks, after exporting MASTER_ADDR/PORT, RANK,
-    WORLD_SIZE and LOCAL_RANK from submitit's job environment for torch.distributed (accelerate
-    reads them when TRL's config starts it); None for a job of one task (docs/distributed.md §5).
-    CUDA_VISIBLE_DEVICES is left alone: accelerate selects cuda:LOCAL_RANK itself."""
+def _job_tasks():
+    """submitit's job environment of a job of several tasks; None for one task or outside a job (a test,
+    `stare-lab train`): one process."""
     try:
         env = submitit.JobEnvironment()
-    except RuntimeError:  # called outside a submitit job (a test, `stare-lab train`): one process
+    except RuntimeError:
         return None
-    if env.num_tasks <= 1:
-        return None
+    return env if env.num_tasks > 1 else None
+
+
+def _run_task(run_dir: Path, env) -> dict[str, Any]:
+    """One task of a job of several: a training rank (`run_rank`), or, in a server-mode run, one of the
+    job's last tasks that `run.processes` leaves to the vLLM server (stare_lab.sweep.server_task)."""
+    from stare_lab.config import load_config
+    from stare_lab.record import CONFIG_FILE
+    from stare_lab.sweep import server_task
+
+    cfg = load_config(run_dir / CONFIG_FILE)
+    training = int(cfg.run.get("processes") or env.num_tasks)
+    served = server_task.is_server_run(cfg) and training < env.num_tasks
+    key = attempt_key()
+    if served and env.global_rank >= training:
+        gate = RankGate(run_dir, key, env.global_rank, env.num_tasks)
+        return server_task.serve_slot(run_dir, cfg, gate, env.local_rank, env.num_tasks // env.num_nodes, env.num_nodes)
+    _export_world(training if served else env.num_tasks)  # else a mismatch is runner.execute's one-line refusal
+    if served:
+        os.environ.update(server_task.training_env(run_dir / RANKS_DIR / key, training))
+    return run_rank(run_dir, env.global_rank, env.num_tasks, key)
+
+
+def _export_world(training: int) -> None:
+    """Export MASTER_ADDR/PORT, RANK, WORLD_SIZE and LOCAL_RANK from submitit's job environment for
+    torch.distributed (accelerate reads them when TRL's config starts it; docs/distributed.md §5), with
+    WORLD_SIZE the run's `training` processes (fewer than the job's tasks when a server keeps the last).
+    CUDA_VISIBLE_DEVICES is left alone: accelerate selects cuda:LOCAL_RANK itself."""
     # overwrite: RANK/WORLD_SIZE inherited from the shell that ran `sweep run` are not this job's
     dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-    return dist.rank, dist.world_size
+    if training < dist.world_size:
+        os.environ["WORLD_SIZE"] = str(training)
 
 
 def _device() -> str:
@@ -324,10 +350,10 @@ class RunWorker(submitit.helpers.Checkpointable):
         # SIGTERM records the run interrupted and leaves at once, without a submitit result, so a
         # requeued job still counts as running and a cancelled one ends interrupted (resumable).
         with _leave_on_sigterm():
-            world = _export_world()
-            if world is None:
+            tasks = _job_tasks()
+            if tasks is None:
                 return run_one(Path(run_dir))
-            return run_rank(Path(run_dir), *world, attempt_key())
+            return _run_task(Path(run_dir), tasks)
 
     def checkpoint(self, run_dir: str, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # The trainer checkpoints every save_steps on its own; there is nothing more to dump here.

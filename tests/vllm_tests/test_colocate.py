@@ -80,8 +80,11 @@ def test_engine_dtype_and_seed_follow_our_keys(monkeypatch):
 
 
 def test_one_rule_of_each_kind_trains_two_steps_with_vllm(tmp_path):
-    """A vocabulary rule, an attention rule and ict, through `execute` (the run record included)."""
-    for rule, extra in (("top_entropy", []), ("anchor", []), ("ict", ["method.params.warmup_steps=1"])):
+    """A vocabulary rule, an attention rule, ict and a loss-changing rule of the field (dppo: its loss replaces
+    TRL's surrogate and reads the old log-probs of TRL's IS forward), through `execute` (the run record
+    included), on the session's one engine."""
+    rules = (("top_entropy", []), ("anchor", []), ("ict", ["method.params.warmup_steps=1"]), ("dppo", []))
+    for rule, extra in rules:
         d = tmp_path / rule
         save_config(compose([f"method={rule}", "trainer.max_steps=2", *SMALL, *extra]), d / "config.yaml")
         execute(d)
@@ -92,4 +95,6 @@ def test_one_rule_of_each_kind_trains_two_steps_with_vllm(tmp_path):
             assert r["vllm/logp_diff_max"] == r["sampling/sampling_logp_difference/max"]
             assert r["vllm/is_ratio_min"] <= r["vllm/is_ratio_mean"] <= r["vllm/is_ratio_max"]
             assert 0.0 < r["tokens/selected_frac"] <= 1.0
+            if rule == "dppo":  # its loss term ran: a fraction of the valid tokens left the trust region
+                assert 0.0 <= r["rule/dropped_frac"] <= 1.0 and 0.0 <= r["rule/capped_frac"] <= 1.0, r
         assert (d / "final" / "model.safetensors").is_file()

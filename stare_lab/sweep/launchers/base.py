@@ -122,6 +122,11 @@ class Launcher(abc.ABC):
         """GPUs one run asks for (0: it uses what the machine has)."""
         return 0
 
+    @property
+    def nodes_per_run(self) -> int:
+        """Nodes of one run (its processes are spread evenly over them)."""
+        return 1
+
     def worker_threads(self) -> int | None:
         """Torch threads of each worker process; None: torch's default (the job has its own cores)."""
         return None

@@ -70,6 +70,10 @@ class SlurmLauncher(Launcher):
         return int(self.nodes or 1) * self.run_tasks_per_node
 
     @property
+    def nodes_per_run(self) -> int:
+        return int(self.nodes or 1)
+
+    @property
     def gpus_per_run(self) -> int:
         return int(self.nodes or 1) * int(self.gpus_per_node or 0)
 
