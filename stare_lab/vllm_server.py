@@ -3,8 +3,9 @@
 `serving(cfg, run_dir)` starts and stops a run's server: called by the server task of the run's job
 (stare_lab.sweep.server_task: Slurm, local runs of several processes) or, for a run of one process, by
 `for_run`, which the runner calls around training to get the address (and `ServerWatch`, the /health
-check before each step). `serving` starts TRL's server (`trl vllm-serve`'s own command line, `trl.scripts.vllm_serve.build_command`: vLLM's OpenAI
-server with TRL's weight-transfer endpoints, `processed_logprobs`) for the run's model, listening
+check before each step). `serving` starts TRL's server (`trl vllm-serve`'s own command line,
+`trl.scripts.vllm_serve.build_command`: vLLM's OpenAI server with TRL's weight-transfer endpoints,
+`processed_logprobs`) for the run's model, listening
 ONLY on `trainer.vllm_server_host` (default 127.0.0.1: trainers on the same node) on a port chosen
 for the run (`trainer.vllm_server_port`, null = a free one), waits for its /health to answer within
 `trainer.vllm_server_timeout`, writes the address into the trainer config (runner → GRPOConfig's
