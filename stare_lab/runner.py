@@ -65,7 +65,7 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
     wandb_run = _open_wandb(cfg, run_dir)
     try:
         if not trained:
-            from stare_lab.vllm_server import for_run
+            from stare_lab.sweep.server_task import for_run
 
             with for_run(cfg, run_dir) as server_watch:  # server mode: its address, its watch; else nothing
                 train(cfg, run_dir, [*callbacks, *server_watch], wandb_run)

@@ -2,8 +2,8 @@
 
 `serving(cfg, run_dir)` starts and stops a run's server: called by the server task of the run's job
 (stare_lab.sweep.server_task: Slurm, local runs of several processes) or, for a run of one process, by
-`for_run`, which the runner calls around training to get the address (and `ServerWatch`, the /health
-check before each step). `serving` starts TRL's server (`trl vllm-serve`'s own command line,
+`stare_lab.sweep.server_task.for_run`, which the runner calls around training to get the address (and
+`ServerWatch`, the /health check before each step). `serving` starts TRL's server (`trl vllm-serve`'s own command line,
 `trl.scripts.vllm_serve.build_command`: vLLM's OpenAI server with TRL's weight-transfer endpoints,
 `processed_logprobs`) for the run's model, listening
 ONLY on `trainer.vllm_server_host` (default 127.0.0.1: trainers on the same node) on a port chosen
@@ -187,7 +187,7 @@ def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | No
     """The run's server, from start (health-checked) to stop, with its address in `cfg.trainer`
     (vllm_server_host/port, read by stare_lab.vllm_engine.grpo_vllm_args). Called by a job's server
     task (stare_lab.sweep.server_task, with the address it listens on and its GPUs) or by a run of one
-    process (`for_run`); its log is <run_dir>/vllm_server.log."""
+    process (`server_task.for_run`); its log is <run_dir>/vllm_server.log."""
     from stare_lab.models import BUILTIN_DIR
 
     t, m = cfg.trainer, cfg.model
@@ -213,35 +213,6 @@ def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | No
         yield server
     finally:
         stop(server)
-
-
-@contextlib.contextmanager
-def for_run(cfg, run_dir: Path | str) -> Iterator[list]:
-    """The server of a server-mode run around its training (stare_lab.runner.execute), with its address
-    in `cfg.trainer`; yields the TrainerCallbacks that watch it (nothing for other runs):
-
-    - in a job with a server task (stare_lab.sweep.server_task): that task's server, once it answers;
-    - with `vllm_server_port` set: a server someone else started there (TRL's client waits
-      `vllm_server_timeout` for it, then the run fails);
-    - else (one process, e.g. `stare-lab train` or the local launcher): one started here, stopped after."""
-    t = cfg.trainer
-    if not (t.use_vllm and t.vllm_mode == "server"):
-        yield []
-        return
-    from stare_lab.sweep.server_task import wait_address
-
-    log = Path(run_dir) / SERVER_LOG
-    found = wait_address(float(t.vllm_server_timeout), log)
-    if found is not None:
-        url, log_path = found
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        t.vllm_server_host, t.vllm_server_port = host, int(port)
-        yield [ServerWatch(url, Path(log_path))]
-    elif t.get("vllm_server_port") is not None:
-        yield [ServerWatch(f"http://{t.vllm_server_host}:{t.vllm_server_port}", None)]
-    else:
-        with serving(cfg, run_dir) as server:
-            yield [ServerWatch(server.url, server.log, server.process)]
 
 
 class ServerWatch(TrainerCallback):

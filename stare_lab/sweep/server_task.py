@@ -19,7 +19,7 @@ k slots are the job's last k tasks, and training is the first `nodes × tasks_pe
 `run.processes` (the training world size, hashed into the run id) is `training_processes` of this
 layout, computed once at expansion (stare_lab.sweep.expand); a job learns its server slots as the tasks
 beyond `run.processes`. On CPU (`gpus_per_node: 0`) a slot is a task and nothing sets devices. A run of
-one task has no slot: its own process starts the server (stare_lab.vllm_server.for_run).
+one task has no slot: its own process starts the server (`for_run` below).
 
 **One attempt of a job**, in order (each task runs `RunWorker`, stare_lab.sweep.worker):
 
@@ -39,10 +39,12 @@ new server: the server keeps no state (TRL pushes the policy's weights before ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,3 +230,32 @@ def wait_address(timeout: float, log: Path) -> tuple[str, str] | None:
                 f"+ {START_MARGIN_S:g} s start-up (log: {log})"
             )
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def for_run(cfg, run_dir: Path | str) -> Iterator[list]:
+    """The server of a server-mode run around its training (stare_lab.runner.execute), with its address
+    in `cfg.trainer`; yields the TrainerCallbacks that watch it (nothing for other runs):
+
+    - in a job with a server task (stare_lab.sweep.server_task): that task's server, once it answers;
+    - with `vllm_server_port` set: a server someone else started there (TRL's client waits
+      `vllm_server_timeout` for it, then the run fails);
+    - else (one process, e.g. `stare-lab train` or the local launcher): one started here, stopped after."""
+    t = cfg.trainer
+    if not (t.use_vllm and t.vllm_mode == "server"):
+        yield []
+        return
+    from stare_lab.vllm_server import SERVER_LOG, ServerWatch, serving
+
+    log = Path(run_dir) / SERVER_LOG
+    found = wait_address(float(t.vllm_server_timeout), log)
+    if found is not None:
+        url, log_path = found
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        t.vllm_server_host, t.vllm_server_port = host, int(port)
+        yield [ServerWatch(url, Path(log_path))]
+    elif t.get("vllm_server_port") is not None:
+        yield [ServerWatch(f"http://{t.vllm_server_host}:{t.vllm_server_port}", None)]
+    else:
+        with serving(cfg, run_dir) as server:
+            yield [ServerWatch(server.url, server.log, server.process)]

@@ -44,7 +44,6 @@ from stare_lab.record import (
     first_line,
     new_status,
     now_iso,
-    process_count,
     provenance,
     read_status,
     update_status,
@@ -154,7 +153,8 @@ def _run_claimed(
         state="running",
         attempts=attempt,
         error=None,
-        world_size=process_count() if gate else 1,  # training processes (a server task is not one)
+        # training processes: the job's tasks, less a server-mode run's server slots (its WORLD_SIZE, _export_world)
+        world_size=min(gate.world, int(os.environ.get("WORLD_SIZE") or gate.world)) if gate else 1,
         traceback=None,
         finished=None,
         started=status.get("started") or now_iso(),
