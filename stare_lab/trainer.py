@@ -187,6 +187,8 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         return (self.accelerator.process_index * B + torch.arange(B, device=device)) // self.num_generations
 
     def _statistics(self, batch, needs, group, given=None) -> dict[str, torch.Tensor]:
+        if given is not None and set(needs) <= set(given):  # all recorded: token_statistics would return them
+            return dict(given)
         G = self.num_generations
         return token_statistics(
             self.accelerator.unwrap_model(self.model),

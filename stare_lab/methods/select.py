@@ -75,15 +75,13 @@ def select_top(
     """
     check_choice("count", count, COUNTS)
     valid = valid.bool()
-    ids = scope_ids(valid, group, scope)
     out = torch.zeros_like(valid)
-    flat_score, flat_valid, flat_ids = score.reshape(-1).float(), valid.reshape(-1), ids.reshape(-1)
+    flat_score, flat_valid = score.reshape(-1).float(), valid.reshape(-1)
     flat_out = out.reshape(-1)
     # Random tie-break keys, drawn once for the whole batch so the result does not depend on how
     # the batch is later split.
     tie_key = torch.rand(flat_score.shape, generator=generator).to(score.device)
-    for unit in torch.unique(flat_ids[flat_valid]).tolist():
-        idx = torch.nonzero(flat_valid & (flat_ids == unit)).squeeze(1)
+    for idx in _unit_indices(flat_valid, group, scope):
         s = flat_score[idx] if largest else -flat_score[idx]
         n = idx.numel()
         if ties == "topk":
@@ -99,6 +97,17 @@ def select_top(
         else:
             raise ValueError(f"ties={ties!r} is not one of {', '.join(TIES)}")
     return out
+
+
+def _unit_indices(flat_valid: Tensor, group: Tensor, scope: str) -> list[Tensor]:
+    """Flat indices of the valid tokens of each scope unit, in unit order (units without one are left out).
+    One unit (scope batch, microbatch) skips the id tensor: the loss calls this per micro-batch."""
+    if scope in ("batch", "microbatch"):
+        idx = torch.nonzero(flat_valid).squeeze(1)
+        return [idx] if idx.numel() else []
+    B = group.shape[0]
+    flat_ids = scope_ids(flat_valid.view(B, -1), group, scope).reshape(-1)
+    return [torch.nonzero(flat_valid & (flat_ids == u)).squeeze(1) for u in torch.unique(flat_ids[flat_valid]).tolist()]
 
 
 def quantile(x: Tensor, q: float) -> Tensor:
