@@ -77,11 +77,13 @@ class TimedRule:
         return self._loss_terms(batch)
 
 
-def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple[list[float], float, float]:
+def step_times(
+    rule: str | None, steps: int, tokens: int = 0, extra=()
+) -> tuple[list[float], float, float, list[float]]:
     """Wall time of each optimizer step after the first, stare_lab's own work (stats pass + rule at
     generation time; for scope microbatch/token the rule in the loss; for a loss-changing rule its terms
     and their addition to TRL's loss) per step, and transformers generation per step (with any statistics
-    recorded in it), timed directly."""
+    recorded in it), timed directly, and the CPU time of each step after the first."""
     from trl import GRPOTrainer
 
     from stare_lab.config import compose
@@ -142,20 +144,23 @@ def step_times(rule: str | None, steps: int, tokens: int = 0, extra=()) -> tuple
             for module, name, original in patched:
                 setattr(module, name, original)
     # the first step pays one-off costs
-    return clock.times[1:], sum(own) / max(steps, 1), sum(gen) / max(steps, 1)
+    return clock.times[1:], sum(own) / max(steps, 1), sum(gen) / max(steps, 1), clock.cpu[1:]
 
 
 class StepClock(TrainerCallback):
-    """Wall time of each optimizer step (generation, stats pass, rule, forward/backward, update)."""
+    """Wall time and this process's CPU time of each optimizer step (generation, stats pass, rule,
+    forward/backward, update). With one torch thread the CPU time leaves out what other processes and
+    the hypervisor take from the core, most of the noise between identical arms on shared cores."""
 
     def __init__(self):
-        self.times, self._t0 = [], None
+        self.times, self.cpu, self._t0, self._c0 = [], [], None, None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._t0 = time.perf_counter()
+        self._t0, self._c0 = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.times.append(time.perf_counter() - self._t0)
+        self.cpu.append(time.process_time() - self._c0)
 
 
 def task_reward_from(trainer):
@@ -260,6 +265,7 @@ def main() -> None:
     if a.path_costs:
         return path_costs()
     samples: dict[str, list[float]] = {"plain TRL": [], **{r: [] for r in rules}}
+    cpu: dict[str, list[float]] = {"plain TRL": [], **{r: [] for r in rules}}
     own: dict[str, list[float]] = {}
     gen: dict[str, list[float]] = {"plain TRL": [], **{r: [] for r in rules}}
     for warm in (None, "anchor", "ict"):  # first-use costs (allocator, attention registration) out of the way
@@ -268,9 +274,10 @@ def main() -> None:
     for i in range(a.rounds):
         # each round starts one arm later, so no arm always runs first (or right after the warm-up)
         for r in arms[i % len(arms) :] + arms[: i % len(arms)]:
-            times, spent, g = step_times(r, a.steps, a.completion_tokens, extra)
+            times, spent, g, used = step_times(r, a.steps, a.completion_tokens, extra)
             name = r or "plain TRL"
             samples[name] += times
+            cpu[name] += used
             gen[name].append(g)
             if r is not None:
                 own.setdefault(r, []).append(spent)
@@ -287,15 +294,20 @@ def main() -> None:
         "TRL's no-grad old-log-prob forward (statistics riding on it included), per step; "
         "estimate = (plain + own + gen − gen of plain TRL) / plain"
     )
-    print("| rule | step time (s, median) | ratio over plain TRL | own (s/step) | gen (s/step) | estimate |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| rule | step time (s, median) | ratio over plain TRL | CPU time ratio | own (s/step) | gen (s/step) "
+        "| estimate |"
+    )
+    print("|---|---|---|---|---|---|---|")
     gen_plain = statistics.median(gen["plain TRL"])
+    cpu_plain = statistics.median(cpu["plain TRL"])
     for name, ts in samples.items():
         med = statistics.median(ts)
         spent = statistics.median(own[name]) if name in own else 0.0
         g = statistics.median(gen[name])
         est = (base + spent + g - gen_plain) / base
-        print(f"| {name} | {med:.3f} | {med / base:.3f} | {spent:.4f} | {g:.4f} | {est:.3f} |")
+        c = statistics.median(cpu[name]) / cpu_plain
+        print(f"| {name} | {med:.3f} | {med / base:.3f} | {c:.3f} | {spent:.4f} | {g:.4f} | {est:.3f} |")
     if not a.skip_memory:
         memory(a.seq, a.batch)
 

@@ -146,7 +146,7 @@ def test_every_path_gives_the_weights_of_the_pass(setup, tmp_path, name):
         assert torch.allclose(out["token_weight_total"], ref["token_weight_total"], atol=GEN_ATOL * 100)
 
 
-@pytest.mark.parametrize("flush_steps", [16, 5, 1])
+@pytest.mark.parametrize("flush_steps", [64, 16, 5, 1])
 def test_generation_statistics_equal_the_pass(setup, flush_steps):
     """Every statistic generation records, against the pass on the same rollouts (left-padded prompts,
     rows ending at different lengths), at the sampling temperature; steps reduced all at the end (16 > 12

@@ -58,10 +58,12 @@ GENERATION_STATISTICS = frozenset({"logp", "entropy", "p2", "p2logp", "attn_entr
 
 # Decoding steps reduced together: a step only keeps its newest logits (and attention scores); every
 # FLUSH_STEPS steps they are reduced in one batch of kernels instead of one small batch per step (the
-# per-step launches were most of the recording's cost). Sooner once the kept logits reach
-# FLUSH_ELEMENTS values (a few float32 buffers of that size are alive while reducing): a 152k
-# vocabulary with 64 rows flushes every 6 steps, with 512 rows every step.
-FLUSH_STEPS = 16
+# per-step launches were most of the recording's cost; each flush costs ~0.3 ms of fixed launches on
+# the 2-core CPU, so 64 rather than 16: a ≤ 64-token rollout of a small vocabulary flushes once).
+# Sooner once the kept logits reach FLUSH_ELEMENTS values (a few float32 buffers of that size are
+# alive while reducing): a 152k vocabulary with 64 rows flushes every 6 steps, with 512 rows every step,
+# a 32k vocabulary with 64 rows every 32 steps.
+FLUSH_STEPS = 64
 FLUSH_ELEMENTS = 2**26
 
 
