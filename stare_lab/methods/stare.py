@@ -156,11 +156,9 @@ def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
             stats.surprisal, valid & (A < 0), stats.group, p.P, scope=p.scope, ties=p.ties, generator=gen
         )
 
-    weights = stats.mask.clone().float()
-    if gate:
-        weights[l_plus] = W
-        weights[l_minus] = M
-    weights = weights * stats.mask
+    weights = stats.mask.float()
+    if gate:  # W on L+, M on L−, 1 elsewhere (L+ and L− are disjoint: A > 0 and A < 0)
+        weights = weights * torch.where(l_plus, W, torch.where(l_minus, M, 1.0))
     boosted = float(l_plus.sum()) / n_valid if (n_valid and gate) else 0.0
     metrics = {
         "rule/gate": float(gate),
