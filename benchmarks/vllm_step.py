@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from step_overhead import _timed, _timed_no_grad  # the same timers (this script's folder is on sys.path)
 from transformers import TrainerCallback
 
 SETTINGS = [
@@ -88,21 +89,6 @@ class CpuClock(TrainerCallback):
         self.steps.append(time.process_time() - self._start)
 
 
-def _timed(fn, sink: list[float], no_grad_only: bool = False):
-    import torch
-
-    def wrapper(*args, **kwargs):
-        if no_grad_only and torch.is_grad_enabled():
-            return fn(*args, **kwargs)
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            sink.append(time.perf_counter() - t0)
-
-    return wrapper
-
-
 class Parts:
     """Per-call times of one trainer's parts: TRL's no-grad old-log-prob forward (or the statistics riding
     it) and stare_lab's own work (TokenStats + the rule; a loss-changing rule's terms in the loss)."""
@@ -110,8 +96,8 @@ class Parts:
     def __init__(self, trainer, ours: bool):
         self.forward: list[float] = []
         self.own: list[float] = []
-        trainer._get_per_token_logps_and_entropies = _timed(
-            trainer._get_per_token_logps_and_entropies, self.forward, no_grad_only=True
+        trainer._get_per_token_logps_and_entropies = _timed_no_grad(
+            trainer._get_per_token_logps_and_entropies, self.forward
         )
         if ours:
             trainer._rows_statistics = _timed(trainer._rows_statistics, self.forward)  # riding TRL's forward
