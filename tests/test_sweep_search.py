@@ -42,11 +42,15 @@ def test_search_resumes_after_a_kill_and_reports_the_best_trial(tmp_path, in_pro
     proc = sweep_cli("run", str(path), env=runner_env(), start_new_session=True)
 
     def one_complete_one_running():
-        try:
-            trials = optuna.load_study(study_name="search", storage=storage).get_trials(deepcopy=False)
-        except (KeyError, Exception):  # noqa: BLE001 - the study may not exist yet
+        if proc.poll() is not None:  # the driver ended before the state we wait for: show why
+            raise AssertionError(f"sweep run exited {proc.returncode}:\n{proc.stdout.read()}")
+        # the driver creates the study before its first run folder: open the storage only after that, so
+        # this poll never races the driver's creation of a fresh sqlite file (schema and study)
+        dirs = run_dirs(tmp_path, "search")
+        running = [d for d in dirs if (read_status(d) or {}).get("state") == "running"]
+        if len(dirs) < 2 or not running:
             return None
-        running = [d for d in run_dirs(tmp_path, "search") if (read_status(d) or {}).get("state") == "running"]
+        trials = optuna.load_study(study_name="search", storage=storage).get_trials(deepcopy=False)
         return any(t.state == TrialState.COMPLETE for t in trials) and running
 
     try:
