@@ -10,7 +10,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-CHROMIUM = "/usr/bin/chromium"
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -23,8 +22,10 @@ FLAGS = (
 
 
 def chromium_path() -> str | None:
-    """The Chromium binary, or None when it is not installed (`apt-get install -y chromium`)."""
-    return CHROMIUM if Path(CHROMIUM).is_file() else shutil.which("chromium")
+    """The Chromium on PATH, or None when there is none (`apt-get install -y chromium`). Only PATH: Debian's
+    /usr/bin/chromium is a wrapper script that itself needs the basic tools on PATH (grep), so a Chromium
+    outside PATH is one that would not start."""
+    return shutil.which("chromium")
 
 
 def _run(page: Path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
