@@ -23,14 +23,21 @@ if missing_vllm():
 HERE = Path(__file__).resolve().parent
 
 
+# What vLLM's CPU backend runs when an engine starts, found one by one under a PATH of the venv and the
+# basic tools: `lscpu` (util-linux, its CPU topology), a C++ compiler (torch inductor compiles the model;
+# torch looks for g++) and `openssl` (inductor's cache keys).
+CPU_ENGINE_TOOLS = ("lscpu", "g++", "openssl")
+
+
 def pytest_collection_modifyitems(config, items):
-    """vLLM's CPU backend runs `lscpu` (util-linux) when an engine starts, and fails without it: where it is
-    not on PATH (a PATH of the venv and a few tools), these tests skip naming it rather than fail."""
+    """Where a tool the CPU engine runs is not on PATH (a PATH of the venv and a few tools), these tests skip
+    naming it rather than fail."""
     import torch
 
-    if shutil.which("lscpu") is not None or torch.cuda.is_available():
+    missing = [t for t in CPU_ENGINE_TOOLS if shutil.which(t) is None]
+    if not missing or torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="vLLM's CPU backend needs lscpu (util-linux), which is not on PATH")
+    skip = pytest.mark.skip(reason=f"vLLM's CPU backend needs {', '.join(missing)}, not on PATH")
     for item in items:
         if HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(skip)
