@@ -4,9 +4,13 @@
   in TRL's per-token mask slot (`stare_lab/trl_loss.py`, docs/trl_parity.md), so every TRL loss type
   and term composes, and with weights equal to the mask it is plain TRL to the bit.
 - `token_loss(rule, stats, state, logp)` is the same loss written out over tensors for one micro-batch
-  of one process (the clipped-surrogate loss types grpo, bnpo, dr_grpo, dapo): the contract tests and
-  users rely on, and the independent reference the invariant, distributed and micro-batch tests compare
-  against (`clipped_surrogate`, `kl_penalty`, `aggregate`).
+  of one process (the loss types whose policy term is PPO's clipped surrogate: grpo, bnpo, dr_grpo, dapo,
+  luspo): the contract tests and users rely on, and the independent reference the invariant, distributed
+  and micro-batch tests compare against (`clipped_surrogate`, `kl_penalty`, `aggregate`). It reads every
+  trainer value a rule sees (`TrainerValues`): ε_low, ε_high, β, the loss type, TRL's two-sided clipping
+  `delta` and `importance_sampling_level` (GSPO's per-sequence ratio), so that it equals the trainer's
+  loss for each of them (tests/test_dual_clip.py); cispo, sapo and vespo (surrogates of their own) are
+  refused with one line.
 
 Normalisation (docs/pitfalls.md, Normalisation):
 - "loss_type" / "valid": the loss type's own denominator (token counts of valid tokens); an
@@ -14,7 +18,8 @@ Normalisation (docs/pitfalls.md, Normalisation):
 - "selected": the same denominator with token counts replaced by sums of weights. For `dapo`
   the weight sum spans the whole generation batch (all ranks), computed once at generation
   time, so the loss does not depend on how the batch is split into micro-batches. `dr_grpo`'s
-  denominator is a constant (B·max_completion_length), so "selected" equals "valid" there.
+  denominator is a constant (B·max_completion_length) and `luspo` has none (a row's token sum, mean
+  over rows), so "selected" equals "valid" there.
 The weights multiply the clipped policy term only; the KL penalty (β > 0) stays on every valid
 token [ours]. (Here the KL term shares the "selected" denominator; in the trainer, TRL's slot
 divides it by TRL's own valid-token denominator: the two agree whenever β = 0 or normalize ≠
@@ -36,7 +41,7 @@ from stare_lab.surrogate import clipped_surrogate, kl_penalty
 
 __all__ = ["Aggregation", "aggregate", "clipped_surrogate", "kl_penalty", "token_loss", "trainer_loss"]
 
-SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,8 @@ def aggregate(
         return masked.sum() / _safe(denom) / agg.grad_accum
     if agg.loss_type == "dr_grpo":
         return masked.sum() / (per_token_loss.size(0) * agg.max_completion_length) / agg.grad_accum
+    if agg.loss_type == "luspo":  # each row's token sum, mean over rows: no token count ("selected" = "valid")
+        return masked.sum(-1).mean() / agg.grad_accum
     # dapo: the denominator spans the generation batch, rescaled to one accumulation window
     total = weight_total if selected else num_items
     if total is None:
@@ -114,7 +121,9 @@ def token_loss(
     logp: [B, T] current log-probs with grad. The rule runs on `stats` (for a rule of scope "microbatch":
     the micro-batch's own, from the current policy, detached); `stats.old_logp` None means on-policy
     (π_old = sg π, TRL's choice), `stats.ref_logp` is read when β > 0. `state.trainer` gives the loss type,
-    ε and β. max_completion_length: dr_grpo's constant (0: the batch's T). For `full` this equals TRL's
+    ε, β, TRL's two-sided clipping δ (`delta`: r capped at δ in the unclipped branch, as TRL's
+    `_compute_loss`) and the importance-sampling level (per token, or GSPO's per sequence).
+    max_completion_length: dr_grpo's constant (0: the batch's T). For `full` this equals TRL's
     `_compute_loss` on the same micro-batch with one micro-batch per step (tests/test_objective.py); for
     every registered rule the trainer's loss equals it (tests/test_loss_rules.py). A loss-changing rule's
     `loss` reads `stats.entropy` as the current policy's entropy (NaN where not given) and the rule's
@@ -135,7 +144,16 @@ def token_loss(
         terms = rule.loss_terms(batch)
         per_token = terms.policy
     else:
-        per_token, _ = clipped_surrogate(logp, old, stats.advantages, values.epsilon_low, values.epsilon_high)
+        per_token, _ = clipped_surrogate(
+            logp,
+            old,
+            stats.advantages,
+            values.epsilon_low,
+            values.epsilon_high,
+            values.delta,
+            level=values.importance_sampling_level,
+            mask=mask,
+        )
     beta = 0.0 if terms is not None and terms.drops_kl else values.beta
     kl = kl_penalty(logp, stats.need("ref_logp", rule=rule.name)) if beta != 0.0 else None
     agg = Aggregation(loss_type=values.loss_type, max_completion_length=max_completion_length or mask.size(1))

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from stare_lab.methods.select import quantile
-from stare_lab.objective import Aggregation, aggregate, clipped_surrogate, kl_penalty
+from stare_lab.objective import Aggregation, aggregate, clipped_surrogate, kl_penalty, token_loss
 
 
-def ref_surrogate(logp, old, adv, eps_low, eps_high):
+def ref_surrogate(logp, old, adv, eps_low, eps_high, delta=None, mask=None):
+    """TRL 1.16's `_compute_loss` branch for grpo/bnpo/dr_grpo/dapo/luspo, one token at a time: r capped at
+    δ in the unclipped branch only; with `mask`, GSPO's one ratio per row (exp of the mean log-ratio over
+    the row's valid tokens), the same for every position of the row."""
     B, T = len(logp), len(logp[0])
     out = [[0.0] * T for _ in range(B)]
     for i in range(B):
+        if mask is not None:
+            n = sum(mask[i])
+            seq = sum(logp[i][t] - old[i][t] for t in range(T) if mask[i][t]) / max(n, 1.0)
         for t in range(T):
-            r = math.exp(logp[i][t] - old[i][t])
+            r = math.exp(seq if mask is not None else logp[i][t] - old[i][t])
             clipped = min(max(r, 1 - eps_low), 1 + eps_high)
-            out[i][t] = -min(r * adv[i], clipped * adv[i])
+            capped = r if delta is None else min(r, delta)
+            out[i][t] = -min(capped * adv[i], clipped * adv[i])
     return out
 
 
@@ -38,6 +46,8 @@ def ref_aggregate(loss, w, mask, loss_type, normalize, num_items, weight_total, 
         return total / (d if d > 0 else 1.0) / ga
     if loss_type == "dr_grpo":
         return total / (B * L) / ga
+    if loss_type == "luspo":
+        return sum(sum(r) for r in tok) / B / ga
     d = weight_total if sel else num_items
     return total / ((d if d > 0 else 1.0) * ga / spg)
 
@@ -65,12 +75,96 @@ def test_surrogate_hand_case():
     assert loss[:, 0].tolist() == pytest.approx([-1.28, 0.8])
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("delta", [None, 1.5, 10.0])
+def test_surrogate_with_delta_and_per_sequence_ratio_matches_loop(seed, delta):
+    g = torch.Generator().manual_seed(seed)
+    B, T = 6, 7
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    old = logp - 2.5 * torch.rand(B, T, generator=g, dtype=torch.float64)  # r up to e^2.5 ≈ 12 > δ
+    old[:, ::2] = logp[:, ::2] + 0.3 * torch.randn(B, 4, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    adv[0], old[0, 1] = -1.0, logp[0, 1] - 3.0  # r = e³ > δ with A < 0: the cap binds
+    mask = (torch.rand(B, T, generator=g) > 0.3).double()
+    mask[1] = 0
+    got, ratio = clipped_surrogate(logp, old, adv, 0.2, 0.28, delta)
+    ref = ref_surrogate(logp.tolist(), old.tolist(), adv.tolist(), 0.2, 0.28, delta)
+    assert torch.allclose(got, torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    if delta is not None:
+        assert got[0, 1].item() == pytest.approx(delta)
+    seq, seq_ratio = clipped_surrogate(logp, old, adv, 0.2, 0.28, delta, level="sequence", mask=mask)
+    assert seq.shape == (B, 1) and seq_ratio.shape == (B, 1)
+    ref = ref_surrogate(logp.tolist(), old.tolist(), adv.tolist(), 0.2, 0.28, delta, mask=mask.tolist())
+    assert torch.allclose(seq.expand(B, T), torch.tensor(ref, dtype=torch.float64), rtol=1e-12, atol=1e-12)
+    assert seq_ratio[1].item() == 1.0  # a row without valid tokens: mean log-ratio 0
+
+
+def test_surrogate_delta_hand_cases():
+    """δ = 10, ε 0.2/0.28. Worked by hand, with d/d(log π) of the loss:
+    r = e³ ≈ 20.09, A = −1: TRL's min(min(r, δ)·A, clip(r)·A) = min(−10, −1.28) = −10 → loss 10, gradient 0
+        (without δ: loss and gradient r ≈ 20.09).
+    r = e³, A = +1: min(10, 1.28) = 1.28 → loss −1.28, gradient 0 (δ ≥ 1 + ε_high changes nothing for A > 0).
+    r = e^{ln 5} = 5, A = −1: r < δ: min(−5, −1.28) = −5 → loss 5, gradient 5.
+    r = e^{0.1} ≈ 1.105, A = −2: inside the clip: loss 2·1.105 = 2.2103, gradient 2.2103."""
+    logp = torch.zeros(4, 1, dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-3.0], [-3.0], [-math.log(5.0)], [-0.1]], dtype=torch.float64)
+    adv = torch.tensor([-1.0, 1.0, -1.0, -2.0], dtype=torch.float64)
+    loss, ratio = clipped_surrogate(logp, old, adv, 0.2, 0.28, 10.0)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert loss[:, 0].tolist() == pytest.approx([10.0, -1.28, 5.0, 2 * math.exp(0.1)], rel=1e-12)
+    assert grad[:, 0].tolist() == pytest.approx([0.0, 0.0, 5.0, 2 * math.exp(0.1)], rel=1e-12)
+    assert ratio[0, 0].item() == pytest.approx(math.exp(3.0))
+    free, _ = clipped_surrogate(logp, old, adv, 0.2, 0.28)
+    (grad_free,) = torch.autograd.grad(free.sum(), logp)
+    assert free[0, 0].item() == pytest.approx(math.exp(3.0)) and grad_free[0, 0].item() == pytest.approx(math.exp(3.0))
+
+
+def test_surrogate_per_sequence_hand_case():
+    """GSPO: row log-ratios [0.2, 0.4 | pad] → mean 0.3, r = e^0.3 ≈ 1.3499 > 1.28 with A = 1: clipped,
+    loss −1.28 on the row; row 2 with log-ratios [−0.1, −0.3] → r = e^−0.2 ≈ 0.8187, A = −1: inside the
+    clip, loss 0.8187."""
+    logp = torch.tensor([[0.2, 0.4, 7.0], [-0.1, -0.3, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    loss, ratio = clipped_surrogate(
+        logp, torch.zeros_like(logp), torch.tensor([1.0, -1.0]), 0.2, 0.28, level="sequence", mask=mask
+    )
+    assert ratio[:, 0].tolist() == pytest.approx([math.exp(0.3), math.exp(-0.2)])
+    assert loss[:, 0].tolist() == pytest.approx([-1.28, math.exp(-0.2)])
+    with pytest.raises(ValueError, match="importance_sampling_level='batch' is not one of token, sequence"):
+        clipped_surrogate(logp, logp, torch.ones(2), 0.2, 0.2, level="batch")
+
+
+def test_token_loss_hand_case_with_delta():
+    """`full` on one row of three valid tokens, dapo, β 0, δ 10, ε 0.2/0.28, A = −1 (a [B] advantage):
+    log-ratios [3, 0, −0.5] → per-token losses [10 (capped), 1, 0.8 (clip(e^−0.5) = 0.8 > 0.6065)],
+    token mean 11.8/3 = 3.9333; gradient w.r.t. log π [0, 1, 0]/3. Without δ: (e³ + 1 + 0.8)/3 = 7.2952."""
+    from stare_lab.methods import RuleState, TrainerValues, get_method
+    from stare_lab.stats import TokenStats
+
+    logp = torch.tensor([[0.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    stats = TokenStats(
+        logp=logp.detach(),
+        mask=torch.ones(1, 3),
+        advantages=torch.tensor([-1.0], dtype=torch.float64),
+        group=torch.zeros(1, dtype=torch.long),
+        old_logp=torch.tensor([[-3.0, 0.0, 0.5]], dtype=torch.float64),
+    )
+    values = TrainerValues(epsilon_low=0.2, epsilon_high=0.28, beta=0.0, loss_type="dapo", num_generations=1)
+    state = RuleState(trainer=dataclasses.replace(values, delta=10.0))
+    loss = token_loss(get_method("full"), stats, state, logp)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert loss.item() == pytest.approx(11.8 / 3, rel=1e-12)
+    assert grad[0].tolist() == pytest.approx([0.0, 1 / 3, 0.0], abs=1e-15)
+    free = token_loss(get_method("full"), stats, RuleState(trainer=values), logp)
+    assert free.item() == pytest.approx((math.exp(3.0) + 1.8) / 3, rel=1e-12)
+
+
 def test_kl_hand_case():
     # ref - logp = 1: e^1 - 1 - 1 = e - 2
     assert kl_penalty(torch.tensor([0.0]), torch.tensor([1.0])).item() == pytest.approx(math.e - 2)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
 @pytest.mark.parametrize("normalize", ["valid", "selected", "loss_type"])
 @pytest.mark.parametrize("seed", range(3))
 def test_aggregate_matches_loop(loss_type, normalize, seed):
