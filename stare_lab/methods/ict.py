@@ -17,6 +17,11 @@ Deviations and decisions:
 4. [ours] Scope "batch" (the whole generation batch) and random tie-breaking at the boundary.
 5. [ours] During warm-up `selected` is None (every valid token) and the normalisation stays
    "selected", which with all weights 1 is the same denominator as "valid".
+6. [ours] u is compared on a grid of `resolution` = 1e-6 nats (select.py): JS values closer than
+   that are ties, broken by the seeded order. On a model with peaked distributions most rollouts
+   of a prompt agree, most of a batch has u below 1e-6 and the top 10% cut falls among them; their
+   differences are the last bits of the forward pass (which change with the CPU's vector width), so
+   without the grid the selection there was decided by float rounding, not by the signal.
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ class Params:
     scope: str = "batch"  # [ours]
     ties: str = "topk"
     normalize: str = "selected"
+    resolution: float = 1e-6  # [ours] nats: JS values closer than this are ties (note 6)
 
     def __post_init__(self) -> None:
         check_common(self)
         check_fraction("rho", self.rho)
+        if not self.resolution > 0:
+            raise ValueError(f"resolution={self.resolution!r} is out of range (> 0)")
         if not (isinstance(self.warmup_steps, int) and self.warmup_steps >= 0):
             raise ValueError(f"warmup_steps={self.warmup_steps!r} is out of range (an integer ≥ 0)")
 
@@ -52,7 +60,16 @@ def ict(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     js = stats.need("js", rule="ict")  # checked in the warm-up too: a missing statistic fails at once
     if in_warmup(state, p):
         return RuleOutput(weights=stats.mask.clone().float(), normalize=p.normalize, metrics={"rule/warmup": 1.0})
-    keep = select_top(js, stats.valid, stats.group, p.rho, scope=p.scope, ties=p.ties, generator=state.generator("ict"))
+    keep = select_top(
+        js,
+        stats.valid,
+        stats.group,
+        p.rho,
+        scope=p.scope,
+        ties=p.ties,
+        generator=state.generator("ict"),
+        resolution=p.resolution if p.ties == "topk" else None,
+    )
     return RuleOutput(
         weights=keep.float() * stats.mask, normalize=p.normalize, metrics={"rule/warmup": 0.0}, selected=keep
     )

@@ -4,6 +4,14 @@ Selection happens within a scope (`batch`, `group`, `sequence`) over valid token
 `ties="topk"` keeps exactly ⌈ρ·n⌉ tokens per scope unit, ties broken by a seeded random order;
 `ties="quantile"` keeps every token at or above the (1-ρ) quantile (TRL's behaviour, linear
 interpolation as `torch.quantile`), so ties at the threshold are all kept.
+
+`resolution` (ties="topk"): scores are compared on a grid of this step, round(score / resolution),
+so that values closer than the precision they were computed at are ties, broken by the seeded
+order, instead of by the last bits of a float reduction. Without it a selection whose cut falls
+among values at the noise floor of float32 arithmetic (ICT's JS to the group mean on a model with
+peaked distributions: most of a batch at 1e-10..1e-7 nats, the cut among them) is decided by the
+order of the reductions that computed the scores, which changes with the CPU's vector width and
+with the chunking of the computation. A rule passes its score's resolution explicitly (ict.py).
 """
 
 from __future__ import annotations
@@ -68,15 +76,21 @@ def select_top(
     largest: bool = True,
     generator: torch.Generator | None = None,
     count: str = "ceil",
+    resolution: float | None = None,
 ) -> Tensor:
     """[B, T] bool: the top (largest=True) or bottom fraction ρ of `score` among valid tokens, per scope unit.
 
     count (ties="topk" only): keep ⌈ρ·n⌉ ("ceil") or ⌊ρ·n⌋ ("floor") tokens of a unit of n.
+    resolution (ties="topk" only): compare round(score / resolution), see the module docstring.
     """
     check_choice("count", count, COUNTS)
+    if resolution is not None and not (resolution > 0 and ties == "topk"):
+        raise ValueError(f"resolution={resolution!r} needs ties='topk' and a value > 0")
     valid = valid.bool()
-    out = torch.zeros_like(valid)
+    out = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)  # contiguous: flat_out is a view
     flat_score, flat_valid = score.reshape(-1).float(), valid.reshape(-1)
+    if resolution is not None:  # grid indices, exact in float64 for any score of a float32 range
+        flat_score = torch.round(score.reshape(-1).double() / resolution)
     flat_out = out.reshape(-1)
     # Random tie-break keys, drawn once for the whole batch so the result does not depend on how
     # the batch is later split.
@@ -123,7 +137,7 @@ def rank_normalise(score: Tensor, valid: Tensor, group: Tensor, scope: str = "ba
     """[B, T] u ∈ [0, 1]: rank of each valid token's score in its scope unit, rank/(n-1); ties share the mean rank."""
     valid = valid.bool()
     ids = scope_ids(valid, group, scope)
-    u = torch.zeros_like(score, dtype=torch.float32)
+    u = torch.zeros(score.shape, dtype=torch.float32, device=score.device)  # contiguous: reshape below is a view
     flat_s, flat_v, flat_ids, flat_u = score.reshape(-1).float(), valid.reshape(-1), ids.reshape(-1), u.reshape(-1)
     for unit in torch.unique(flat_ids[flat_v]).tolist():
         idx = torch.nonzero(flat_v & (flat_ids == unit)).squeeze(1)

@@ -5,7 +5,14 @@ the same prompt that are still generating at position t (live),
 `u_i,t = JS(p_i,t ‖ P̄_t) = ½KL(p_i‖M) + ½KL(P̄‖M)`,
 `M = ½(p_i + P̄)`, in [0, log 2]. u = 0 where the row is not live and where fewer than two
 rollouts are live at t [ours]. All in log space; one group and `chunk_positions` positions at a
-time, so a few G×chunk×V float32 buffers are alive, never G×T×V.
+time, so a few G×chunk×V buffers are alive, never G×T×V.
+
+Precision [ours]: the logits are projected in the model's dtype, then log-softmax and the JS sums
+run in float64 and the result is rounded to float32. Most of a batch sits at the noise floor of
+float32 arithmetic here (rollouts of one prompt that agree give JS of 1e-10..1e-7 nats, computed in
+float32 with errors of the same size), so float32 sums made the value depend on how a reduction was
+vectorised and chunked (the CPU's vector width, `chunk_positions`, the recorder's flush size); in
+float64 every chunking gives the same float32 result. ict.py compares the values on a grid.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ def group_slices(group: Tensor) -> list[tuple[int, int]]:
 
 
 def _js_chunk(logp: Tensor, live: Tensor) -> Tensor:
-    """logp [G, c, V] float32 log p; live [G, c] bool -> JS [G, c] (garbage where < 2 live)."""
+    """logp [G, c, V] float64 log p; live [G, c] bool -> JS [G, c] (garbage where < 2 live)."""
     n_live = live.sum(0)  # [c]
     log_w = torch.where(live, 0.0, float("-inf")).unsqueeze(-1)  # [G, c, 1]
     log_mean = torch.logsumexp(logp + log_w, dim=0) - n_live.clamp(min=1).log().unsqueeze(-1)  # [c, V] log P̄
@@ -79,9 +86,10 @@ def chunked_js_to_group_mean(
             z = project(hidden[r0:r1, s:e]).float()  # [G, c, V]
             if final_logit_softcapping is not None:
                 z = torch.tanh(z / final_logit_softcapping).mul_(final_logit_softcapping)
+            z = z.double()
             logp = torch.log_softmax(z / temperature if temperature != 1.0 else z, dim=-1)
             del z
-            u = _js_chunk(logp, live)
+            u = _js_chunk(logp, live).float()
             keep = live & several.unsqueeze(0)
             out[r0:r1, s:e] = torch.where(keep, u, torch.zeros_like(u))
     return out
