@@ -259,6 +259,52 @@ def test_bad_input_is_a_value_error_naming_it(data, kwargs, needle):
     assert len(str(err.value).splitlines()) == 1
 
 
+def _with(data: pd.DataFrame, column: str, row: int, value) -> pd.DataFrame:
+    out = data.reset_index(drop=True)
+    out[column] = out[column].astype(object)
+    out.loc[row, column] = value
+    return out
+
+
+@pytest.mark.parametrize("column", ["arm", "seed", "benchmark", "problem", "correct", "n"])
+@pytest.mark.parametrize("missing", [np.nan, None, pd.NA])
+def test_a_missing_value_in_any_column_is_refused_naming_the_column_and_the_first_row(column, missing):
+    """Issue 27.5: a NaN count gave delta NaN with p = 0 and verdict "worse" (every arm "worse" for a NaN in the
+    baseline), and a NaN seed label became a fake extra run of the baseline. Now: one line naming the column
+    and the first offending row (rows 5 and 6 are bad: row 5 is named, with the row's other keys)."""
+    data = _with(_with(frame(BASE), column, 5, missing), column, 6, missing)
+    with pytest.raises(ComparisonError) as err:
+        compare_arms(data)
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1
+    assert msg.startswith(f"per_problem: column {column!r} is missing (") and " at row 5 (counting from 0)" in msg
+    assert "the first of 2 such row(s)" in msg
+    named = {"arm": "arm 'arm'", "seed": "seed 0", "benchmark": "benchmark 'b'", "problem": "problem 'p1'"}
+    assert all(text in msg for c, text in named.items() if c != column)  # the row's own keys (row 5: arm, seed 0, p1)
+
+
+def test_a_nan_in_the_baseline_no_longer_makes_every_arm_worse():
+    """The issue's case: before, a NaN count in a baseline row gave every arm verdict "worse" (p = 0)."""
+    data = pd.concat([frame(BASE), frame({("other", 0): [6, 7], ("other", 1): [7, 7]})], ignore_index=True)
+    bad = data.assign(correct=data["correct"].astype(float))
+    bad.loc[0, "correct"] = np.nan  # full, seed 0, p0
+    with pytest.raises(ComparisonError, match=r"column 'correct' is missing \(nan\) at row 0 .*arm 'full', seed 0"):
+        compare_arms(bad)
+    assert set(compare_arms(data)["verdict"]) <= {"better", "n.s."}  # without the NaN nothing is "worse"
+
+
+@pytest.mark.parametrize(
+    "column, value, shown",
+    [("correct", np.inf, "inf"), ("n", -np.inf, "-inf"), ("n", "10", "'10'"), ("correct", True, "True")],
+)
+def test_counts_that_are_not_finite_numbers_are_refused(column, value, shown):
+    with pytest.raises(ComparisonError) as err:
+        compare_arms(_with(frame(BASE), column, 3, value))
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1
+    assert f"column {column!r} is not a finite number ({shown}) at row 3 (counting from 0)" in msg
+
+
 # ------------------------------------------------------------------------------ tables
 
 # aime24 (30 problems), 3 seeds each: stare +30 points on every seed (better), ict −30 (worse), rsi_band +1 (a
@@ -346,6 +392,26 @@ def test_table_numbers_agree_with_compare_arms(leads, leads_table):
         assert cells.loc[arm, "ci_lo"] * 100 == pytest.approx(cmp.loc[arm, "ci_lo"])
     back = pd.read_csv(__import__("io").StringIO(leads_table.to_csv()))
     assert {"ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds_needed"} <= set(back.columns)
+
+
+def test_a_sample_without_a_verdict_is_refused_by_the_table_naming_its_run_and_problem(tmp_path, capsys):
+    """A null `correct` in a run's samples: its problem's count is missing (not counted as wrong), and the table
+    refuses in one line naming the column, the arm, the seed and the problem."""
+    for (method, variant), avgs in LEADS.items():
+        for seed, avg in enumerate(avgs[:2], start=1):
+            fx.write_run(tmp_path, method, variant, seed, evals={"aime24": avg})
+    samples = next((tmp_path / fx.SWEEP).glob("ict-s2/eval/aime24.parquet"))
+    rows = pd.read_parquet(samples).astype({"correct": object})
+    rows.loc[rows["problem_id"] == "7", "correct"] = None
+    rows.loc[(rows["problem_id"] == "7") & (rows["sample_index"] > 0), "correct"] = False
+    rows.to_parquet(samples)
+    problems = collect_problems(tmp_path)
+    assert problems["correct"].isna().sum() == 1 and problems["n"].min() == 32
+    with pytest.raises(ComparisonError, match=r"column 'correct' is missing \(nan\) at row \d+ .*arm 'ict', seed '2'"):
+        results_table(collect_runs(tmp_path), per_problem=problems)
+    assert main(["table", str(tmp_path / fx.SWEEP)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "column 'correct' is missing" in err and "problem '7'" in err
 
 
 def test_a_table_refuses_arms_on_other_problem_sets(tmp_path):

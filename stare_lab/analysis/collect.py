@@ -214,7 +214,18 @@ def _problem_rows(run_dir: Path, ident: dict[str, Any]) -> list[pd.DataFrame]:
         except (OSError, ValueError) as err:
             log.warning("%s: unreadable samples (%s)", samples, err)
             continue
-        counts = table.groupby("problem_id", sort=True)["correct"].agg(correct="sum", n="size").reset_index()
+        # a sample without a verdict (null `correct`) leaves its problem's count NaN, which compare_arms refuses
+        # naming the row, rather than a sum that would count it as wrong
+        counts = (
+            table.assign(_unjudged=table["correct"].isna())
+            .groupby("problem_id", sort=True)
+            .agg(correct=("correct", "sum"), n=("correct", "size"), _unjudged=("_unjudged", "any"))
+            .reset_index()
+        )
+        unjudged = counts.pop("_unjudged")
+        if unjudged.any():
+            log.warning("%s: %d problem(s) with a sample without a verdict", samples, int(unjudged.sum()))
+            counts["correct"] = counts["correct"].astype(float).mask(unjudged)
         settings = {k: result_setting(data, k) for k in RESULT_SETTINGS if k != "n"}  # n: the samples drawn, counted
         frames.append(
             counts.rename(columns={"problem_id": "problem"}).assign(

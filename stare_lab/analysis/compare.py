@@ -167,6 +167,7 @@ def _check_input(per_problem: pd.DataFrame, baseline: str, confidence: float) ->
         raise ComparisonError(
             f"per_problem: missing column(s) {', '.join(missing)}; need {', '.join(PER_PROBLEM_COLUMNS)}"
         )
+    _check_values(per_problem)
     data = per_problem.assign(arm=per_problem["arm"].astype(str), benchmark=per_problem["benchmark"].astype(str))
     arms = sorted(data["arm"].unique())  # unique(), not set(): pandas' string columns iterate slowly
     if baseline not in arms:
@@ -180,6 +181,52 @@ def _check_input(per_problem: pd.DataFrame, baseline: str, confidence: float) ->
     if (data["n"] <= 0).any() or ((data["correct"] < 0) | (data["correct"] > data["n"])).any():
         raise ComparisonError("per_problem: every row needs n ≥ 1 and 0 ≤ correct ≤ n")
     return data.assign(score=data["correct"].astype(float) / data["n"].astype(float))
+
+
+def _check_values(per_problem: pd.DataFrame) -> None:
+    """Refuse a missing value (NaN, None, pd.NA) in any column compare_arms reads, and counts that are not
+    finite numbers, naming the column and the first offending row. Unchecked, a NaN count made a NaN
+    difference with p = 0 and verdict "worse", and a NaN seed label a fake extra run of the arm."""
+    for column in PER_PROBLEM_COLUMNS:
+        values = per_problem[column]
+        bad = values.isna().to_numpy(bool)
+        what, need = "is missing", "every row needs a value in every column"
+        if column in ("correct", "n") and not bad.any():
+            if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+                bad = ~np.isfinite(values.to_numpy(float))
+            else:  # text or objects: each value must be a real number
+                bad = np.array([not _finite_number(v) for v in values], dtype=bool)
+            what, need = "is not a finite number", "correct and n are counts"
+        if bad.any():
+            i = int(np.argmax(bad))
+            row = per_problem.iloc[i]
+            shown = ", ".join(
+                f"{c} {_show(row[c])}" for c in PER_PROBLEM_COLUMNS[:4] if c != column and not _missing(row[c])
+            )
+            raise ComparisonError(
+                f"per_problem: column {column!r} {what} ({_show(row[column])}) at row {i} (counting from 0)"
+                + (f" ({shown})" if shown else "")
+                + f", the first of {int(bad.sum())} such row(s); {need}"
+            )
+
+
+def _finite_number(value) -> bool:
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+def _show(value) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _missing(value) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):  # a list or array is not one missing value
+        return False
 
 
 @dataclass(frozen=True)
@@ -303,7 +350,7 @@ _POINTS = ("delta", "ci_lo", "ci_hi", "se")
 
 
 def compare_arms(
-    per_problem: pd.DataFrame, baseline: str = "full", confidence: float = 0.95, seed: int = 0
+    per_problem: pd.DataFrame, baseline: str = "full", confidence: float = 0.95, seed: int = 0, views: bool = True
 ) -> pd.DataFrame:
     """Each arm's difference to `baseline` per benchmark (and over benchmarks), with intervals over seeds and problems.
 
@@ -320,7 +367,8 @@ def compare_arms(
     variance of the score or, paired, of the difference), rliable's IQM difference and probability of
     improvement with bootstrap intervals (on the "Avg." row, or the only benchmark's), and a note
     (e.g. seed variance unknown with one seed). The method, and why: this module's docstring.
-    seed: of the bootstrap's random numbers (the t-intervals use none).
+    seed: of the bootstrap's random numbers (the t-intervals use none). views: False leaves rliable's
+    views out (their columns NaN): a coverage simulation's many calls need only the intervals.
     Bad input (a missing baseline, a benchmark the baseline lacks, confidence outside (0, 1), arms on
     different problems): ComparisonError, a ValueError naming it.
     """
@@ -333,7 +381,7 @@ def compare_arms(
         for bench in benches:
             pair = _pair([tables[bench][arm]], [tables[bench][baseline]])
             assert pair is not None  # one benchmark: one seed set per side
-            rows.append(_row(arm, bench, *pair, confidence, rng, views=len(tables) == 1))
+            rows.append(_row(arm, bench, *pair, confidence, rng, views=views and len(tables) == 1))
         if len(tables) > 1:
             pair = (
                 _pair([tables[b][arm] for b in tables], [tables[b][baseline] for b in tables])
@@ -343,7 +391,7 @@ def compare_arms(
             if pair is None:
                 rows.append({"arm": arm, "benchmark": AVG_COLUMN, "note": "Avg. needs every seed on every benchmark"})
             else:
-                rows.append(_row(arm, AVG_COLUMN, *pair, confidence, rng, views=True))
+                rows.append(_row(arm, AVG_COLUMN, *pair, confidence, rng, views=views))
     out = pd.DataFrame(rows, columns=RESULT_COLUMNS)
     p_values, p_holm = out["p_value"].to_numpy(float), np.full(len(out), math.nan)
     for idx in out.groupby("benchmark", sort=False).indices.values():
