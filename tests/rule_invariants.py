@@ -137,22 +137,23 @@ def check_declarations(rule: Rule) -> None:
         assert rule.attn_layers is None, "attention layers declared by a rule that reads no attention entropy"
 
 
-def _loss_batch(rule: Rule, pad: float | None, lengths: list[int] | None = None, seed: int = 0):
-    """The rule's `loss` on a batch whose padding holds `pad` in every tensor; log π with grad."""
+def _loss_batch(rule: Rule, pad: float | None, lengths: list[int] | None = None, seed: int = 0, layout=lambda x: x):
+    """The rule's `loss` on a batch whose padding holds `pad` in every tensor; log π with grad (a leaf);
+    `layout` lays every tensor out in memory (`strided`: not row-major)."""
     full = rule_batches.make_stats(seed, 8, 6, pad_value=pad, lengths=lengths)  # every statistic, old and ref too
     stats = make_stats(rule, seed=seed, pad=pad, lengths=lengths)
     out = rule(stats, state())
-    logp = full.logp.double().clone().requires_grad_(True)
+    logp = layout(full.logp.double()).detach().requires_grad_(True)
     selected = out.selected if out.selected is not None else stats.valid
     batch = LossBatch(
         logp=logp,
-        old_logp=full.old_logp.double(),
-        advantages=full.advantages.double(),
-        mask=full.mask.double(),
-        entropy=full.entropy.double(),
-        selected=selected,
+        old_logp=layout(full.old_logp.double()),
+        advantages=layout(full.advantages.double()),
+        mask=layout(full.mask.double()),
+        entropy=layout(full.entropy.double()),
+        selected=layout(selected),
         trainer=TRAINER,
-        ref_logp=full.ref_logp.double(),
+        ref_logp=layout(full.ref_logp.double()),
     )
     return rule.loss_terms(batch), logp, full.mask
 
@@ -181,8 +182,58 @@ def check_loss_terms(rule: Rule) -> None:
         assert all(isinstance(v, float) and math.isfinite(v) for v in terms.metrics.values()), (rule, terms.metrics)
 
 
+def strided(x):
+    """The same values in memory that is not row-major: a [B, T] tensor as the transpose of a contiguous
+    [T, B] one (`.T.contiguous().T`, as verl's KL-Cov mask test runs every case on `.T`), a [B] tensor as
+    every other element of a [2B] one. What a column slice, a transposed gather or TRL's own forward
+    may hand a rule."""
+    if not torch.is_tensor(x):
+        return x
+    if x.dim() == 2:
+        out = x.T.contiguous().T
+    elif x.dim() == 1:
+        out = torch.stack([x, x], -1)[:, 0]
+    else:
+        return x
+    torch.testing.assert_close(out, x, rtol=0, atol=0, equal_nan=True)
+    return out
+
+
+def _same_metrics(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)
+
+
+def check_any_strides(rule: Rule) -> None:
+    """Every rule accepts inputs of any strides and gives exactly what it gives on contiguous ones: its
+    weights, selection and metrics, and a loss-changing rule's terms and their gradient (issue 27.3)."""
+    for seed, entropy_scale in ((0, None), (1, 0.1), (2, None)):
+        stats = make_stats(rule, seed=seed, entropy_scale=entropy_scale)
+        fields = {f.name: strided(getattr(stats, f.name)) for f in dataclasses.fields(stats)}
+        other = dataclasses.replace(stats, **fields)
+        assert not other.logp.is_contiguous() and not other.mask.is_contiguous()
+        want, got = rule(stats, state()), rule(other, state())
+        assert torch.equal(got.weights, want.weights), (rule, seed)
+        assert got.normalize == want.normalize and _same_metrics(got.metrics, want.metrics), (rule, got.metrics)
+        assert (got.selected is None) == (want.selected is None), rule
+        assert got.selected is None or torch.equal(got.selected, want.selected), (rule, seed)
+    if not rule.changes_loss:
+        return
+    terms, logp, _ = _loss_batch(rule, None)
+    total = (terms.policy * logp.detach().isfinite()).sum() + (terms.own if terms.own is not None else 0)
+    (grad,) = torch.autograd.grad(total, logp)
+    s_terms, s_logp, _ = _loss_batch(rule, None, layout=strided)
+    s_total = (s_terms.policy * s_logp.detach().isfinite()).sum() + (s_terms.own if s_terms.own is not None else 0)
+    (s_grad,) = torch.autograd.grad(s_total, s_logp)
+    assert torch.equal(s_terms.policy, terms.policy) and torch.equal(s_grad, grad), rule
+    assert (terms.own is None) == (s_terms.own is None) and (terms.own is None or torch.equal(terms.own, s_terms.own))
+    assert _same_metrics(s_terms.metrics, terms.metrics), rule
+    assert terms.touched.keys() == s_terms.touched.keys()
+    assert all(torch.equal(terms.touched[k], s_terms.touched[k]) for k in terms.touched), rule
+
+
 CHECKS = (
     check_declarations,
+    check_any_strides,
     check_loss_terms,
     check_padding_ignored,
     check_finite,

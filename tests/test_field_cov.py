@@ -220,6 +220,30 @@ def test_kl_cov_mask_excludes_padding_as_verl_test(ratio):
     assert not kl_cov.selected_tokens(log_prob, adv, torch.zeros(2, 3), ratio).any()
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_kl_cov_accepts_any_strides_as_verl_test_runs_on_transposes(seed):
+    """verl's KL-Cov mask test runs every case on `.T` as well (issue 27.3: ours raised `view size is not
+    compatible` there). The transposed batch (T rows of B tokens, token advantages) selects the transpose
+    of the selection (distinct Cov values, so no tie reorders it), and the same batch laid out column-major
+    (`.T.contiguous().T`) selects exactly the same tokens, in the selection and in the loss."""
+    g = torch.Generator().manual_seed(seed)
+    adv = torch.randn(6, 9, generator=g, dtype=torch.float64)
+    log_prob = -torch.rand(6, 9, generator=g, dtype=torch.float64) * 3
+    valid = (torch.rand(6, 9, generator=g) > 0.2).double()
+    for ratio in (0.0002, 0.1, 0.5):
+        want = kl_cov.selected_tokens(log_prob, adv, valid, ratio)
+        assert torch.equal(kl_cov.selected_tokens(log_prob.T, adv.T, valid.T, ratio), want.T)
+        strided = [x.T.contiguous().T for x in (log_prob, adv, valid)]
+        assert not strided[0].is_contiguous()
+        assert torch.equal(kl_cov.selected_tokens(*strided, ratio), want)
+        old = log_prob - 0.2
+        p = kl_cov.Params(ratio=ratio)
+        close(
+            kl_cov.per_token_loss(strided[0], old.T.contiguous().T, strided[1], strided[2], p),
+            kl_cov.per_token_loss(log_prob, old, adv, valid, p),
+        )
+
+
 def test_kl_cov_on_policy_is_grpo():
     # π_old = π_θ: |log r| = 0 with zero gradient, r = 1, so ℓ = −A and dℓ/dlog π = −A on every token
     for b in R.batches(token_adv=True):

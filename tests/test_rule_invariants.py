@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import rule_invariants as inv
+import torch
 
 from stare_lab.methods import get_method, list_methods
 from stare_lab.stats import STATISTICS
@@ -39,3 +40,15 @@ def test_the_suite_catches_a_broken_rule():
     bad_pad = Rule(_Entry("bad_pad", Params, weights_padding, frozenset(), None), Params())
     with pytest.raises(AssertionError):
         inv.check_declared_normalisation(bad_pad)  # `selected` outside the valid tokens
+
+    def writes_through_a_copy(stats, state, p):
+        """The bug of issue 27.3's family: `zeros_like` keeps the input's strides, then `reshape(-1)` of a
+        non-contiguous tensor is a copy, so the writes are lost (`view(-1)` would raise instead)."""
+        out = torch.zeros_like(stats.mask)
+        out.reshape(-1)[:5] = 1.0
+        return RuleOutput(weights=out * stats.mask, normalize="valid")
+
+    bad_strides = Rule(_Entry("bad_strides", Params, writes_through_a_copy, frozenset(), None), Params())
+    inv.check_finite(bad_strides)  # a fine rule on contiguous inputs
+    with pytest.raises(AssertionError):
+        inv.check_any_strides(bad_strides)

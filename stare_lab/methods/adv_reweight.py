@@ -98,9 +98,9 @@ def per_token_loss(
 
 
 def metrics(weights: Tensor, mask: Tensor) -> dict[str, float]:
-    """rule/weight_mean over valid tokens."""
+    """rule/weight_mean over valid tokens (summed in row-major order: the same for any input strides)."""
     n = float(mask.sum())
-    return {"rule/weight_mean": float((weights * mask).sum()) / n if n else 0.0}
+    return {"rule/weight_mean": float((weights * mask).contiguous().sum()) / n if n else 0.0}
 
 
 def check(p: Params, trainer: TrainerValues) -> None:

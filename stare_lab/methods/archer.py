@@ -167,8 +167,9 @@ def loss(batch: LossBatch, p: Params) -> LossTerms:
     if batch.ref_logp is not None:
         kl = k3(batch.logp, batch.ref_logp)
         zero = torch.zeros_like(kl)
-        low = torch.where(penalised, kl, zero).sum() / (penalised.sum() + 1e-8)
-        high = torch.where(widened, kl, zero).sum() / (widened.sum() + 1e-8)
+        # summed in row-major order (.contiguous()): the same for any input strides
+        low = torch.where(penalised, kl, zero).contiguous().sum() / (penalised.sum() + 1e-8)
+        high = torch.where(widened, kl, zero).contiguous().sum() / (widened.sum() + 1e-8)
         assert p.kl_coef is not None  # filled from the trainer
         own = p.kl_coef * low + p.high_kl_coef * high
     terms = metrics(batch.entropy, batch.mask, p)

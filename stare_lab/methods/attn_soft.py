@@ -54,7 +54,7 @@ def attn_soft(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
     w = w * valid
     n_valid = int(valid.sum())
     if n_valid:
-        w = w * (n_valid / w.sum())
+        w = w * (n_valid / w.contiguous().sum())  # row-major order: the same sum for any input strides
     metrics = {
         "rule/progress": lam,
         "rule/weight_min": float(w[valid].min()) if n_valid else 0.0,

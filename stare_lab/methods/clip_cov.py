@@ -114,6 +114,7 @@ def covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     A = token_advantages(advantages, logp).detach().to(torch.float64)
     zero = torch.zeros_like(lp)
     lp, A = torch.where(valid, lp, zero), torch.where(valid, A, zero)  # whatever sits on padding (NaN too)
+    lp, A = lp.contiguous(), A.contiguous()  # sums in row-major order: the same for any input strides
     n = valid.sum() + 1e-8  # verl_F.masked_mean's denominator (note 3)
     cov = (A - A.sum() / n) * (lp - lp.sum() / n)
     return torch.where(valid, cov, torch.zeros_like(cov))

@@ -106,7 +106,7 @@ def metrics(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> dic
     A = token_advantages(advantages, entropy)
     capped = valid & (A != 0) & (A.abs() / p.kappa < p.alpha * entropy)  # A = 0 binds trivially
     return {
-        "rule/bonus_mean": float(bonus(entropy, advantages, mask, p).sum()) / n,
+        "rule/bonus_mean": float(bonus(entropy, advantages, mask, p).contiguous().sum()) / n,  # row-major order
         "rule/bonus_capped_frac": float(capped.sum()) / n,
     }
 

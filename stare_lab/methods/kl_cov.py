@@ -79,7 +79,7 @@ class Params:
 def selected_tokens(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float) -> Tensor:
     """S [B, T] bool: the max(1, ⌊ρ·N⌋) valid tokens of largest Cov (plain means over valid tokens)."""
     valid = mask > 0
-    out = torch.zeros_like(valid)
+    out = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)  # row-major, whatever the input strides
     A = token_advantages(advantages, logp).detach()[valid]  # [N] row-major, as the official code
     lp = logp.detach()[valid]
     if A.numel() == 0:

@@ -88,6 +88,6 @@ def opefo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
         "rule/lambda": float(lam[live].mean()) if live.any() else 0.0,  # mean over scope units
         "rule/flow_pos": float(f_pos.sum()),
         "rule/flow_neg": float(f_neg.sum()),
-        "rule/net_flow_after": float((w * dH).sum()),
+        "rule/net_flow_after": float((w * dH).contiguous().sum()),  # row-major: the same for any input strides
     }
     return RuleOutput(weights=weights, normalize=p.normalize, metrics=metrics)
