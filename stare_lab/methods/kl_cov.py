@@ -43,6 +43,13 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    (`loss`) replaces TRL's clipped surrogate by ℓ per token, under TRL's loss-type denominator, vLLM IS
    ratio, β·KL and entropy bonus. Loss types with a surrogate of their own and TRL's `delta` (a dual
    clip the official loss does not have) are refused. tokens/selected_frac is rule/penalised_frac.
+10. [code] β_kl (`kl_coef`) defaults differ between the two codes. The paper's own code and scripts use 1:
+   PRIME-RL/Entropy-Mechanism-of-RL @8850579 sets ppo_kl_coef=1 in `recipe/dapo/7b_kl_cov.sh` and
+   `32b_kl_cov.sh`, in its `verl/trainer/config/ppo_trainer.yaml` and as the function's default. verl's
+   port defaults to 0.1 (`verl/workers/config/actor.py` `PolicyLossConfig.ppo_kl_coef = 0.1`, read
+   @011f972); the 1.0 in verl's `compute_policy_loss_kl_cov` (@1dda039) is only the fallback when the
+   config holds None. Our default is the paper scripts' 1, as ρ follows the official 7B script (note 1):
+   the method as its authors ran it; `kl_coef=0.1` is verl's default.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ SCOPES = ("microbatch", "batch")
 @dataclass(frozen=True)
 class Params:
     ratio: float = 2e-3  # official 7b_kl_cov.sh: k_percent=0.2 (%); verl core_algos.py: kl_cov_ratio = 0.0002 (note 1)
-    kl_coef: float = 1.0  # official 7b_kl_cov.sh: ppo_kl_coef=1; verl core_algos.py: ppo_kl_coef = 1.0 (β_kl)
+    kl_coef: float = 1.0  # β_kl: official 7b/32b_kl_cov.sh ppo_kl_coef=1; verl's PolicyLossConfig: 0.1 (note 10)
     scope: str = "microbatch"  # official codes: per loss call (note 4)
 
     def __post_init__(self) -> None:
