@@ -35,11 +35,22 @@ bootstrap over problems alone ignores the seeds (40% coverage in issue 18's simu
 moments are closed-form: 21 arms × 5 seeds × 500 problems take milliseconds (benchmarks/).
 With one seed the seed variance is unknown: the interval covers the problems (and the sampling
 noise) only, and the `note` column says so.
+Two seeds: a seed term then rests on 1 degree of freedom, and Satterthwaite's ν is too optimistic
+where it and the problem terms are comparable (a small draw of the seed variance shrinks the
+variance and raises ν at once): in benchmarks/coverage_sim.py's no-effect sweeps the 95% interval
+excluded 0 in up to ~10% of them on the Avg. row. At 2 seeds (any side with 2 seeds) ν is
+therefore the seed term's own 1 df, the conservative choice known from the Behrens-Fisher problem
+(the smaller sample's df); it held the level in every simulated balance, at the price of wide
+intervals: only a difference that is large on both seeds is detected. The `note` column says so
+(TWO_SEEDS). From 3 seeds Satterthwaite's ν held the level (docs/statistics.md, "Coverage").
 Rliable's views (Agarwal et al. 2021) on the aggregate row: IQM difference and probability of
 improvement, with stratified percentile-bootstrap intervals (scipy.stats.bootstrap, each arm's
 runs resampled within each benchmark) where every arm has ≥ MIN_BOOTSTRAP_SEEDS seeds.
 Multiple arms: Holm's step-down correction over the arms compared on one column (`p_holm`);
-`verdict` is better/worse where p_holm < 1 − confidence, else "n.s.".
+`verdict` is better/worse where p_holm < 1 − confidence, else "n.s.". The intervals are per
+comparison (each at `confidence`, not adjusted for the other arms): Holm adjusts the p-values
+only, so an interval can exclude 0 while the verdict is "n.s."; `excludes_0` says which, and
+tables and the forest plot mark such a difference as not significant after Holm.
 """
 
 from __future__ import annotations
@@ -61,6 +72,10 @@ MIN_BOOTSTRAP_SEEDS = 3  # below, a bootstrap over seeds has too few distinct re
 BOOTSTRAP_RESAMPLES = 2000
 METHOD_SHORT = "t-interval with Satterthwaite df"
 SEED_UNKNOWN = "seed variance unknown (one seed): the interval covers problems only"
+# Satterthwaite's df is used where every seed term has at least this many degrees of freedom (3 seeds);
+# below (2 seeds), the t-interval takes the seed term's 1 df, the only df that holds the level (module docstring)
+MIN_SATTERTHWAITE_SEED_DF = 2
+TWO_SEEDS = "2 seeds: t with the seed variance's 1 df (Satterthwaite's df undercovers at 2 seeds)"
 
 
 class ComparisonError(ValueError):
@@ -123,6 +138,9 @@ def contrast(arm: list[np.ndarray], base: list[np.ndarray], paired: bool, confid
     var = max(sum(c * m for c, m, _ in terms), 0.0)
     denom = sum((c * m) ** 2 / df for c, m, df in terms if df > 0 and c != 0)
     nu = max(var * var / denom, 1.0) if denom > 0 else math.inf
+    seed_df = min((g.seeds - 1 for g in known), default=math.inf)
+    if seed_df < MIN_SATTERTHWAITE_SEED_DF:  # 2 seeds: the seed term's own df (module docstring, "Two seeds")
+        nu = float(seed_df)
     se = math.sqrt(var)
     alpha = 1 - confidence
     half = float(special.stdtrit(nu, 1 - alpha / 2)) * se  # t quantile
@@ -143,7 +161,7 @@ def contrast(arm: list[np.ndarray], base: list[np.ndarray], paired: bool, confid
         "var_seed_arm": var_seed[0] if seed_known else math.nan,
         "var_seed_base": (0.0 if paired else var_seed[1]) if seed_known else math.nan,
         "df_problem": float(sum(sizes) - k),
-        "note": "" if seed_known else SEED_UNKNOWN,
+        "note": (TWO_SEEDS if seed_df < MIN_SATTERTHWAITE_SEED_DF else "") if seed_known else SEED_UNKNOWN,
     }
 
 
@@ -341,7 +359,8 @@ def _aggregate_views(arm: list[np.ndarray], base: list[np.ndarray], confidence: 
 
 
 RESULT_COLUMNS = [
-    "arm", "benchmark", "delta", "ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds", "baseline_seeds",
+    "arm", "benchmark", "delta", "ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "excludes_0", "seeds",
+    "baseline_seeds",
     "problems", "paired", "df", "se", "var_problem", "var_seed_arm", "var_seed_base", "df_problem",
     "iqm_delta", "iqm_delta_lo", "iqm_delta_hi", "prob_improvement", "prob_improvement_lo", "prob_improvement_hi",
     "note",
@@ -361,7 +380,8 @@ def compare_arms(
     "Avg." (the mean over benchmarks, as papers average AIME24, AMC23, MATH-500, ...) when there are
     several benchmarks: delta, ci_lo, ci_hi (points: percent of avg@n), p_value (two-sided, H0: no
     difference), p_holm (Holm over the arms of that benchmark), verdict ("better" / "worse" where
-    p_holm < 1 − confidence, else "n.s."), seeds and baseline_seeds, problems, paired (seeds paired),
+    p_holm < 1 − confidence, else "n.s."), excludes_0 (the per-comparison interval excludes 0: with
+    several arms possibly where the verdict is "n.s."), seeds and baseline_seeds, problems, paired (seeds paired),
     df and se (points) of the t-interval, the variance components that `seeds_needed` projects from
     (points²: var_problem, the part more seeds do not shrink; var_seed_arm / var_seed_base, one seed's
     variance of the score or, paired, of the difference), rliable's IQM difference and probability of
@@ -400,6 +420,7 @@ def compare_arms(
     significant = out["p_holm"] < 1 - confidence
     out["verdict"] = np.where(significant, np.where(out["delta"] > 0, "better", "worse"), "n.s.")
     out.loc[out["p_value"].isna(), "verdict"] = ""
+    out["excludes_0"] = (out["ci_lo"] > 0) | (out["ci_hi"] < 0)  # the per-comparison interval (NaN: False)
     return out
 
 
@@ -426,7 +447,8 @@ def power_at(delta: float, var_problem, var_seed, seeds, df_problem, confidence:
     """Power of the two-sided t-test at 1 − confidence to detect `delta` points with `seeds` seeds per arm.
 
     Var(D) = var_problem + var_seed / seeds (points²; var_seed: arm's plus baseline's one-seed variance);
-    df by Satterthwaite from df_problem and seeds − 1 (one seed term, as paired; a lower bound unpaired).
+    df by Satterthwaite from df_problem and seeds − 1 (one seed term, as paired; a lower bound unpaired), and
+    1 at 2 seeds, as the test of compare_arms takes it.
     """
     seeds = np.asarray(seeds, dtype=float)
     v_seed = np.asarray(var_seed, dtype=float) / seeds
@@ -435,6 +457,7 @@ def power_at(delta: float, var_problem, var_seed, seeds, df_problem, confidence:
         denom = np.where(var_problem > 0, var_problem**2 / df_problem, 0.0) + v_seed**2 / np.maximum(seeds - 1, 1)
         nu = np.where(denom > 0, var**2 / denom, np.inf)
         nu = np.maximum(np.where(np.isfinite(seeds), nu, df_problem), 1.0)
+        nu = np.where(seeds - 1 < MIN_SATTERTHWAITE_SEED_DF, np.maximum(seeds - 1, 1), nu)  # as compare_arms at 2 seeds
         lam = np.where(var > 0, abs(delta) / np.sqrt(var), np.inf)
     t_c = special.stdtrit(nu, 1 - (1 - confidence) / 2)
     lam = np.minimum(lam, 1e6)
