@@ -1,10 +1,10 @@
 """stare-lab: the command line (DESIGN.md §6).
 
     stare-lab demo
-    stare-lab train method=stare seed=1 ...
-    stare-lab sweep run sweeps/X.yaml [--launcher slurm] [--dry-run]
+    stare-lab train [--import MODULE] method=stare seed=1 ...
+    stare-lab sweep run sweeps/X.yaml [--import MODULE] [--launcher slurm] [--dry-run]
     stare-lab sweep status sweeps/X.yaml
-    stare-lab eval runs/X/<run-id> [--n 32]
+    stare-lab eval runs/X/<run-id> [--n 32] [--import MODULE]
     stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
     stare-lab plot sweeps/X.yaml
     stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
@@ -26,6 +26,9 @@ class UserError(Exception):
     pass
 
 
+READING_COMMANDS = ("table", "plot", "view")  # and `sweep status` (stare_lab.sweep.cli)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -44,11 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in commands:
         return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
     defer("torch")  # a value the checks refuse exits before torch's ~1.3 s import (stare_lab/deferred.py)
+    from contextlib import nullcontext
+
     from stare_lab.config import ConfigError
+    from stare_lab.rule_imports import reading
     from stare_lab.sweep.schema import SweepError
 
-    try:
-        return commands[cmd](rest)
+    try:  # the reading commands work from the records: they import no rule kept outside the package
+        with reading() if cmd in READING_COMMANDS else nullcontext():
+            return commands[cmd](rest)
     except (UserError, ConfigError, SweepError, FileNotFoundError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except KeyboardInterrupt:
@@ -62,20 +69,36 @@ def _fail(msg: str) -> int:
 
 
 def cmd_train(argv: list[str]) -> int:
-    """One run from Hydra overrides; its record goes to <run.root>/<run.sweep>/<run-id>/ (or run_dir=...)."""
+    """One run from Hydra overrides; its record goes to <run.root>/<run.sweep>/<run-id>/ (or run_dir=...).
+    `--import MODULE` (repeatable): a module of rules kept outside the package, imported first."""
+    from omegaconf import open_dict
+
     from stare_lab.config import compose, save_config
     from stare_lab.inputs import check_inputs, overlap_warnings
+    from stare_lab.rule_imports import import_modules, run_entries
 
     run_dir = None
-    overrides = []
-    for a in argv:
+    overrides, modules = [], []
+    args = iter(argv)
+    for a in args:
         if a.startswith("run_dir="):
             run_dir = Path(a.split("=", 1)[1])
+        elif a == "--import" or a.startswith("--import="):
+            module = a.split("=", 1)[1] if "=" in a else next(args, None)
+            if not module:
+                raise UserError("--import: expected a module name (--import my_rules)")
+            modules.append(module)
         elif a.startswith("-"):
-            raise UserError(f"unknown option {a!r}; train takes Hydra overrides like method=stare seed=1")
+            raise UserError(
+                f"unknown option {a!r}; train takes --import MODULE and Hydra overrides like method=stare seed=1"
+            )
         else:
             overrides.append(a)
+    imported = import_modules(modules, Path.cwd(), "--import")  # before the rule's name is checked
     cfg = compose(overrides)
+    if imported:  # the worker imports them too (stare_lab.rule_imports)
+        with open_dict(cfg.run):
+            cfg.run.imports = run_entries(imported)
     check_inputs(cfg)
     for line in overlap_warnings(cfg):
         print(f"stare-lab: {line}", file=sys.stderr)
@@ -161,18 +184,31 @@ def cmd_eval(argv: list[str]) -> int:
         "--engine", choices=["transformers", "vllm"], default=None, help="sampler (default: the run's eval.engine)"
     )
     p.add_argument("--force", action="store_true", help="re-evaluate even if a result under the same settings exists")
+    p.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="a module of rules kept outside the package (besides the run's own run.imports); repeatable",
+    )
     a = _parse(p, argv)
     if not (a.run_dir / CONFIG_FILE).is_file():
         raise UserError(f"{a.run_dir} is not a run directory (no {CONFIG_FILE})")
+    from stare_lab.rule_imports import import_modules
+
+    import_modules(a.imports, Path.cwd(), "--import")
     overrides = {"n": a.n, "temperature": a.temperature, "top_p": a.top_p, "max_tokens": a.max_tokens}
     overrides = {k: v for k, v in {**overrides, "engine": a.engine}.items() if v is not None}
     _check_eval_settings(overrides)
     from stare_lab.config import load_config
     from stare_lab.eval_run import evaluate_run
+    from stare_lab.rule_imports import import_run_modules
     from stare_lab.sweep.worker import start_worker
     from stare_lab.vllm_engine import missing_vllm
 
     cfg = load_config(a.run_dir / CONFIG_FILE)
+    import_run_modules(cfg.run, f"{a.run_dir / CONFIG_FILE}: run.imports")
     if (a.engine or cfg.eval.get("engine")) == "vllm" and missing_vllm():
         raise UserError(f"{'--engine' if a.engine else 'eval.engine:'} vllm: {missing_vllm()}")
     if a.benchmarks:
@@ -214,7 +250,7 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Path | list[P
         raise UserError(f"no such sweep file or run folder: {path}")
     from stare_lab.sweep.schema import load_sweep
 
-    spec = load_sweep(path)
+    spec = load_sweep(path, reading=True)  # from the records: no rule kept outside the package imported
     root = Path(spec.output) / spec.name
     if all_runs or spec.search is not None or not root.is_dir():  # a search's trials are its plan
         return root, root

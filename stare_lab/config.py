@@ -143,13 +143,15 @@ def rule_params(name: str, params: dict[str, Any], trainer: Any) -> dict[str, An
     return _jsonable(dataclasses.asdict(rule.params))
 
 
-def finalize(cfg: Any) -> Any:
+def finalize(cfg: Any, rule_known: bool = True) -> Any:
     """Fill the derived defaults and `run.id` of a resolved config (DictConfig or plain dict, in
-    place). The one place they are computed: `compose` and the sweep expansion both call it."""
+    place). The one place they are computed: `compose` and the sweep expansion both call it.
+    `rule_known=False` (a reading command's run of a rule it has not imported): the rule's values
+    stay unfilled, and the id is provisional (stare_lab.sweep.records takes the recorded one)."""
     trainer = cfg["trainer"]
     if trainer["steps_per_generation"] is None:  # TRL's default: one rollout batch per optimizer step
         trainer["steps_per_generation"] = trainer["gradient_accumulation_steps"]
-    if trainer["num_iterations"] is None:  # the rule's passes over each generation batch (Lopti: 2)
+    if trainer["num_iterations"] is None and rule_known:  # the rule's passes over each generation batch (Lopti: 2)
         from stare_lab.methods import method_iterations
 
         trainer["num_iterations"] = method_iterations(cfg["method"]["name"])
@@ -305,7 +307,12 @@ def _check_group_choices(overrides: list[str]) -> None:
         key, sep, value = o.partition("=")
         key = key.lstrip("+~")
         if sep and "." not in key and key in groups and value not in group_options(key):
-            raise ConfigError(f"unknown {key} option {value!r}; valid: {', '.join(group_options(key))}")
+            hint = ""
+            if key == "method":
+                from stare_lab.methods.registry import OUTSIDE_HINT
+
+                hint = f"; {OUTSIDE_HINT}"
+            raise ConfigError(f"unknown {key} option {value!r}; valid: {', '.join(group_options(key))}{hint}")
 
 
 def _one_line(e: Exception) -> str:

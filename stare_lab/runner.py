@@ -36,6 +36,7 @@ from stare_lab.record import (
     truncate_metrics,
     write_metrics,
 )
+from stare_lab.rule_imports import import_run_modules
 
 # Logged values that are finite in every healthy step; rule metrics (e.g. a closed gate's NaN) are not checked.
 FINITE_KEYS = ("loss", "grad_norm", "tokens/weight_mean", "tokens/weight_std")
@@ -51,6 +52,7 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
     calls it (RANK/WORLD_SIZE exported by the worker); rank 0 alone writes the record."""
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / CONFIG_FILE)
+    import_run_modules(cfg.get("run"))  # rules kept outside the package register (every rank; stare_lab.rule_imports)
     processes = int(cfg.run.get("processes") or 1)  # a config written before the key existed: 1
     if processes != process_count():
         raise ValueError(

@@ -189,7 +189,9 @@ def test_method_group_is_the_registry():
         compose(["method=nope"])
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("unknown method option 'nope'; valid: ")
-    assert msg.split("valid: ")[1].split(", ") == sorted(list_methods())
+    valid, hint = msg.split("valid: ")[1].split("; ")
+    assert valid.split(", ") == sorted(list_methods())
+    assert "--import MODULE" in hint and "imports:" in hint and "stare_lab.rules" in hint
 
 
 # ----------------------------------------------------------------- a rule from a module of its own

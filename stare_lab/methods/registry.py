@@ -399,7 +399,10 @@ class Rule:
 
 
 def list_methods() -> list[str]:
-    """Registered rule names in registration order (the order of `stare_lab/methods/__init__.py`)."""
+    """Registered rule names in registration order: the order of `stare_lab/methods/__init__.py`,
+    then rules registered from outside the package (entry points of `stare_lab.rules` in package
+    order, modules imported by `imports:` / `--import` in import order; stare_lab.rule_imports)."""
+    _load_entry_points()
     return list(_REGISTRY)
 
 
@@ -413,19 +416,50 @@ def method_iterations(name: str) -> int:
     return _lookup(name).iterations
 
 
+def is_registered(name: str) -> bool:
+    """Whether a rule of that name is registered (loading the entry points, except in a reading command)."""
+    if name not in _REGISTRY:
+        _load_entry_points()
+    return name in _REGISTRY
+
+
+def rule_module(name: str) -> str | None:
+    """The module that registered rule `name`, when it is not part of stare_lab (else None)."""
+    module = _lookup(name).fn.__module__
+    return None if module == "stare_lab" or module.startswith("stare_lab.") else module
+
+
+def _load_entry_points() -> None:
+    from stare_lab.rule_imports import load_entry_points_once
+
+    load_entry_points_once()
+
+
+OUTSIDE_HINT = (
+    "a rule kept outside the package is registered by importing its module: the sweep's imports:, "
+    "--import MODULE, or an entry point of group stare_lab.rules (docs/rules_outside.md)"
+)
+
+
 def _lookup(name: str) -> _Entry:
     if name not in _REGISTRY:
-        raise ValueError(f"unknown token rule {name!r}; valid rules: {', '.join(_REGISTRY)}")
+        _load_entry_points()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown token rule {name!r}; valid rules: {', '.join(_REGISTRY)}; {OUTSIDE_HINT}")
     return _REGISTRY[name]
 
 
 def get_method(name: str, **params: Any) -> Rule:
-    """Build a configured rule. Unknown rule or parameter, or a bad value: ValueError naming it."""
+    """Build a configured rule. Unknown rule or parameter, a value not of its declared type
+    (stare_lab.methods.param_types), or a value the rule refuses: ValueError naming it."""
+    from stare_lab.methods.param_types import conform_params
+
     entry = _lookup(name)
     valid = [f.name for f in dataclasses.fields(entry.params_cls)]
     for key in params:
         if key not in valid:
             raise ValueError(f"unknown parameter {key!r} for rule {name!r}; valid parameters: {', '.join(valid)}")
+    params = conform_params(name, entry.params_cls, params)
     try:
         p = entry.params_cls(**params)
     except (TypeError, ValueError) as e:

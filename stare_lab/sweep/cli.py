@@ -1,8 +1,8 @@
 """`stare-lab sweep run|status FILE`: the command line of sweeps.
 
-    stare-lab sweep run sweeps/demo.yaml [--launcher local|slurm] [--dry-run] [--retry-failed] [--rerun-other-code]
-        [--workers N] [--processes N] [--nodes N] [--partition P] [--account A] [--gpus N] [--cpus N] [--mem-gb G]
-        [--time-min M] [--root DIR]
+    stare-lab sweep run sweeps/demo.yaml [--import MODULE]... [--launcher local|slurm] [--dry-run] [--retry-failed]
+        [--rerun-other-code] [--workers N] [--processes N] [--nodes N] [--partition P] [--account A] [--gpus N]
+        [--cpus N] [--mem-gb G] [--time-min M] [--root DIR]
     stare-lab sweep status sweeps/demo.yaml [--all] [--root DIR]
 
 User mistakes print one line on stderr and exit 2 with nothing launched. `run` exits 0 when
@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from stare_lab.config import ConfigError
+from stare_lab.rule_imports import reading
 from stare_lab.sweep.launchers import launcher_names
 from stare_lab.sweep.schema import SweepError, load_sweep
 
@@ -25,6 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="launch a sweep's runs (safe to repeat: finished runs are skipped)")
     run.add_argument("file")
+    run.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module of rules kept outside the package first (current folder, then PYTHONPATH); repeatable",
+    )
     run.add_argument("--launcher", choices=launcher_names(), help="override the sweep's launcher")
     run.add_argument("--dry-run", action="store_true", help="print the expanded runs and launch nothing")
     run.add_argument("--retry-failed", action="store_true", help="run failed runs again")
@@ -56,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[1:]
     args = build_parser().parse_args(argv)
     try:
-        return cmd_run(args) if args.command == "run" else cmd_status(args)
+        if args.command == "run":
+            return cmd_run(args)
+        with reading():  # from the records: no rule kept outside the package is imported
+            return cmd_status(args)
     except (SweepError, ConfigError) as e:
         print(f"stare-lab: error: {e}", file=sys.stderr)
         return 2
@@ -87,10 +99,14 @@ def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stare_lab.rule_imports import import_modules
     from stare_lab.sweep.plan import check_output
 
     cli = _cli_launcher(args)
-    spec = load_sweep(args.file, launcher=cli, output=args.root)
+    imported = import_modules(args.imports, Path.cwd(), "--import")
+    spec = load_sweep(args.file, launcher=cli, output=args.root, imported=imported, reading=False)
     if args.workers is not None:
         spec.launcher = spec.launcher.with_parallel_runs(args.workers)
         if args.workers < 1:
@@ -217,6 +233,8 @@ def _print_plan(spec, runs) -> None:
     la = spec.launcher
     settings = ", ".join(f"{k}={v}" for k, v in la.settings().items() if k != "name" and v not in (None, [], {}))
     print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la.name}: {settings}")
+    for module in spec.imported:
+        print(f"rules imported from {module.module} ({module.file or module.path or 'no file'})")
     print(la.layout(len(runs)))
     _print_layouts(la, runs)
     table = Table()
@@ -248,7 +266,7 @@ def _print_layouts(la, runs) -> None:
 def cmd_status(args: argparse.Namespace) -> int:
     from stare_lab.sweep.status import collect, format_status
 
-    spec = load_sweep(args.file, output=args.root)
+    spec = load_sweep(args.file, output=args.root, reading=True)
     best = None
     if spec.search is not None:
         from stare_lab.sweep.search import best_trial

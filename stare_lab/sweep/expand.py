@@ -34,6 +34,7 @@ from stare_lab.config import (
     rule_params,
     section_schema,
 )
+from stare_lab.rule_imports import run_entries
 from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
 from stare_lab.sweep.server_task import server_layout
 
@@ -48,6 +49,8 @@ class RunSpec:
     seed: int
     run_dir: Path
     _cfg: DictConfig | None = field(default=None, repr=False, compare=False)
+    # False: a reading command's run of a rule it has not imported, id provisional (stare_lab.sweep.records)
+    resolved: bool = True
 
     @property
     def cfg(self) -> DictConfig:
@@ -98,6 +101,10 @@ def expand_sweep(spec: SweepSpec, composer: Composer | None = None) -> list[RunS
                     )
                 seen[run.id] = label
                 runs.append(run)
+    if spec.reading:
+        from stare_lab.sweep.records import resolve_from_records
+
+        resolve_from_records(runs, spec.folder)
     return runs
 
 
@@ -111,10 +118,12 @@ def _delta(short: str, v: Any, groups: set[str]) -> str:
 
 
 def verify_run(run: RunSpec) -> None:
-    """Compare a fast-expanded run with the real `compose(run.overrides)`; raise on any difference."""
+    """Compare a fast-expanded run with the real `compose(run.overrides)`; raise on any difference.
+    `run.imports` is the sweep's, not the config's (stare_lab.rule_imports): it is left out."""
     exact = OmegaConf.to_container(compose(run.overrides), resolve=True)
-    if exact != run.config:
-        diff = sorted(k for k in set(exact) | set(run.config) if exact.get(k) != run.config.get(k))
+    config = {**run.config, "run": {k: v for k, v in run.config["run"].items() if k != "imports"}}
+    if exact != config:
+        diff = sorted(k for k in set(exact) | set(config) if exact.get(k) != config.get(k))
         raise RuntimeError(
             f"sweep expansion differs from compose() for run {run.label!r} in {diff}; report this as a stare_lab bug"
         )
@@ -160,7 +169,10 @@ class Composer:
         overrides.append(f"run.label={fmt_value(label)}")
         cfg["seed"] = seed
         cfg["run"] = {**run_block, "id": None}
-        finalize(cfg)
+        if spec.imported:  # how its worker finds the rules kept outside the package (not an override)
+            cfg["run"]["imports"] = run_entries(spec.imported)
+        resolved = self._rule_known(cfg["method"]["name"])
+        finalize(cfg, rule_known=resolved)
         if signature not in self._checked:  # seeds are checked by the schema (schema._seeds)
             self._check(cfg, origins, label)
             self._checked.add(signature)
@@ -173,7 +185,16 @@ class Composer:
             variant=variant,
             seed=seed,
             run_dir=spec.folder / run_id,
+            resolved=resolved,
         )
+
+    def _rule_known(self, name: str) -> bool:
+        """Whether the registry knows the rule; always, but in a reading command (`SweepSpec.reading`)."""
+        if not self.spec.reading:
+            return True
+        from stare_lab.methods.registry import is_registered
+
+        return is_registered(name)
 
     def training_processes(self, trainer: dict, origins: dict[str, str], label: str) -> int:
         """The run's world size: the launcher's tasks, less those its vLLM server keeps (server_task)."""
@@ -348,6 +369,8 @@ class Composer:
         from stare_lab.methods import TrainerValues
 
         params = method.get("params") or {}
+        if not self._rule_known(method["name"]):
+            return dict(params)  # as the sweep gives them; the record has the rest (stare_lab.sweep.records)
         values = TrainerValues.from_config(trainer)  # all a rule may read of the trainer
         cache_key = (repr((method["name"], sorted(params.items()))), values)
         if cache_key not in self._params:

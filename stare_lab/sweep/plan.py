@@ -26,6 +26,7 @@ from stare_lab.record import (
     set_aside,
     write_status,
 )
+from stare_lab.rule_imports import current_rule_modules
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.expand import RunSpec
 from stare_lab.sweep.liveness import Liveness
@@ -71,7 +72,8 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
     """What to do with each run; the caller holds the sweep lock, so no other launcher is alive.
     A finished run whose last attempt ran other code than this checkout is kept (and counted in
     `other_code`) unless `rerun_other_code`."""
-    plan = Plan(current_code=code_version(provenance()))
+    own = provenance()
+    plan = Plan(current_code=code_version(own))
     statuses = [read_status(run.run_dir) for run in runs]
     live = Liveness.probe(statuses, launcher_alive=False)
     for run, status in zip(runs, statuses, strict=True):
@@ -80,7 +82,7 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
             plan.start.append((run, "new"))
         elif state == "finished":
             code = code_version(status)
-            if code == plan.current_code:
+            if code == code_version({**own, "rule_modules": current_rule_modules(run.config)}):
                 plan.finished.append(run)
             elif rerun_other_code:
                 plan.start.append((run, "rerun"))

@@ -12,10 +12,11 @@ refused at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,25 @@ from stare_lab.config import (
     section_schema,
     sweep_path,
 )
+from stare_lab.rule_imports import Imported, RuleImportError, import_modules, is_reading, module_name_problem
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.keys import check_key
 from stare_lab.sweep.launchers import Launcher, launcher_defaults, parse_launcher  # noqa: F401 - launcher_defaults: tests
 from stare_lab.sweep.search_spec import SearchSpec, parse_search
 
-TOP_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "eval", "launcher", "output", "search")
+TOP_KEYS = (
+    "name",
+    "description",
+    "imports",
+    "base",
+    "grid",
+    "variants",
+    "seeds",
+    "eval",
+    "launcher",
+    "output",
+    "search",
+)
 EVAL_KEYS = tuple(schema_fields(EvalConfig))
 # A sweep file is written by hand (the shipped ones are < 3 kB); a bigger one is refused unread.
 MAX_FILE_BYTES = 1 << 20
@@ -62,6 +76,10 @@ class SweepSpec:
     path: Path | None = None
     description: str = ""
     digest: str = ""  # sha256 of the file text: status notices an edited sweep
+    imports: list[str] = field(default_factory=list)  # the file's `imports:` (module names)
+    # the modules of rules imported for this sweep (`imports:` and `--import`): every run's `run.imports`
+    imported: list[Imported] = field(default_factory=list)
+    reading: bool = False  # loaded for a reading command: nothing imported, unknown rules read from records
 
     @property
     def folder(self) -> Path:
@@ -96,10 +114,19 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def load_sweep(
-    path: Path | str, *, launcher: dict[str, Any] | None = None, output: Path | str | None = None
+    path: Path | str,
+    *,
+    launcher: dict[str, Any] | None = None,
+    output: Path | str | None = None,
+    imported: list[Imported] | None = None,
+    reading: bool | None = None,
 ) -> SweepSpec:
     """Read and validate a sweep file (a path or a packaged sweep's name, see `config.sweep_path`).
-    `launcher` (CLI options) and `output` override the file."""
+    `launcher` (CLI options) and `output` override the file. The file's `imports:` are imported
+    (from its folder first) before its rule names are checked; `imported`: modules the command
+    line imported already (`--import`), carried to the runs with them. `reading` (default: whether
+    this is a reading command, stare_lab.rule_imports.reading): import nothing, accept a rule name
+    the registry does not know (its runs are read from their records, sweep.expand)."""
     path = sweep_path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file (or packaged sweep name: {', '.join(packaged_sweeps())})")
@@ -125,17 +152,29 @@ def load_sweep(
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
         raise SweepError(f"{path}: invalid YAML: {where}{getattr(e, 'problem', None) or e}") from None
-    spec = parse_sweep(data, where=str(path), launcher=launcher, output=output)
+    spec = parse_sweep(
+        data, where=str(path), launcher=launcher, output=output, folder=path.parent, imported=imported, reading=reading
+    )
     spec.path, spec.digest = path, hashlib.sha256(text.encode()).hexdigest()
     return spec
 
 
 def parse_sweep(
-    data: Any, *, where: str = "<sweep>", launcher: dict[str, Any] | None = None, output: Path | str | None = None
+    data: Any,
+    *,
+    where: str = "<sweep>",
+    launcher: dict[str, Any] | None = None,
+    output: Path | str | None = None,
+    folder: Path | None = None,
+    imported: list[Imported] | None = None,
+    reading: bool | None = None,
 ) -> SweepSpec:
+    """A sweep's data checked (`load_sweep`; `folder`: where its `imports:` are searched first)."""
+
     def fail(key: str, msg: str) -> None:
         raise SweepError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
 
+    reading = is_reading() if reading is None else reading
     if not isinstance(data, dict):
         fail("", "a sweep file is a mapping with keys " + ", ".join(TOP_KEYS))
     for k in data:
@@ -147,15 +186,24 @@ def parse_sweep(
     name = data["name"]
     if not isinstance(name, str) or not _NAME.match(name):
         fail("name", f"{name!r} is not a valid sweep name (letters, digits, '_', '-', '.')")
-    groups, overrides = _base(data["base"], fail)
-    overrides.update(_eval(data.get("eval"), fail))
-    grid = _grid(data.get("grid"), fail)
-    variants = _variants(data.get("variants"), fail, grid)
-    seeds = _seeds(data.get("seeds", [0]), fail)
-    launch = parse_launcher(data.get("launcher"), launcher or {}, fail)
+    imports = _imports(data.get("imports"), fail)
+    imported = list(imported or [])
+    if not reading:  # before any rule name is checked: the modules register their rules
+        try:
+            imported += import_modules(imports, folder, f"{where}: imports")
+        except RuleImportError as e:
+            raise SweepError(str(e)) from None
     out = output if output is not None else data.get("output", "runs")
     if not isinstance(out, (str, Path)) or not str(out):
         fail("output", f"expected a folder path, got {out!r}")
+    out_path = Path(out).expanduser().absolute()
+    choices = _MethodChoices(reading, out_path / name)
+    groups, overrides = _base(data["base"], fail, choices)
+    overrides.update(_eval(data.get("eval"), fail))
+    grid = _grid(data.get("grid"), fail, choices)
+    variants = _variants(data.get("variants"), fail, grid, choices)
+    seeds = _seeds(data.get("seeds", [0]), fail)
+    launch = parse_launcher(data.get("launcher"), launcher or {}, fail)
     search = None
     if data.get("search") is not None:
         if grid or variants:
@@ -173,26 +221,83 @@ def parse_sweep(
         variants=variants,
         seeds=seeds,
         launcher=launch,
-        output=Path(out).expanduser().absolute(),
+        output=out_path,
         search=search,
         description=str(desc),
+        imports=imports,
+        imported=imported,
+        reading=reading,
     )
 
 
+def _imports(block: Any, fail) -> list[str]:
+    """The `imports:` list: module names of rules kept outside the package (stare_lab.rule_imports)."""
+    if block is None:
+        return []
+    if not isinstance(block, list) or not block:
+        fail("imports", f"expected a non-empty list of module names (e.g. [my_rules]), got {block!r}")
+    for i, name in enumerate(block):
+        problem = module_name_problem(name)
+        if problem:
+            fail(f"imports[{i}]", problem)
+    if len(set(block)) != len(block):
+        fail("imports", f"duplicate module names in {block!r}")
+    return list(block)
+
+
+class _MethodChoices:
+    """The method names a sweep may choose. Running: the registry's (entry points and the imported
+    modules included); an unknown name is refused with the valid ones. Reading (`status`, `table`,
+    `plot`, `view`): any name is taken, and `all` is the registry's rules plus those the sweep's
+    records ran (rules registered from outside when it ran, not imported now)."""
+
+    def __init__(self, reading: bool, folder: Path):
+        self.reading, self.folder = reading, folder
+
+    def check(self, value: Any, path: str, fail) -> None:
+        if self.reading and isinstance(value, str) and _NAME.match(value):
+            return
+        _check_choice("method", value, path, fail)
+
+    def all(self) -> list[str]:
+        from stare_lab.methods import list_methods
+
+        names = list(list_methods())  # registration order
+        if self.reading:
+            names += [n for n in recorded_methods(self.folder) if n not in names]
+        return names
+
+
+def recorded_methods(folder: Path) -> list[str]:
+    """Rule names of the run records under a sweep folder, in folder order."""
+    from stare_lab.sweep.records import recorded_configs
+
+    names: dict[str, None] = {}
+    for cfg in recorded_configs(folder):
+        names.setdefault(str((cfg.get("method") or {}).get("name")), None)
+    return list(names)
+
+
 def _check_choice(group: str, value: Any, path: str, fail) -> None:
+    if group == "method" and isinstance(value, str):
+        from stare_lab.methods.registry import OUTSIDE_HINT, is_registered
+
+        if not is_registered(value):
+            fail(path, f"unknown method option {value!r}; valid: {', '.join(group_options(group))}; {OUTSIDE_HINT}")
+        return
     options = group_options(group)
     if not isinstance(value, str) or value not in options:
         fail(path, f"unknown {group} option {value!r}; valid: {', '.join(options)}")
 
 
-def _split(mapping: dict, path: str, fail) -> tuple[dict[str, str], dict[str, Any]]:
+def _split(mapping: dict, path: str, fail, choices: _MethodChoices) -> tuple[dict[str, str], dict[str, Any]]:
     """Config-group choices (`method: stare`) and dotted overrides (`method.params.W: 1.2`)."""
     groups, overrides = {}, {}
     known = config_groups()
     for k, v in mapping.items():
         check_key(k, f"{path}.{k}" if path else str(k), fail)
         if "." not in k and k in known:
-            _check_choice(k, v, f"{path}.{k}", fail)
+            (choices.check if k == "method" else functools.partial(_check_choice, k))(v, f"{path}.{k}", fail)
             groups[k] = v
         elif "." not in k:
             fail(
@@ -207,11 +312,10 @@ def _split(mapping: dict, path: str, fail) -> tuple[dict[str, str], dict[str, An
     return groups, overrides
 
 
-def _base(base: Any, fail) -> tuple[dict[str, str], dict[str, Any]]:
+def _base(base: Any, fail, choices: _MethodChoices) -> tuple[dict[str, str], dict[str, Any]]:
     if not isinstance(base, dict):
         fail("base", f"expected a mapping of config-group choices and `overrides:`, got {type(base).__name__}")
-    choices = {k: v for k, v in base.items() if k != "overrides"}
-    groups, overrides = _split(choices, "base", fail)
+    groups, overrides = _split({k: v for k, v in base.items() if k != "overrides"}, "base", fail, choices)
     extra = base.get("overrides") or {}
     if not isinstance(extra, dict):
         fail("base.overrides", f"expected a mapping of dotted keys to values, got {type(extra).__name__}")
@@ -222,7 +326,7 @@ def _base(base: Any, fail) -> tuple[dict[str, str], dict[str, Any]]:
                 f"{k!r} is a group choice or a section: write it under base: "
                 "or use a dotted key such as trainer.max_steps",
             )
-    g2, o2 = _split(extra, "base.overrides", fail)
+    g2, o2 = _split(extra, "base.overrides", fail, choices)
     overrides.update(o2)
     return groups, overrides
 
@@ -249,7 +353,7 @@ def _eval(block: Any, fail) -> dict[str, Any]:
     return {f"eval.{k}": v for k, v in block.items()}
 
 
-def _grid(grid: Any, fail) -> dict[str, list[Any]]:
+def _grid(grid: Any, fail, choices: _MethodChoices) -> dict[str, list[Any]]:
     if grid is None:
         return {}
     if not isinstance(grid, dict) or not grid:
@@ -258,7 +362,7 @@ def _grid(grid: Any, fail) -> dict[str, list[Any]]:
     for k, values in grid.items():
         check_key(k, f"grid.{k}", fail)
         if values == "all" and k in config_groups():  # every option; for method, every registered rule
-            values = _all_options(k)
+            values = choices.all() if k == "method" else group_options(k)
         if not isinstance(values, list):
             fail(f"grid.{k}", f"expected a list of values, got {values!r}")
         if not values:
@@ -269,19 +373,11 @@ def _grid(grid: Any, fail) -> dict[str, list[Any]]:
             if "." not in k:
                 if k not in config_groups():
                     fail(f"grid.{k}", f"unknown config group {k!r}; valid groups: {', '.join(config_groups())}")
-                _check_choice(k, v, f"grid.{k}[{i}]", fail)
+                (choices.check if k == "method" else functools.partial(_check_choice, k))(v, f"grid.{k}[{i}]", fail)
         if len({repr(v) for v in values}) != len(values):
             fail(f"grid.{k}", f"duplicate values in {values!r}")
         out[k] = values
     return out
-
-
-def _all_options(group: str) -> list[str]:
-    if group == "method":
-        from stare_lab.methods import list_methods
-
-        return list(list_methods())  # registration order
-    return group_options(group)
 
 
 def _check_run_count(grid: dict[str, list[Any]], variants: dict[str, Any], seeds: list[int], fail) -> None:
@@ -295,7 +391,7 @@ def _check_run_count(grid: dict[str, list[Any]], variants: dict[str, Any], seeds
         )
 
 
-def _variants(variants: Any, fail, grid: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:
+def _variants(variants: Any, fail, grid: dict[str, list[Any]], choices: _MethodChoices) -> dict[str, dict[str, Any]]:
     if variants is None:
         return {}
     if not isinstance(variants, dict) or not variants:
@@ -306,7 +402,7 @@ def _variants(variants: Any, fail, grid: dict[str, list[Any]]) -> dict[str, dict
             fail(f"variants.{name}", f"{name!r} is not a valid variant name (letters, digits and _ . , = + - [ ])")
         if not isinstance(bundle, dict) or not bundle:
             fail(f"variants.{name}", "expected a non-empty mapping of overrides (e.g. method: rsi_band)")
-        groups, overrides = _split(bundle, f"variants.{name}", fail)
+        groups, overrides = _split(bundle, f"variants.{name}", fail, choices)
         merged = {**groups, **overrides}
         for k in merged:
             if k in grid:

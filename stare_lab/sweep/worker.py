@@ -74,6 +74,17 @@ def execute_run(run_dir: Path) -> None:
     execute(run_dir)
 
 
+def outside_rule_modules(run_dir: Path) -> list[dict[str, Any]]:
+    """Import the run's `run.imports` (a failure is the run's one-line error) and return the record of
+    every module of rules kept outside the package it uses (stare_lab.rule_imports.rule_modules)."""
+    from stare_lab.config import load_config
+    from stare_lab.record import CONFIG_FILE
+    from stare_lab.rule_imports import import_run_modules, rule_modules
+
+    cfg = load_config(run_dir / CONFIG_FILE)
+    return rule_modules((cfg.get("method") or {}).get("name"), import_run_modules(cfg.get("run")))
+
+
 def run_one(
     run_dir: Path | str,
     *,
@@ -170,6 +181,10 @@ def _run_claimed(
     if gate is not None:
         gate.open(True)
     try:
+        modules = outside_rule_modules(run_dir)
+        if modules:  # beside the project's commit: the rule modules of this attempt, with their hashes
+            status["provenance"][-1]["rule_modules"] = modules
+            write_status(run_dir, status)
         execute_run(run_dir)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
         interrupted = isinstance(e, (KeyboardInterrupt, SystemExit, Terminated))
