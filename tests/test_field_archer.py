@@ -175,3 +175,42 @@ def test_empty_row_is_in_neither_set():
     mask = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
     widened, penalised = archer.entropy_sets(H, mask, archer.Params(kl_coef=SCRIPT_BETA))
     assert not widened.any() and penalised.tolist() == [[False] * 3, [True, False, False]]
+
+
+def test_beta_zero_is_the_official_actor_without_its_kl(monkeypatch):
+    """β = 0 is accepted (archer.py note 7, docs/field.md): TRL computes no reference log-probs, the rule's
+    loss is its clip part alone, and that is the official actor with use_kl_loss=False (its KL block
+    skipped); β_high > 0 without β is refused, in one line."""
+    from rule_batches import TRAINER
+
+    from stare_lab.methods import LossBatch, get_method
+
+    rule = get_method("archer")
+    rule.check_trainer(TRAINER)  # β = 0: accepted
+    with pytest.raises(ValueError, match=r"archer.*high_kl_coef=0.01 needs reference log-probs.*beta > 0"):
+        get_method("archer", high_kl_coef=0.01).check_trainer(TRAINER)
+    p = rule.effective_params(TRAINER)
+    assert p.kl_coef == 0.0
+    for b in R.batches(scale=2.0):
+        lp, old, A, mask, H = b["logp"], b["old"], b["adv"], b["mask"], b["entropy"]
+        if mask.sum() == 0:
+            continue
+        batch = LossBatch(lp, old, A, mask, H, mask > 0, TRAINER, ref_logp=None)
+        terms = rule.loss_terms(batch)
+        assert terms.own is None and terms.drops_kl
+        ours = (terms.policy * mask).sum() / mask.sum()
+        seen, agg = R.capture_loss_mat(off)
+        monkeypatch.setattr(off, "agg_loss", agg)
+        actor = Actor(p, H, lp)
+        actor.config.use_kl_loss = False
+        B, T = lp.shape
+        data = {
+            "responses": torch.zeros(B, T, dtype=torch.long),
+            "attention_mask": torch.cat([torch.ones(B, 2, dtype=torch.long), mask.long()], dim=1),
+            "old_log_probs": old,
+            "advantages": A[:, None].expand_as(lp).contiguous(),
+        }
+        policy_loss, _, _ = off.micro_batch_policy_loss(actor, data, temperature=1.0)
+        assert len(seen) == 1, "the official actor adds no KL term without use_kl_loss"
+        close(ours, policy_loss, rtol=1e-7, atol=1e-10)
+        close(torch.autograd.grad(ours, lp, retain_graph=True)[0], torch.autograd.grad(policy_loss, lp)[0], 1e-7, 1e-10)

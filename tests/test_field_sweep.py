@@ -35,6 +35,23 @@ def test_the_field_sweep_runs_every_field_rule_at_its_papers_settings():
     assert steps.steps_per_generation == 4 * steps.gradient_accumulation_steps
 
 
+def test_the_field_sweep_has_the_matched_control_of_the_per_micro_batch_rules():
+    """`grpo_microbatch` (issue 26.6) differs from kl_cov in the rule only, and from clip_cov in the rule and
+    the method's own ε = 1: the same scope, hence the same micro-batch aggregation, and the same recipe."""
+    spec = load_sweep(ROOT / "sweeps" / "field.yaml")
+    by_variant = {r.variant: r.cfg for r in expand_sweep(spec) if r.cfg.seed == 0}
+    control = by_variant["grpo_microbatch"]
+    assert control.method.name == "full" and control.method.params.scope == "microbatch"
+    for name in ("kl_cov", "clip_cov"):
+        rule = by_variant[name]
+        assert rule.method.params.scope == control.method.params.scope == "microbatch"
+        mine = {k: v for k, v in rule.trainer.items() if name != "clip_cov" or not k.startswith("epsilon")}
+        theirs = {k: v for k, v in control.trainer.items() if k in mine}
+        assert mine == theirs and mine["microbatch_aggregation"] == "verl", name
+    # and plain grpo is TRL's aggregation: the control is the only arm that changes it for `full`
+    assert by_variant["grpo"].method.params.scope == "batch"
+
+
 @pytest.mark.parametrize(
     "override, words",
     [

@@ -41,7 +41,11 @@ Differences from the official code (wizard-III/ArcherCodeR `verl/workers/actor/d
    set of the micro-batch), replace TRL's β·KL term (`LossTerms.own`, divided only by the gradient
    accumulation). β is the trainer's (`kl_coef` stands for trainer.beta): TRL computes the reference
    log-probs only with β > 0, so with the STARE recipe's β = 0 Archer is its clip part alone, and
-   high_kl_coef > 0 needs β > 0. The entropy is TRL's own of the loss's forward (free). TRL's `delta`
+   high_kl_coef > 0 needs β > 0 (refused otherwise). β = 0 is accepted, not refused: the official actor
+   runs it too (`use_kl_loss=False` skips its whole KL block, reference log-probs included), and the
+   paper's method is its clip part plus the low-entropy KL, so β = 0 is an ablation of Archer, which
+   `method: all` runs on the default recipe; Archer as published is β = 0.001 (the field sweep's). The
+   entropy is TRL's own of the loss's forward (free). TRL's `delta`
    is refused (the rule applies its dual clip), as are loss types with a surrogate of their own.
    `selected` (weights step, rollout policy) is every valid token: the sets are the current policy's,
    per micro-batch; the loss logs rule/widened_frac and rule/penalised_frac.
