@@ -12,7 +12,14 @@ import math
 import numpy as np
 import pandas as pd
 
-from stare_lab.analysis.compare import AVG_COLUMN, METHOD_SHORT, ComparisonError, compare_arms, seeds_needed
+from stare_lab.analysis.compare import (
+    AVG_COLUMN,
+    METHOD_SHORT,
+    TWO_SEEDS,
+    ComparisonError,
+    compare_arms,
+    seeds_needed,
+)
 from stare_lab.record import RESULT_SETTINGS
 
 _SAMPLE_KEYS = [k for k in RESULT_SETTINGS if k != "n"]  # collect_problems counts n per problem
@@ -103,23 +110,43 @@ def compare_values(
 
 
 def attach(cells: pd.DataFrame, comparison: pd.DataFrame | None, delta: float) -> pd.DataFrame:
-    """cells + ci_lo, ci_hi (fractions), p_value, p_holm, verdict, seeds_needed (for `delta` points), bold."""
-    cols = ["ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds_needed"]
+    """cells + ci_lo, ci_hi (fractions), p_value, p_holm, verdict, excludes_0 (the per-comparison interval),
+    seeds_needed (for `delta` points), bold (better or worse after Holm) and dagger (the interval excludes 0
+    while the verdict after Holm is "n.s.": shown with †, never bold)."""
+    cols = ["ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "excludes_0", "seeds_needed"]
     if comparison is None or comparison.empty:
-        return cells.assign(**{c: math.nan for c in cols if c != "verdict"}, verdict="", bold=False)
+        empty = {c: math.nan for c in cols if c not in ("verdict", "excludes_0")}
+        return cells.assign(**empty, verdict="", excludes_0=False, bold=False, dagger=False)
     found = comparison.rename(columns={"arm": "rule"})
     found = found.assign(ci_lo=found["ci_lo"] / 100, ci_hi=found["ci_hi"] / 100)
     found["seeds_needed"] = seeds_needed(comparison, delta=delta)["seeds_needed"].to_numpy()
     out = cells.merge(found[["rule", "benchmark", *cols]], on=["rule", "benchmark"], how="left")
     out["verdict"] = out["verdict"].fillna("")
+    out["excludes_0"] = out["excludes_0"].astype("boolean").fillna(False).astype(bool)
     out["bold"] = out["verdict"].isin(["better", "worse"])
+    out["dagger"] = out["excludes_0"] & ~out["bold"]
     return out
+
+
+def _arms_compared(comparison: pd.DataFrame) -> int:
+    """The most arms Holm corrected over in one column (the tests with a p-value)."""
+    return int(comparison[comparison["p_value"].notna()].groupby("benchmark")["arm"].nunique().max())
+
+
+def _holm_only(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose per-comparison interval excludes 0 while the verdict after Holm is "n.s." (shown with †)."""
+    return comparison[comparison["excludes_0"].astype(bool) & (comparison["verdict"] == "n.s.")]
+
+
+def _two_seeds(comparison: pd.DataFrame) -> bool:
+    return bool((comparison["note"].astype(str) == TWO_SEEDS).any())
 
 
 def caption(
     metric: str, comparison: pd.DataFrame | None, values: pd.DataFrame, baseline: str | None, confidence: float
 ) -> str:
-    """The method, the confidence, the seeds and the problems, in one sentence."""
+    """The method, the confidence, the seeds and the problems, in one sentence; the intervals are said to be
+    per comparison, the bold to be Holm's."""
     seeds = values.drop_duplicates(["arm", "run"]).groupby("arm")["run"].size()
     seed_text = f"{seeds.min()}" if len(seeds) and seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     text = f"{metric} in %, {values['arm'].nunique()} arms × {seed_text} seeds"
@@ -127,28 +154,48 @@ def caption(
         return text + "; mean ± std over seeds, no intervals."
     per_bench = comparison[comparison["benchmark"] != AVG_COLUMN].drop_duplicates("benchmark")
     problems = ", ".join(f"{b} {int(p)}" for b, p in zip(per_bench["benchmark"], per_bench["problems"], strict=True))
-    m = comparison.groupby("benchmark")["arm"].nunique().max()
+    m = _arms_compared(comparison) if comparison["p_value"].notna().any() else 0
+    method = METHOD_SHORT + ("; 1 df at 2 seeds" if _two_seeds(comparison) else "")
+    dagger = f"; †: the interval excludes 0 but p_holm ≥ {1 - confidence:.2g}" if len(_holm_only(comparison)) else ""
     return (
-        f"{text}; problems: {problems}. Differences to {baseline} in points with {confidence:.0%} intervals "
-        f"over seeds and problems ({METHOD_SHORT}); bold: the interval excludes 0 after Holm's correction "
-        f"over {m} arms, marked better/worse."
+        f"{text}; problems: {problems}. Differences to {baseline} in points with per-comparison {confidence:.0%} "
+        f"intervals over seeds and problems ({method}), not adjusted for the {m} arms; bold: better/worse after "
+        f"Holm's correction over the {m} arms (p_holm < {1 - confidence:.2g}){dagger}."
     )
 
 
 def method_notes(comparison: pd.DataFrame | None, baseline: str, confidence: float) -> list[str]:
     if comparison is None or comparison.empty:
         return []
-    m = comparison.groupby("benchmark")["arm"].nunique().max()
+    m = _arms_compared(comparison) if comparison["p_value"].notna().any() else 0
     paired = comparison["paired"].fillna(False).astype(bool)
     some = " (and by seed where seeds match)" if paired.any() else ""
     pairing = "by problem" + (" and by seed" if paired.all() else some)
     notes = [
-        f"Intervals: {confidence:.0%}, seeds and problems as crossed random effects, paired {pairing}, "
-        f"t with Satterthwaite's df (stare_lab.analysis.compare_arms). p-values are Holm-corrected over the "
-        f"{m} arms compared with {baseline} in each column; bold where p_holm < {1 - confidence:.2g} "
-        "(better/worse); every other difference is not distinguishable from noise. p-values: results.csv."
+        f"Intervals: {confidence:.0%} per comparison (each difference on its own, not adjusted for the other "
+        f"arms), seeds and problems as crossed random effects, paired {pairing}, t with Satterthwaite's df "
+        f"(stare_lab.analysis.compare_arms). p-values are Holm-corrected over the {m} arms compared with "
+        f"{baseline} in each column; bold where p_holm < {1 - confidence:.2g} (better/worse); every other "
+        "difference is not distinguishable from noise. p-values: results.csv."
     ]
-    if (comparison["note"].astype(str) != "").any() and comparison["note"].astype(str).str.startswith("seed").any():
+    alpha = 1 - confidence
+    holm_only = _holm_only(comparison)
+    if len(holm_only):
+        items = ", ".join(
+            f"{r.arm} on {r.benchmark} (p {r.p_value:.2g}, p_holm {r.p_holm:.2g})" for r in holm_only.itertuples()
+        )
+        notes.append(
+            f"†: the per-comparison interval excludes 0, but after Holm's correction over the {m} arms p_holm ≥ "
+            f"{alpha:.2g}, so the difference is not distinguishable from noise across the table: {items}."
+        )
+    if _two_seeds(comparison):
+        notes.append(
+            "2 seeds: the seed variance rests on 1 degree of freedom, so those intervals use t with 1 df, which "
+            "holds the 95% level however seed and problem variance balance (Satterthwaite's df did not: "
+            'docs/statistics.md, "Coverage"); they are wide, and only a difference large on both seeds can be '
+            "bold. A third seed narrows them most."
+        )
+    if comparison["note"].astype(str).str.startswith("seed").any():
         notes.append("One seed: the seed variance is unknown, so those intervals cover problems and sampling only.")
     return notes
 

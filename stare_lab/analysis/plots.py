@@ -3,7 +3,7 @@
 Every figure is FIGSIZE at DPI (640 × 400 px): one line per arm (mean over seeds), a shaded band
 over seeds (min..max by default, or mean ± std), the baseline drawn black and dashed so it reads
 the same in every figure. A forest plot draws each arm's difference to the baseline with its
-interval (compare.compare_arms), coloured where it is better or worse after Holm.
+per-comparison interval (compare.compare_arms), coloured by the verdict after Holm, with a legend.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from stare_lab.analysis.collect import select_settings
@@ -153,7 +155,64 @@ def plot_passk(
     return paths
 
 
-_VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red"}
+# What a forest plot's colours say (its legend): the verdict after Holm, and the per-comparison interval
+FOREST_STYLES = {
+    "better": ("better: Holm p < {alpha:g}", {"color": "tab:green", "marker": "o", "mfc": "tab:green"}),
+    "worse": ("worse: Holm p < {alpha:g}", {"color": "tab:red", "marker": "o", "mfc": "tab:red"}),
+    "not_after_holm": (
+        "interval excludes 0, n.s. after Holm",
+        {"color": "tab:orange", "marker": "o", "mfc": "white"},
+    ),
+    "n.s.": ("n.s.: interval holds 0", {"color": "dimgray", "marker": "o", "mfc": "dimgray"}),
+    "no_interval": ("no interval", {"color": "dimgray", "marker": "x", "mfc": "dimgray"}),
+}
+
+
+def forest_rows(comparison: pd.DataFrame) -> pd.DataFrame:
+    """compare_arms' rows with what a forest plot draws: lo, hi (the per-comparison interval, or the
+    difference where there is none) and `style`, a key of FOREST_STYLES."""
+    rows = comparison.dropna(subset=["delta"]).copy()
+    has = rows["ci_lo"].notna() & rows["ci_hi"].notna()
+    excludes = has & ((rows["ci_lo"] > 0) | (rows["ci_hi"] < 0))
+    verdict = rows["verdict"].astype(str)
+    style = np.where(verdict.isin(["better", "worse"]), verdict, np.where(excludes, "not_after_holm", "n.s."))
+    rows["style"] = np.where(has, style, "no_interval")
+    rows["lo"] = rows["ci_lo"].where(has, rows["delta"])
+    rows["hi"] = rows["ci_hi"].where(has, rows["delta"])
+    return rows
+
+
+def forest_figure(rows: pd.DataFrame, bench: str, baseline: str, metric: str, confidence: float, arms: int) -> Figure:
+    """One column's forest plot (rows: `forest_rows` of that column); the title says the intervals are per
+    comparison, the legend what each colour means."""
+    alpha = 1 - confidence
+    rows = rows.sort_values(["delta", "arm"])
+    fig, ax = _new_axes(
+        f"{metric}: difference to {baseline} on {bench}\n"
+        f"per-comparison {confidence:.0%} intervals; colour: Holm over {arms} arm{'s' * (arms != 1)}",
+        f"difference to {baseline} (points)",
+        "",
+    )
+    y = list(range(len(rows)))
+    for yi, r in zip(y, rows.itertuples(index=False), strict=True):
+        _, style = FOREST_STYLES[str(r.style)]
+        xerr = [[r.delta - r.lo], [r.hi - r.delta]]
+        ax.errorbar(
+            r.delta, yi, xerr=xerr, fmt=style["marker"], color=style["color"], mfc=style["mfc"], capsize=3, ms=4
+        )
+    ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
+    ax.set_yticks(y, [str(a) for a in rows["arm"]], fontsize=7 if len(rows) > 14 else 9)
+    ax.grid(alpha=0.3, axis="y")
+    shown = [k for k in FOREST_STYLES if (rows["style"] == k).any()]
+    handles = [
+        Line2D([], [], linestyle="-", color=FOREST_STYLES[k][1]["color"], marker=FOREST_STYLES[k][1]["marker"],
+               mfc=FOREST_STYLES[k][1]["mfc"], ms=4)
+        for k in shown
+    ]  # fmt: skip
+    labels = [FOREST_STYLES[k][0].format(alpha=alpha) for k in shown]
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), 3), fontsize=7, frameon=False)
+    return fig
 
 
 def plot_forest(
@@ -164,22 +223,12 @@ def plot_forest(
     confidence: float = 0.95,
 ) -> list[Path]:
     """Per column of `comparison` (compare_arms' frame: benchmarks and "Avg."), each arm's difference
-    to the baseline in points with its interval, arms sorted by difference: `forest_<column>.png`."""
+    to the baseline in points with its per-comparison interval (not adjusted for the other arms), arms
+    sorted by difference, coloured by the verdict after Holm; an interval that excludes 0 while Holm's
+    p is not below 1 − confidence is drawn hollow and orange, and the legend says so: `forest_<column>.png`."""
     out, paths = Path(out_dir), []
     for bench, rows in comparison.groupby("benchmark", sort=True):
-        rows = rows.dropna(subset=["delta"]).sort_values(["delta", "arm"])
-        fig, ax = _new_axes(
-            f"{metric}: difference to {baseline} on {bench} ({confidence:.0%} intervals, Holm)",
-            f"difference to {baseline} (points)",
-            "",
-        )
-        y = list(range(len(rows)))
-        for yi, r in zip(y, rows.itertuples(index=False), strict=True):
-            colour = _VERDICT_COLOURS.get(str(r.verdict), "dimgray")
-            lo, hi = (r.ci_lo, r.ci_hi) if pd.notna(r.ci_lo) else (r.delta, r.delta)
-            ax.errorbar(r.delta, yi, xerr=[[r.delta - lo], [hi - r.delta]], fmt="o", color=colour, capsize=3, ms=4)
-        ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
-        ax.set_yticks(y, [str(a) for a in rows["arm"]], fontsize=7 if len(rows) > 14 else 9)
-        ax.grid(alpha=0.3, axis="y")
+        arms = int(rows["p_value"].notna().sum())  # the tests Holm corrected over
+        fig = forest_figure(forest_rows(rows), str(bench), baseline, metric, confidence, arms)
         paths.append(_save(fig, out / f"forest_{file_stem(str(bench)).strip('.')}.png"))
     return paths

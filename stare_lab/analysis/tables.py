@@ -167,7 +167,8 @@ def _signed(x: float) -> str:
 
 
 def _cell_text(row, is_baseline: bool, latex: bool) -> str:
-    """ "54.4 ± 1.2 (+2.1 [-1.0, +5.2])", with " better" / " worse"; "--" where there is no value."""
+    """ "54.4 ± 1.2 (+2.1 [-1.0, +5.2])", with " better" / " worse" (after Holm), or " †" where the
+    per-comparison interval excludes 0 but Holm's p does not fall below α; "--" where there is no value."""
     if row is None or not np.isfinite(row["mean"]):
         return "--" if latex else "–"
     text = _pct(row["mean"])
@@ -180,6 +181,8 @@ def _cell_text(row, is_baseline: bool, latex: bool) -> str:
         text += f" ({_signed(row['delta'])}{interval})"
         if row.get("verdict") in ("better", "worse"):
             text += f" {row['verdict']}"
+        elif bool(row.get("dagger", False)):  # the interval excludes 0, Holm does not: never bold, explained
+            text += r" $^\dagger$" if latex else " †"
     return text
 
 
@@ -199,6 +202,8 @@ _LATEX_SPECIAL = {
     "–": "--",
     "≠": r"$\neq$",
     "…": r"\ldots{}",
+    "†": r"$^\dagger$",
+    "≥": r"$\geq$",
     "×": r"$\times$",
     "∞": r"$\infty$",
     "α": r"$\alpha$",
