@@ -245,12 +245,14 @@ def test_a_run_evaluated_under_two_settings_shows_the_common_one_and_names_the_o
 
 def test_csv_round_trip(table):
     back = pd.read_csv(io.StringIO(table.to_csv()), keep_default_na=False, na_values=[""])
-    assert list(back.columns) == ["rule", "benchmark", "mean", "std", "n_seeds", "delta", "best"]
+    # issue 27.9: the printed table's units, named in the columns (EXPECTED: fractions)
+    assert list(back.columns) == ["rule", "benchmark", "mean_pct", "std_pct", "n_seeds", "delta_pts", "best"]
     back = back.set_index(["rule", "benchmark"])
     for key, (mean, std, n, delta, best) in EXPECTED.items():
         row = back.loc[key]
-        assert row["mean"] == pytest.approx(mean) and row["n_seeds"] == n, key
-        assert row["std"] == pytest.approx(std, nan_ok=True) and row["delta"] == pytest.approx(delta, abs=1e-12)
+        assert row["mean_pct"] == pytest.approx(100 * mean) and row["n_seeds"] == n, key
+        assert row["std_pct"] == pytest.approx(100 * std, nan_ok=True)
+        assert row["delta_pts"] == pytest.approx(100 * delta, abs=1e-9)
         assert (row["best"] == "*") == best, key
 
 

@@ -445,8 +445,16 @@ def test_table_numbers_agree_with_compare_arms(leads, leads_table):
         # samples differ by < 0.1 point (real records agree exactly: avg@n is computed from the samples)
         assert cells.loc[arm, "delta"] * 100 == pytest.approx(cmp.loc[arm, "delta"], abs=0.1)
         assert cells.loc[arm, "ci_lo"] * 100 == pytest.approx(cmp.loc[arm, "ci_lo"])
-    back = pd.read_csv(__import__("io").StringIO(leads_table.to_csv()))
-    assert {"ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds_needed"} <= set(back.columns)
+    back = pd.read_csv(__import__("io").StringIO(leads_table.to_csv())).set_index("rule")
+    assert {"ci_lo_pts", "ci_hi_pts", "p_value", "p_holm", "verdict", "excludes_0", "seeds_needed"} <= set(back.columns)
+    # issue 27.9: results.csv in compare_arms' points (it held fractions beside compare_arms' points)
+    for arm in ("stare", "ict", "rsi_band[0.5,1]"):
+        assert back.loc[arm, "ci_lo_pts"] == pytest.approx(cmp.loc[arm, "ci_lo"])
+        assert back.loc[arm, "ci_hi_pts"] == pytest.approx(cmp.loc[arm, "ci_hi"])
+        assert back.loc[arm, "delta_pts"] == pytest.approx(100 * cells.loc[arm, "delta"])
+        assert back.loc[arm, "mean_pct"] == pytest.approx(100 * cells.loc[arm, "mean"])
+        shown = f"{back.loc[arm, 'mean_pct']:.1f} ± {back.loc[arm, 'std_pct']:.1f} ({back.loc[arm, 'delta_pts']:+.1f} ["
+        assert shown in leads_table.to_markdown()  # the numbers the table prints, in the same units
 
 
 def test_a_sample_without_a_verdict_is_refused_by_the_table_naming_its_run_and_problem(tmp_path, capsys):

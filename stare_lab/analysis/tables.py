@@ -30,6 +30,10 @@ _AVG_METRIC = re.compile(r"^avg@(\d+)$")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
 
 
+# results.csv's columns in the printed table's units: levels in percent, differences in percentage points
+CSV_UNITS = {"mean": "mean_pct", "std": "std_pct", "delta": "delta_pts", "ci_lo": "ci_lo_pts", "ci_hi": "ci_hi_pts"}
+
+
 @dataclass
 class Table:
     """A formatted results table.
@@ -41,7 +45,7 @@ class Table:
         bold), and from compare_arms where the runs kept samples: ci_lo, ci_hi (the difference's
         interval), p_value, p_holm, verdict (better / worse / n.s.), seeds_needed (for 2 points),
         bold (verdict is better or worse).
-        Values are fractions; the text formats show percent with 1 decimal.
+        Values are fractions; the text formats and to_csv show percent (levels) and points (differences).
     rules: row order (baseline first). columns: column order (the "Avg." column last, if any).
     notes: lines stated under the table (values, evaluation settings, disagreements, missing).
     comparison: compare_arms' frame (points) or None; caption: method, confidence, seeds, problems.
@@ -134,17 +138,27 @@ class Table:
         return "\n".join(out) + "\n"
 
     def to_csv(self, path=None) -> str:
-        """Tidy numeric CSV: rule, <column_name>, mean, std, n_seeds, delta, best ("*": highest mean, or
-        empty), and where there are intervals ci_lo, ci_hi, p_value, p_holm, verdict, seeds_needed.
-
-        Values are fractions (not percent; seeds_needed: for a 2-point difference at power 0.8).
-        Written to `path` too when given.
+        """Tidy numeric CSV in the units of the printed table, each named in its column: rule,
+        <column_name>, mean_pct and std_pct (percent of the metric, e.g. avg@32 × 100), n_seeds, delta_pts
+        (difference to the baseline in percentage points), best ("*": highest mean, or empty), and where
+        there are intervals ci_lo_pts and ci_hi_pts (the per-comparison interval of delta_pts, as compare_arms'
+        delta, ci_lo, ci_hi), p_value, p_holm, verdict (better / worse after Holm, or n.s.), excludes_0 (the
+        interval excludes 0; with verdict n.s. the table's †) and seeds_needed (seeds per arm for a 2-point
+        difference at power 0.8). Written to `path` too when given.
         """
-        extra = [c for c in ("ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds_needed") if c in self.cells]
+        extra = [
+            c
+            for c in ("ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "excludes_0", "seeds_needed")
+            if c in self.cells
+        ]
         if self.comparison is None:
             extra = []
         frame = self.cells[["rule", self.column_name, "mean", "std", "n_seeds", "delta", "best", *extra]].copy()
         frame["best"] = np.where(frame["best"], "*", "")
+        for column in ("mean", "std", "delta", "ci_lo", "ci_hi"):
+            if column in frame:  # fractions → the table's percent and points (rounded off float noise)
+                frame[column] = (frame[column].astype(float) * 100).round(10)
+        frame = frame.rename(columns=CSV_UNITS)
         buf = io.StringIO()
         frame.to_csv(buf, index=False)
         text = buf.getvalue()
