@@ -4,7 +4,8 @@ GRPO learns from differences within a group: where every rollout of a prompt get
 (all 0 with a model that never solves the task, all 1 where it always does), the group-normalised
 advantages are 0 and so is the policy gradient of every token, whatever the token rule. TRL logs the
 share of such groups per step as `frac_reward_zero_std`. When it is 1 (no group with a signal) in
-more than half of a run's logged steps, the run prints one line and puts it in its W&B summary
+more than half of a run's logged generation steps (a step that trains on an earlier step's batch
+carries that batch's value and is not counted again), the run prints one line and puts it in its W&B summary
 (`warning/no_learning_signal`): its curves and table rows then say nothing about the rule.
 """
 
@@ -12,14 +13,18 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from stare_lab.tracking import is_train_log
+from stare_lab.tracking import generated_here, is_train_log
 
 ZERO_STD_KEY = "frac_reward_zero_std"  # TRL 1.16 GRPOTrainer: share of groups whose rewards are all equal
 
 
 def no_signal_warning(log_history: list[dict], label: str, share: float = 0.5) -> str | None:
     """The warning line when more than `share` of the logged train steps had no group with a signal."""
-    rows = [e for e in log_history if is_train_log(e) and isinstance(e.get(ZERO_STD_KEY), (int, float))]
+    rows = [
+        e
+        for e in log_history
+        if is_train_log(e) and generated_here(e) and isinstance(e.get(ZERO_STD_KEY), (int, float))
+    ]
     silent = sum(e[ZERO_STD_KEY] >= 1.0 for e in rows)
     if not rows or silent <= share * len(rows):
         return None

@@ -59,11 +59,19 @@ def init_wandb(cfg, run_dir: Path):
     )
 
 
+# The optimizer step that generated the batch a row's step trained on (the trainer's `log`): the row's
+# reward, completions/* and batch-scope rule metrics are that generation's; an int, like `step`.
+GENERATION_STEP = "generation_step"
+
+
 def metrics_row(step: int, logs: dict[str, Any], when: float | None = None) -> dict[str, Any]:
     """The metrics.jsonl row of one train-step log (also used to restore rows from a checkpoint)."""
     row: dict[str, Any] = {"step": step, "time": time.time() if when is None else when}
     for k, v in logs.items():
         if k.startswith("profiling/") or k == "step" or not isinstance(v, (int, float)):
+            continue
+        if k == GENERATION_STEP:
+            row[k] = int(v)
             continue
         row[k] = float(v) if math.isfinite(float(v)) else None
     if ACCURACY_KEY in row:
@@ -87,11 +95,20 @@ def mismatch_warning(row: dict[str, Any], threshold: float) -> str | None:
 
 
 def is_train_log(logs: dict[str, Any] | None) -> bool:
-    return bool(logs) and "reward" in logs  # train-step logs only (not the final train summary)
+    """A train-step log: every optimizer step that logs (transformers' "loss"; "reward": rows written by
+    earlier versions, which logged generation steps only), not the end-of-training summary or an evaluation."""
+    return bool(logs) and ("loss" in logs or "reward" in logs) and "train_runtime" not in logs
+
+
+def generated_here(row: dict[str, Any]) -> bool:
+    """The row's step generated its own batch (its reward columns are not carried from an earlier step);
+    True for rows without `generation_step` (records of earlier versions held generation steps only)."""
+    return row.get(GENERATION_STEP, row.get("step")) == row.get("step")
 
 
 class MetricsLogger(TrainerCallback):
-    """Appends one row per logging step to metrics.jsonl (fsync'ed) and mirrors it to W&B."""
+    """Appends one row per logging step to metrics.jsonl (fsync'ed) and mirrors it to W&B: every optimizer
+    step that logs, generation steps or not (the trainer's `log` carries the generation's reward columns)."""
 
     def __init__(self, run_dir: Path, wandb_run=None):
         self.run_dir = Path(run_dir)
@@ -127,8 +144,11 @@ class StepPrinter(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not is_train_log(logs):
             return control
-        parts = [f"[{self.label}] step {state.global_step}/{state.max_steps}", f"reward={logs['reward']:.3f}"]
-        for key, short in (("entropy", "H"), ("tokens/selected_frac", "sel"), ("tokens/weight_mean", "w")):
+        parts = [f"[{self.label}] step {state.global_step}/{state.max_steps}"]
+        if isinstance(logs.get("reward"), (int, float)):
+            carried = logs.get(GENERATION_STEP, state.global_step) != state.global_step
+            parts.append(f"reward={logs['reward']:.3f}" + (f" (step {logs[GENERATION_STEP]}'s)" if carried else ""))
+        for key, short in (("entropy", "H"), ("tokens/trained_frac", "trained"), ("tokens/touched_frac", "touched")):
             if key in logs:
                 parts.append(f"{short}={logs[key]:.3f}")
         parts += [f"{k[5:]}={v:.3g}" for k, v in logs.items() if k.startswith("rule/") and isinstance(v, (int, float))][

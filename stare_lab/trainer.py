@@ -56,6 +56,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
       slot; a rule of scope "microbatch" or "token" chooses its weights in that slot from the training
       forward; a rule that changes the loss (`Rule.changes_loss`) adds its terms there
       (`trl_loss.surrogate_change`: its policy term in place of TRL's clipped surrogate).
+    - `log`: every train-step log names the step that generated its batch (`generation_step`), and a step
+      that trained on an earlier step's batch carries that generation's metrics (TRL logs rewards and
+      completion lengths only where it generated), so metrics.jsonl has one complete row per step.
     - `_save_checkpoint`: the rule state goes into each checkpoint before transformers marks the
       checkpoint complete (a callback's `on_save` runs only after that), so a resumed run continues it.
     """
@@ -112,6 +115,10 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         # selection per process (the official codes) or over the micro-batches of every rank
         self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
         self.microbatch_ranks = check_choice("microbatch_ranks", microbatch_ranks, RANKS)
+        # the last generation's metrics, carried to the steps that train on its batch without generating (`log`)
+        self._generation_values: dict[str, float] = {}
+        self._generation_step: int | None = None
+        self._generated_since_log = False
 
     @property
     def batch_needs(self) -> frozenset[str]:
@@ -122,6 +129,37 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
 
     # ---- generation time: statistics and weights -------------------------------------------
     def _generate_and_score_completions(self, inputs):
+        training = self.model.training
+        before = {k: (id(v), len(v)) for k, v in self._metrics["train"].items()} if training else None
+        out = self._generate_scored(inputs)
+        if before is not None:
+            self._remember_generation(before)
+        return out
+
+    def _remember_generation(self, before: dict) -> None:
+        """The metrics this generation logged (TRL's rewards, completion lengths, token counts; a batch-scope
+        rule's metrics): kept to be carried to the steps that train on the batch without generating (`log`)."""
+        m = self._metrics["train"]
+        logged = [k for k, v in m.items() if v and before.get(k) != (id(v), len(v))]
+        self._generation_values = {k: m[k][-1] for k in logged}
+        self._generation_step = self.state.global_step + 1  # the optimizer step whose first micro-batch generated
+        self._generated_since_log = True
+
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        """Every train-step log holds `generation_step`, the optimizer step that generated the batch it
+        trained on; a step that did not generate (steps_per_generation > gradient_accumulation_steps,
+        num_iterations > 1) carries that generation's metrics (reward, reward_std, completions/*, rewards/*,
+        a batch-scope rule's tokens/* and rule/*), so every optimizer step is a complete row of the record.
+        TRL logs them only where it generated; its own averaging turns the one carried value into itself."""
+        if self.model.training and "loss" in logs and self._generation_step is not None:
+            if not self._generated_since_log:
+                for k, v in self._generation_values.items():
+                    self._metrics["train"][k] = [v]
+            logs["generation_step"] = self._generation_step
+            self._generated_since_log = False
+        super().log(logs, start_time)
+
+    def _generate_scored(self, inputs):
         with self._statistics_taken(self.stats_source()) as taken:
             out = super()._generate_and_score_completions(inputs)
         record = taken.get("record")
@@ -346,7 +384,8 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             self._log_loss_terms(mode, changed["terms"].metrics)
         if mode == "train" and self._geometry_due():
             self._log_gradient_geometry(model, inputs, loss)
-        self._log_loss_metrics(mode, seen["entropies"], seen["mask"], inputs)
+        touched = changed["terms"].touched if changed else {}
+        self._log_loss_metrics(mode, seen["entropies"], seen["mask"], inputs, touched)
         return loss
 
     def _loss_batch(self, inputs: dict, logp: torch.Tensor, entropies: torch.Tensor) -> LossBatch:
@@ -386,13 +425,27 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["geometry/cosine"].append(cosine)
         self._metrics["train"]["geometry/norm_ratio"].append(norm_ratio)
 
-    def _log_loss_metrics(self, mode, entropies, mask, inputs) -> None:
-        """TRL logs entropy, clip ratios, KL, aux loss; ours: the entropy of the rule's selected tokens."""
+    def _log_loss_metrics(self, mode, entropies, mask, inputs, touched: dict[str, torch.Tensor]) -> None:
+        """TRL logs entropy, clip ratios, KL, aux loss; ours, per micro-batch over every rank's rows: the
+        entropy of the rule's selected tokens, and `token_fractions` (tokens/trained_frac, tokens/touched_frac)."""
         selected = inputs["token_selected"] * mask
+        trained, touched_any = token_fractions(inputs["token_weights"], mask, touched)
         totals = self.accelerator.reduce(
-            torch.stack([(entropies * selected).sum(), selected.sum().float()]), reduction="sum"
+            torch.stack(
+                [
+                    (entropies * selected).sum(),
+                    selected.sum().float(),
+                    trained.sum().float(),
+                    touched_any.sum().float(),
+                    (mask > 0).sum().float(),
+                ]
+            ),
+            reduction="sum",
         )
-        self._metrics[mode]["tokens/entropy_selected"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+        m = self._metrics[mode]
+        m["tokens/entropy_selected"].append((totals[0] / totals[1].clamp(min=1.0)).item())
+        m["tokens/trained_frac"].append((totals[2] / totals[4].clamp(min=1.0)).item())
+        m["tokens/touched_frac"].append((totals[3] / totals[4].clamp(min=1.0)).item())
 
     # ---- rule state in checkpoints ----------------------------------------------------------
     def _save_checkpoint(self, model, trial):
@@ -417,6 +470,25 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             )
         self.rule_state = RuleState.from_dict(json.loads(path.read_text()))
         self.rule_state.trainer = self.trainer_values
+
+
+def token_fractions(
+    weights: torch.Tensor, mask: torch.Tensor, touched: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, T] bool trained, [B, T] bool touched) of one micro-batch, the same definition for every rule
+    (docs/run_record.md, "Token fractions"):
+
+    trained: valid tokens whose policy term is in the loss, rule weight ≠ 0 (`full`: every valid token);
+    touched: valid tokens whose objective differs from `full`'s (PPO's clipped surrogate with weight 1):
+        rule weight ≠ 1, or in one of a loss-changing rule's `LossTerms.touched` sets (KL-Cov's penalised
+        tokens, DPPO's tokens outside its trust region, CE-GPPO's clipped tokens with their gradient kept).
+    The weights are the rule's, before the "selected" normalisation rescales them in TRL's slot.
+    """
+    valid = mask > 0
+    changed = torch.zeros_like(valid)
+    for m in touched.values():
+        changed = changed | m.bool()
+    return valid & (weights != 0), valid & ((weights != 1) | changed)
 
 
 def _check_supported(t: GRPOTrainer) -> None:
