@@ -262,6 +262,13 @@ def test_without_a_key_the_command_writes_the_spec_and_says_how_to_publish_it(sw
     assert json.loads(out.read_text())["displayName"] == "dash (stare-lab)"
 
 
+def test_after_a_sweep_without_a_key_nothing_is_published(sweep):
+    from stare_lab.dashboard import publish_after_sweep
+
+    assert os.environ.get("WANDB_MODE") == "offline" and "WANDB_API_KEY" not in os.environ  # conftest.py
+    assert publish_after_sweep(sweep.parent / "runs" / "dash") is None
+
+
 def test_user_mistakes_are_one_line_and_exit_2(sweep, tmp_path, capsys):
     assert main([str(tmp_path / "nope.yaml")]) == 2
     assert (
@@ -325,16 +332,29 @@ def test_with_a_key_the_library_saves_the_view_and_saving_again_updates_it(sweep
     env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_ENTITY")}
     env.update(WANDB_API_KEY="k" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{server.server_port}")
     out = tmp_path / "view.json"
-    code = f"import sys; from stare_lab.dashboard import main; sys.exit(main([{str(sweep)!r}, '--out', {str(out)!r}]))"
+    folder = sweep.parent / "runs" / "dash"  # the run folder: no sweep file to compose in each process
+    code = f"import sys; from stare_lab.dashboard import main; sys.exit(main([{str(folder)!r}, '--out', {str(out)!r}]))"
+    after_sweep = (
+        f"from stare_lab.dashboard import publish_after_sweep; print(repr(publish_after_sweep({str(folder)!r})))"
+    )
     try:
         first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
         second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        third = subprocess.run(
+            [sys.executable, "-c", after_sweep], env=env, capture_output=True, text=True, timeout=300
+        )
     finally:
         server.shutdown()
     assert first.returncode == 0, first.stderr
     assert f"saved: http://127.0.0.1:{server.server_port}/lab/stare_lab?nw=dash0view1" in first.stdout
     assert second.returncode == 0, second.stderr
-    sent, again = _StandIn.views
+    url = f"http://127.0.0.1:{server.server_port}/lab/stare_lab?nw=dash0view1"
+    assert third.returncode == 0 and third.stdout.strip().splitlines()[-1] == repr(
+        f"W&B dashboard of sweep 'dash': {url}"
+    )
+    sent, again, after = _StandIn.views
+    assert json.loads(after["spec"]) == json.loads(sent["spec"])  # the same view, from the sweep folder's file
+    assert json.loads((folder / SPEC_FILE).read_text())["id"] == "VmlldzoxMjM0"
     assert (sent["entityName"], sent["projectName"], sent["displayName"]) == ("lab", "stare_lab", "dash (stare-lab)")
     spec = json.loads(out.read_text())
     assert json.loads(sent["spec"]) == json.loads(json.dumps(spec["spec"]))  # the spec written is the one sent
