@@ -130,3 +130,134 @@ def benchmark_columns(final: pd.DataFrame, benchmarks: list[str]) -> tuple[dict[
             elif source:
                 sources.append(f"{b}: {Path(source).name if Path(source).is_file() else source}")
     return labels, ([f"Problems: {'; '.join(sources)}."] if sources else [])
+
+
+# ---- settings other than the rule (issue 26.6) ------------------------------------------------------------------
+
+# Config keys a table's arms may differ in besides their rule, read from each run's config.yaml: how the policy is
+# trained and on what (the trainer, the model, the task, the world size) and the rule's scope; not the rule's own
+# parameters (they are the rule), not how evaluation samples (the settings line says that), and not the keys
+# below, which change how often a run saves, logs or keeps batches, or its memory, not what it computes.
+SETTING_PREFIXES = ("cfg.trainer.", "cfg.model.", "cfg.task.")
+SETTING_KEYS = ("cfg.method.params.scope", "cfg.run.processes")
+NOT_COMPUTING = frozenset(
+    {
+        "save_steps", "save_total_limit", "logging_steps", "grad_geometry_every", "keep_batches_every",
+        "stats_chunk_tokens", "attn_chunk_queries", "js_chunk_positions", "ddp_timeout_s", "gradient_checkpointing",
+        "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_server_gpus", "vllm_server_node",
+    }
+)  # fmt: skip
+AGGREGATION = "loss aggregation"
+
+
+def _aggregation(cfg: pd.Series) -> str | None:
+    """How a run averages its per-token loss: verl's token mean per micro-batch (scope microbatch with
+    trainer.microbatch_aggregation verl, the default) or TRL's loss_type; None where the record does not say."""
+    scope = cfg.get("cfg.method.params.scope")
+    if scope == "microbatch" and cfg.get("cfg.trainer.microbatch_aggregation", "verl") in ("verl", None):
+        return "verl's token mean per micro-batch"
+    loss_type = cfg.get("cfg.trainer.loss_type")
+    return None if _absent(loss_type) else f"TRL's {loss_type}"
+
+
+def _absent(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def _counts(key: str, cfg: pd.Series) -> bool:
+    """Whether `key` (a cfg.* column) is a training setting of this run (see SETTING_PREFIXES)."""
+    leaf = key.rsplit(".", 1)[-1]
+    if key in SETTING_KEYS:
+        return True
+    if not key.startswith(SETTING_PREFIXES) or leaf in NOT_COMPUTING:
+        return False
+    if any(word in leaf.lower() for word in ("seed", "dir", "path", "output")):
+        return False  # differ per run by construction (collect._splits_arm)
+    if leaf.startswith("vllm_") and cfg.get("cfg.trainer.use_vllm") is not True:
+        return False
+    if leaf.startswith("microbatch_") and cfg.get("cfg.method.params.scope") != "microbatch":
+        return False
+    if leaf == "distributed" and int(cfg.get("cfg.run.processes") or 1) <= 1:
+        return False
+    return True
+
+
+def _value_text(value) -> str:
+    if isinstance(value, float) and not isinstance(value, bool):
+        return f"{value:g}"
+    return str(value)
+
+
+def arm_settings(values: pd.DataFrame) -> pd.DataFrame:
+    """arm × setting: each arm's training settings besides its rule (one run per arm: the runs of an arm share
+    them, collect splits arms that do not), with the derived "loss aggregation"; NaN where a record lacks one."""
+    if values.empty:
+        return pd.DataFrame()
+    first = values.drop_duplicates("arm").set_index("arm")
+    cfg_cols = [c for c in first.columns if c.startswith("cfg.")]
+    rows = {}
+    for arm, cfg in first[cfg_cols].iterrows():
+        row = {k.removeprefix("cfg."): cfg[k] for k in cfg_cols if _counts(k, cfg) and not _absent(cfg[k])}
+        aggregation = _aggregation(cfg)
+        if aggregation is not None:
+            row[AGGREGATION] = aggregation
+        rows[str(arm)] = row
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def confound_notes(values: pd.DataFrame, baseline: str | None) -> list[str]:
+    """One note naming every setting besides the rule in which the table's arms differ, with each value's arms
+    (the baseline's value first), and the matched control where the table has one (an arm with the baseline's
+    rule at the other value); nothing when the arms differ only in their rule."""
+    settings = arm_settings(values)
+    if settings.empty or len(settings) < 2:
+        return []
+    rule_of = values.drop_duplicates("arm").set_index("arm")["rule"].astype(str).to_dict()
+    base_rule = rule_of.get(baseline) if baseline is not None else None
+    parts, controls_missing = [], False
+    order = [AGGREGATION] + sorted(c for c in settings.columns if c != AGGREGATION)
+    for key in [k for k in order if k in settings.columns]:
+        column = settings[key].dropna()
+        if len(column) < 2:
+            continue
+        texts = column.map(_value_text)
+        if texts.nunique() < 2:
+            continue
+        groups = {v: sorted(texts.index[texts == v]) for v in texts.unique()}
+        first = texts.get(baseline) if baseline in texts.index else None
+        ranked = sorted(groups, key=lambda v: (v != first, -len(groups[v]), v))
+        items = []
+        for v in ranked:
+            arms = groups[v]
+            shown = _arm_list(arms, baseline)
+            control = [a for a in arms if a != baseline and base_rule is not None and rule_of.get(a) == base_rule]
+            if v != first and first is not None:
+                if control:
+                    shown += f"; matched control: {', '.join(control)}"
+                else:
+                    controls_missing = True
+            items.append(f"{v} ({shown})")
+        parts.append(f"{key}: " + ", ".join(items))
+    if not parts:
+        return []
+    text = "Arms differ in more than their rule (from each run's config.yaml): " + "; ".join(parts) + "."
+    if baseline is not None and baseline in settings.index:
+        text += (
+            f" A difference to {baseline} then mixes the rule with these settings"
+            + (
+                "; compare an arm with a matched control (the baseline's rule at the arm's setting; "
+                'docs/sweeps.md, "Matched controls")'
+                if controls_missing
+                else "; compare each such arm with its matched control named here"
+            )
+            + "."
+        )
+    return [text]
+
+
+def _arm_list(arms: list[str], baseline: str | None, most: int = 4) -> str:
+    """ "a, b, c"; the baseline's group, when long, as "full and 15 other arms" (every arm that differs from the
+    baseline is named)."""
+    if baseline not in arms or len(arms) <= most:
+        return ", ".join(([baseline] if baseline in arms else []) + [a for a in arms if a != baseline])
+    return f"{baseline} and {len(arms) - 1} other arms"

@@ -24,7 +24,14 @@ import pandas as pd
 import stare_lab.analysis.claims as claims
 from stare_lab.analysis.collect import select_settings
 from stare_lab.analysis.compare import AVG_COLUMN
-from stare_lab.analysis.notes import benchmark_columns, code_notes, duplicate_notes, missing_notes, settings_notes
+from stare_lab.analysis.notes import (
+    benchmark_columns,
+    code_notes,
+    confound_notes,
+    duplicate_notes,
+    missing_notes,
+    settings_notes,
+)
 
 _AVG_METRIC = re.compile(r"^avg@(\d+)$")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
@@ -376,7 +383,11 @@ def results_table(
         head += f"; (+x) = difference to {baseline} in points"
     head += f"; {AVG_COLUMN} = mean over benchmarks." if len(benchmarks) > 1 else "."
     notes = [head, *claims.method_notes(comparison, str(baseline), confidence), *compare_notes] + (
-        settings_notes(final, benchmarks) + settings_picked + notes + duplicate_notes(values)
+        confound_notes(values, baseline if baseline in rules else None)
+        + settings_notes(final, benchmarks)
+        + settings_picked
+        + notes
+        + duplicate_notes(values)
     )
     notes += code_notes(values, expected)
     notes += [
