@@ -28,6 +28,8 @@ from stare_lab.sweep.liveness import Liveness
 REQUEUE_GRACE_S = 30.0
 # An unanswered sacct (a busy controller) counts as "still queued", up to this many looks in a row.
 MAX_UNANSWERED = 30
+# A job still live this long after its worker recorded the run's end is cancelled (see SlurmWatch).
+LINGER_S = 20.0
 
 
 @register_launcher("slurm")
@@ -155,11 +157,18 @@ class SlurmWatch(JobWatch):
     the first attempt's result) while Slurm requeues it: Slurm's answer decides; and a run whose
     worker did not record an end must stay out of Slurm's live states for a grace period before the
     sweep stops waiting for it. Submitit itself is asked only to read an ended job's result
-    (`reconcile`): for a job that ended without one, that is one more `sacct` for that job."""
+    (`reconcile`): for a job that ended without one, that is one more `sacct` for that job.
+
+    A job still live LINGER_S after its worker recorded the run finished or failed is cancelled: a
+    task on a node that died keeps srun waiting until Slurm declares the node down (SlurmdTimeout),
+    and Slurm then requeues the job (node failure), whose worker would start the failed run again
+    on its own; a failed run resumes only on `sweep run --retry-failed`."""
 
     def __init__(self):
         super().__init__()
         self.gone_since: dict[str, float] = {}
+        self.ended_since: dict[str, float] = {}
+        self.cancelled: set[str] = set()
         self.unanswered = 0
 
     def job_ids(self, waiting: list[Tracked]) -> list[str]:
@@ -173,12 +182,22 @@ class SlurmWatch(JobWatch):
             return False
         job_id = str(t.job.job_id)
         queued = self.unanswered <= MAX_UNANSWERED if live.slurm is None else live.slurm_job_live(job_id)
+        recorded = (read_status(t.run.run_dir) or {}).get("state") in ("finished", "failed")
         if queued:
             self.gone_since.pop(job_id, None)
+            if recorded and live.slurm is not None:
+                self._linger(t, job_id)
             return False
         if not (live.slurm or {}).get(job_id) and not t.job.paths.result_pickle.exists():
             return False  # unlisted and no result: submitit's result() would wait for it for ever
-        if (read_status(t.run.run_dir) or {}).get("state") in ("finished", "failed"):
+        if recorded:
             return True
         gone = self.gone_since.setdefault(job_id, time.time())
         return time.time() - gone > REQUEUE_GRACE_S
+
+    def _linger(self, t: Tracked, job_id: str) -> None:
+        """The run is recorded ended and its job is still live: cancel it after LINGER_S."""
+        since = self.ended_since.setdefault(job_id, time.time())
+        if job_id not in self.cancelled and time.time() - since > LINGER_S:
+            self.cancelled.add(job_id)
+            t.job.cancel(check=False)
