@@ -540,8 +540,8 @@ def provenance(device: str | None = None) -> dict[str, Any]:
 
 def code_version(status_or_provenance: dict[str, Any] | None) -> str | None:
     """`<commit[:10]>[+dirty]` or `stare_lab <version>` of a provenance, or of a status's last attempt,
-    followed by ` <module>@<sha256[:10]>` for each module of rules kept outside the package that the
-    attempt imported (`rule_modules`, stare_lab.rule_imports): an edited rule file is other code."""
+    followed by ` <module>@<sha256[:10]>` for the module kept outside the package that defines the
+    run's rule (`rule_modules`, stare_lab.rule_imports): an edited rule file is other code."""
     p = status_or_provenance or {}
     if "provenance" in p:
         p = (p["provenance"] or [{}])[-1] if isinstance(p["provenance"], list) else p["provenance"]
@@ -549,5 +549,6 @@ def code_version(status_or_provenance: dict[str, Any] | None) -> str | None:
         own = p["commit"][:10] + ("+dirty" if p.get("dirty") else "")
     else:
         own = f"stare_lab {p['stare_lab']}" if p.get("stare_lab") else None
-    outside = [f"{m.get('module')}@{(m.get('sha256') or 'unhashed')[:10]}" for m in p.get("rule_modules") or []]
+    rules = [m for m in p.get("rule_modules") or [] if m.get("defines_rule")]
+    outside = [f"{m.get('module')}@{(m.get('sha256') or 'unhashed')[:10]}" for m in rules]
     return " ".join([own or "unrecorded", *outside]) if outside else own

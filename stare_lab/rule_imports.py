@@ -17,8 +17,9 @@ list of {module, path} (path: the folder the module was found in), which the wor
 Slurm, every rank) imports before it builds the rule (`import_run_modules`), so no launcher needs to
 know. `run.imports` is outside the config schema and the run id: like the rest of the run block it
 says how a run is executed, not what it computes. The run's record (status.json, each attempt's
-`provenance`) lists every outside module it used with its file and sha256 (`rule_modules`) beside
-the project's own commit, and `record.code_version` counts them.
+`provenance`) lists every outside module it imported with its file and sha256 (`rule_modules`)
+beside the project's own commit; `record.code_version` counts the one that defines the run's rule
+(an edited rule file makes its finished runs "other code"; the runs of other rules stay current).
 
 Reading commands (`status`, `table`, `plot`, `view`) import none of it: under `reading()` the
 registry loads no entry point and a sweep's `imports:` are not imported; runs of a rule the
@@ -158,14 +159,17 @@ def import_run_modules(run_cfg: Any, source: str = "run.imports") -> list[Import
 
 def rule_modules(method: str | None, imported: Iterable[Imported]) -> list[dict[str, Any]]:
     """The record of the outside modules a run uses: its `run.imports` and the module that
-    registered its rule when that is none of them and not stare_lab's (an entry point's). A rule
-    the registry does not know adds nothing (the run itself then fails naming it)."""
+    registered its rule when that is none of them and not stare_lab's (an entry point's); the one
+    that registered the run's rule has `defines_rule` true. A rule the registry does not know adds
+    nothing (the run itself then fails naming it)."""
     from stare_lab.methods.registry import is_registered, rule_module
 
     records = {i.module: i.record() for i in imported}
     origin = rule_module(method) if method is not None and is_registered(str(method)) else None
     if origin is not None and origin not in records and origin in sys.modules:
         records[origin] = describe_module(sys.modules[origin]).record()
+    for module, record in records.items():
+        record["defines_rule"] = module == origin  # the one `code_version` counts
     return list(records.values())
 
 
