@@ -222,8 +222,8 @@ def reconcile(t: Tracked) -> str:
         return _reconcile_queued(t)
     error, result = None, None
     if t.job is not None:
-        try:
-            result = t.job.result()
+        try:  # results(): a job of several tasks has one per task (result() refuses those); rank 0's first
+            result = t.job.results()[0]
         except Exception as e:  # noqa: BLE001 - the job's failure, recorded below if the worker could not
             error = f"{type(e).__name__}: {first_line(str(e)) or ''}"
     if isinstance(result, dict) and result.get("claimed_elsewhere"):
