@@ -153,3 +153,22 @@ def microbatch_stats(
         fields["ref_logp"] = inputs["ref_per_token_logps"].float()
     group = process_index * B + torch.arange(B, device=mask.device)
     return TokenStats(logp=lp, mask=mask, advantages=inputs["advantages"], group=group, **fields)
+
+
+def token_fractions(
+    weights: torch.Tensor, mask: torch.Tensor, touched: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, T] bool trained, [B, T] bool touched) of one micro-batch, the same definition for every rule
+    (docs/run_record.md, "Token fractions"):
+
+    trained: valid tokens whose policy term is in the loss, rule weight ≠ 0 (`full`: every valid token);
+    touched: valid tokens whose objective differs from `full`'s (PPO's clipped surrogate with weight 1):
+        rule weight ≠ 1, or in one of a loss-changing rule's `LossTerms.touched` sets (KL-Cov's penalised
+        tokens, DPPO's tokens outside its trust region, CE-GPPO's clipped tokens with their gradient kept).
+    The weights are the rule's, before the "selected" normalisation rescales them in TRL's slot.
+    """
+    valid = mask > 0
+    changed = torch.zeros_like(valid)
+    for m in touched.values():
+        changed = changed | m.bool()
+    return valid & (weights != 0), valid & ((weights != 1) | changed)

@@ -37,6 +37,7 @@ from stare_lab.token_weights import (
     microbatch_total_scale,
     per_token_scope,
     selects_in_loss,
+    token_fractions,
 )
 from stare_lab.utils import atomic_write_json
 
@@ -116,6 +117,8 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
         self.microbatch_ranks = check_choice("microbatch_ranks", microbatch_ranks, RANKS)
         # the last generation's metrics, carried to the steps that train on its batch without generating (`log`)
+        self._loss_record = None  # viewer.collect.LossRecord of the kept batch being trained on, if any
+        self._microbatch_metrics: dict[str, float] = {}  # the rule's metrics of the last micro-batch (scope microbatch)
         self._generation_values: dict[str, float] = {}
         self._generation_step: int | None = None
         self._generated_since_log = False
@@ -169,35 +172,50 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         self.rule_state.step = self.state.global_step
         self.rule_state.total_steps = max(self.state.max_steps, 1)
         self.rule_state.trainer = self.trainer_values
+        every = self.keep_batches_every
+        keep = mode == "train" and every > 0 and self.state.global_step % every == 0  # viewer.keep_due
         if self.selects_in_loss:  # the rule runs per micro-batch in the loss; here only what it reads per step
             self.rule_state.step_stats = None
             if self.batch_needs:
                 local, _ = self._token_stats(out, given=taken.get("stats"))
                 self.rule_state.step_stats = distributed.global_token_stats(local, self.accelerator)[0]
             out.update(deferred_inputs(out["completion_mask"]))
+            if keep:  # the generation batch now, what the rule does with it in the loss (LossRecord)
+                self._keep_batch(out, self.rule_state.step_stats, self.rule_state.to_dict(), None)
             return out
         local, rollout_entropy = self._token_stats(out, given=taken.get("stats"))
-        every = self.keep_batches_every
-        keep = mode == "train" and every > 0 and self.state.global_step % every == 0  # viewer.keep_due
         state_before = self.rule_state.to_dict() if keep else None  # the rule updates its memory in place
         # the rule sees the global generation batch, identical on every rank (docs/distributed.md §4)
         applied = apply_rule(self.rule, self.rule_state, local, self.accelerator)
         out.update(applied.inputs)
         if keep:
-            from stare_lab.viewer.collect import collect_for_trainer
-
-            collect_for_trainer(
-                self,
-                out,
-                applied.stats,
-                run_dir=self.run_dir,
-                every=self.keep_batches_every,
-                rule_state=state_before,
-                trained_weights=applied.weights,
-            )
+            self._keep_batch(out, applied.stats, state_before, applied.weights)
         entropy_mean = self._global_mean(rollout_entropy, local.mask) if rollout_entropy is not None else None
         self._log_rule_metrics(mode, applied, entropy_mean)
         return out
+
+    def _keep_batch(
+        self, out: dict, stats: TokenStats | None, state_before: dict, weights: torch.Tensor | None
+    ) -> None:
+        """Keep this generation batch for the viewer (`trainer.keep_batches_every`): every statistic any rule
+        reads, the rule state before the rule ran and, for a rule choosing its weights here, the weights it
+        trained with. A rule that chooses its tokens in the loss or changes the loss gets the loss's record
+        too (`viewer.collect.LossRecord`: the training forward's statistics, weights, selected and touched
+        tokens of every micro-batch of every pass), filled by `_compute_loss`."""
+        from stare_lab.viewer.batch import batch_path, save_batch
+        from stare_lab.viewer.collect import KEPT_ROW, LossRecord, kept_batch_fields
+
+        step = self.state.global_step
+        fields = kept_batch_fields(self, out, stats, rule_state=state_before, trained_weights=weights)
+        path = batch_path(self.run_dir, step)
+        if not (self.selects_in_loss or self.rule.changes_loss):
+            if fields is not None:
+                save_batch(path, step, **fields)
+            return
+        self._loss_record = LossRecord(self, fields, path, step, out)
+        self._loss_record.save()
+        ids = out["completion_ids"]
+        out[KEPT_ROW] = torch.arange(ids.size(0), device=ids.device)
 
     def _global_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         """Mean of x over the valid tokens of every rank."""
@@ -325,6 +343,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             ),
         )
         self._log_rule_metrics("train" if training else "eval", applied, None)
+        self._microbatch_metrics = applied.metrics
         return applied.inputs
 
     def _log_rule_metrics(self, mode, applied, rollout_entropy) -> None:
@@ -357,9 +376,11 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         seen = {}
         weights = None
         changed: dict = {}
+        forward: dict = {}
         if self.selects_in_loss or self.rule.changes_loss:
 
             def weights(logp, entropies):  # TRL's slot, right after its forward: this micro-batch's weights
+                forward.update(logp=logp.detach(), entropy=entropies.detach())
                 aggregation = "trl"
                 if self.selects_in_loss:
                     inputs.update(self._microbatch_weights(inputs, entropies, logp))
@@ -386,7 +407,21 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             self._log_gradient_geometry(model, inputs, loss)
         touched = changed["terms"].touched if changed else {}
         self._log_loss_metrics(mode, seen["entropies"], seen["mask"], inputs, touched)
+        if self._loss_record is not None and mode == "train" and forward:
+            self._record_loss(inputs, forward, touched, changed["terms"].metrics if changed else {})
         return loss
+
+    def _record_loss(self, inputs: dict, forward: dict, touched: dict, loss_metrics: dict) -> None:
+        """This micro-batch into the kept batch's loss record, when it is one of that batch's rows."""
+        from stare_lab.viewer.collect import KEPT_ROW
+
+        if KEPT_ROW not in inputs:
+            return
+        metrics = {**(self._microbatch_metrics if self.selects_in_loss else {}), **loss_metrics}
+        record = self._loss_record
+        record.add(inputs, forward["logp"], forward["entropy"], touched, metrics, self.state.global_step + 1)
+        if record.done:
+            self._loss_record = None
 
     def _loss_batch(self, inputs: dict, logp: torch.Tensor, entropies: torch.Tensor) -> LossBatch:
         """What a loss-changing rule sees of this micro-batch: TRL's forward and TRL's batch."""
@@ -470,25 +505,6 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             )
         self.rule_state = RuleState.from_dict(json.loads(path.read_text()))
         self.rule_state.trainer = self.trainer_values
-
-
-def token_fractions(
-    weights: torch.Tensor, mask: torch.Tensor, touched: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """([B, T] bool trained, [B, T] bool touched) of one micro-batch, the same definition for every rule
-    (docs/run_record.md, "Token fractions"):
-
-    trained: valid tokens whose policy term is in the loss, rule weight ≠ 0 (`full`: every valid token);
-    touched: valid tokens whose objective differs from `full`'s (PPO's clipped surrogate with weight 1):
-        rule weight ≠ 1, or in one of a loss-changing rule's `LossTerms.touched` sets (KL-Cov's penalised
-        tokens, DPPO's tokens outside its trust region, CE-GPPO's clipped tokens with their gradient kept).
-    The weights are the rule's, before the "selected" normalisation rescales them in TRL's slot.
-    """
-    valid = mask > 0
-    changed = torch.zeros_like(valid)
-    for m in touched.values():
-        changed = changed | m.bool()
-    return valid & (weights != 0), valid & ((weights != 1) | changed)
 
 
 def _check_supported(t: GRPOTrainer) -> None:

@@ -10,6 +10,17 @@ Strings and small values (prompts, the text piece of every token id used, the ru
 state before the rule ran, meta) are one JSON document in the safetensors header metadata under
 `stare_lab_batch`.
 
+The training loss's record (a rule that chooses its tokens in the loss, scope "microbatch" or "token",
+or changes the loss): for every completed pass `u` of the loss over the batch (TRL's num_iterations),
+    loss/<u>/logp, loss/<u>/entropy float32 [B, T]   the training forward's statistics (detached)
+    loss/<u>/weights float32 [B, T]                  the rule's weights in the loss
+    loss/<u>/selected uint8 [B, T]                   the rule's selected set there
+    loss/<u>/touched/<k> uint8 [B, T]                a loss-changing rule's k-th `LossTerms.touched` set
+    loss/<u>/micro_batch, loss/<u>/position int32 [B]  the micro-batch each row was in, its place there
+and once: loss/process int32 [B] (the rank of each row), loss/old_logp, loss/ref_logp float32 [B, T]
+(TRL's π_old and reference log-probs where the loss had them); the header's "loss" names the touched
+sets and holds the per-micro-batch metrics, the optimizer step of each micro-batch and the set-up.
+
 Precision: statistics are stored as float32, exactly the values the trainer computed, so every rule
 gives on the loaded batch the weights it gave (or would have given) during training; float16
 would move top-k boundaries of ties-sensitive rules. A 64 × 1k batch with every statistic is ~3 MB.
@@ -64,6 +75,22 @@ def attn_key(layers: tuple[int, ...] | None) -> str:
 
 
 @dataclass
+class Update:
+    """One pass of the training loss over the kept batch (the loss's record, module docstring)."""
+
+    index: int  # 0-based: TRL's iteration over the generation batch
+    logp: Tensor  # [B, T] float32, the training forward's log π (at the sampling temperature)
+    entropy: Tensor  # [B, T] float32, its entropy
+    weights: Tensor  # [B, T] float32, the rule's weights in the loss
+    selected: Tensor  # [B, T] bool, the rule's selected set in the loss
+    micro_batch: Tensor  # [B] long, which micro-batch of the pass each row was in
+    position: Tensor  # [B] long, its row in that micro-batch
+    touched: dict[str, Tensor] = field(default_factory=dict)  # how → [B, T] bool (LossTerms.touched)
+    metrics: list[dict[str, float]] = field(default_factory=list)  # per micro-batch (rank 0's rows)
+    steps: list[int] = field(default_factory=list)  # the optimizer step of each micro-batch
+
+
+@dataclass
 class Batch:
     step: int
     completion_ids: Tensor  # [B, T] long
@@ -82,6 +109,17 @@ class Batch:
     prompt_mask: Tensor | None = None  # [B, P] float32
     byte_pieces: dict[int, tuple[str, bytes]] = field(default_factory=dict)  # id -> (raw piece, bytes): part
     # of a multi-byte character (byte-level BPE); its text comes from decoding the row (row_texts)
+    # the training loss's record (module docstring): empty for a rule that chose its weights at generation
+    loss_meta: dict[str, Any] = field(default_factory=dict)
+    updates: list[Update] = field(default_factory=list)
+    process: Tensor | None = None  # [B] long, the rank of each row (loss record only)
+    loss_old_logp: Tensor | None = None  # [B, T] TRL's π_old in the loss, where it had one
+    loss_ref_logp: Tensor | None = None  # [B, T] TRL's reference log-probs, where β > 0
+
+    @property
+    def records_loss(self) -> bool:
+        """The run's rule chose its tokens in the loss or changed it: the kept batch has the loss's record."""
+        return bool(self.loss_meta)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -171,6 +209,7 @@ def save_batch(
     prompt_mask: Tensor | None = None,
     trained_weights: Tensor | None = None,
     meta: dict[str, Any] | None = None,
+    loss_record: dict[str, Any] | None = None,  # collect.LossRecord.payload(): the training loss's record
 ) -> Path:
     """Write one batch record atomically (temp file + rename); returns its path."""
     from safetensors.torch import save_file
@@ -201,6 +240,7 @@ def save_batch(
     for name, (value, dtype) in optional.items():
         if value is not None:
             tensors[name] = _as(value if name != "prompt_mask" else value > 0, dtype)
+    loss_header = _loss_tensors(loss_record, tensors, (B, T)) if loss_record is not None else None
     used = set(completion_ids.reshape(-1).tolist())
     header = {
         "format": FORMAT,
@@ -212,12 +252,71 @@ def save_batch(
         "rule_state": rule_state or {"step": int(step), "total_steps": 1, "seed": 0, "memory": {}},
         "meta": meta or {},
     }
+    if loss_header is not None:
+        header["loss"] = loss_header
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(header, default=_jsonable)})
     os.replace(tmp, path)
     return path
+
+
+def _loss_tensors(record: dict[str, Any], tensors: dict[str, Tensor], shape: tuple[int, int]) -> dict[str, Any]:
+    """Put the loss record's tensors into `tensors` (module docstring); returns its header."""
+    B, T = shape
+
+    def put(name: str, value: Tensor | None, dtype: torch.dtype, want: tuple[int, ...]) -> None:
+        if value is None:
+            return
+        if tuple(value.shape) != want:
+            raise ValueError(f"save_batch: {name} has shape {tuple(value.shape)}, expected {want}")
+        tensors[name] = _as(value, dtype)
+
+    names: list[str] = list(record["meta"].get("touched", []))
+    put("loss/process", record.get("process"), torch.int32, (B,))
+    put("loss/old_logp", record.get("old_logp"), torch.float32, (B, T))
+    put("loss/ref_logp", record.get("ref_logp"), torch.float32, (B, T))
+    updates = []
+    for u, update in enumerate(record.get("updates", [])):
+        for key in ("logp", "entropy", "weights"):
+            put(f"loss/{u}/{key}", update[key], torch.float32, (B, T))
+        put(f"loss/{u}/selected", update["selected"], torch.uint8, (B, T))
+        put(f"loss/{u}/micro_batch", update["micro_batch"], torch.int32, (B,))
+        put(f"loss/{u}/position", update["position"], torch.int32, (B,))
+        for how, mask in update.get("touched", {}).items():
+            if how not in names:
+                names.append(how)
+            put(f"loss/{u}/touched/{names.index(how)}", mask, torch.uint8, (B, T))
+        updates.append({"metrics": list(update.get("metrics", [])), "steps": [int(s) for s in update.get("steps", [])]})
+    return {**record["meta"], "touched": names, "updates": updates}
+
+
+def _loss_record(header: dict[str, Any], tensors: dict[str, Tensor]) -> list[Update]:
+    """The passes of the loss record in a loaded file (module docstring)."""
+    names = list(header.get("touched", []))
+    out = []
+    for u, info in enumerate(header.get("updates", [])):
+        touched = {
+            how: tensors[f"loss/{u}/touched/{k}"].bool()
+            for k, how in enumerate(names)
+            if f"loss/{u}/touched/{k}" in tensors
+        }
+        out.append(
+            Update(
+                index=u,
+                logp=tensors[f"loss/{u}/logp"].float(),
+                entropy=tensors[f"loss/{u}/entropy"].float(),
+                weights=tensors[f"loss/{u}/weights"].float(),
+                selected=tensors[f"loss/{u}/selected"].bool(),
+                micro_batch=tensors[f"loss/{u}/micro_batch"].long(),
+                position=tensors[f"loss/{u}/position"].long(),
+                touched=touched,
+                metrics=[dict(m) for m in info.get("metrics", [])],
+                steps=[int(s) for s in info.get("steps", [])],
+            )
+        )
+    return out
 
 
 def _jsonable(value: Any) -> Any:
@@ -261,6 +360,13 @@ def load_batch(path: Path | str) -> Batch:
             prompt_ids=tensors["prompt_ids"].long() if "prompt_ids" in tensors else None,
             prompt_mask=tensors["prompt_mask"].float() if "prompt_mask" in tensors else None,
         )
+        if "loss" in header:
+            loss = dict(header["loss"])
+            batch.updates = _loss_record(loss, tensors)
+            batch.loss_meta = {k: v for k, v in loss.items() if k != "updates"}
+            batch.process = tensors["loss/process"].long() if "loss/process" in tensors else None
+            batch.loss_old_logp = tensors["loss/old_logp"].float() if "loss/old_logp" in tensors else None
+            batch.loss_ref_logp = tensors["loss/ref_logp"].float() if "loss/ref_logp" in tensors else None
         batch.token_stats()  # checks every shape
     except BatchError:
         raise
@@ -270,14 +376,56 @@ def load_batch(path: Path | str) -> Batch:
     return batch
 
 
+def why_no_batch(run_dir: Path | str, step: int | None = None) -> str:
+    """Why `run_dir` has no kept batch (at `step`; None: none at all), read from its record: one clause."""
+    import yaml
+
+    from stare_lab.record import CONFIG_FILE, code_version, first_line, read_status
+
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        return "it has not started (no run folder yet)"
+    steps = kept_steps(run_dir)
+    if steps and step is not None:
+        return f"step {step} was not kept (kept steps: {_steps_text(steps)})"
+    try:
+        config = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        config = None
+    if not isinstance(config, dict):
+        return (
+            f"it has no readable {CONFIG_FILE}, so it is not a run record "
+            "(a run keeps batches with trainer.keep_batches_every > 0)"
+        )
+    every = (config.get("trainer") or {}).get("keep_batches_every") or 0
+    if not every:
+        return "trainer.keep_batches_every is 0: set it to keep batches"
+    status = read_status(run_dir) or {}
+    state = status.get("state")
+    if state in (None, "pending"):
+        return f"it has not started (trainer.keep_batches_every={every})"
+    if state == "running":
+        return f"it is running and has kept none yet (trainer.keep_batches_every={every})"
+    if state != "finished":
+        error = first_line(status.get("error"))
+        return f"it {state} before keeping one" + (f" ({error})" if error else "")
+    method = config.get("method") or {}
+    scope = (method.get("params") or {}).get("scope")
+    rule = f"{method.get('name')}" + (f" (scope {scope})" if scope else "")
+    return (
+        f"it finished with trainer.keep_batches_every={every} but kept none (rule {rule}, code "
+        f"{code_version(status) or 'unrecorded'}); versions before the loss's record kept none for a rule that "
+        "chooses its tokens in the loss (scope microbatch or token) or changes the loss: run it again to keep them"
+    )
+
+
 def load_run_batch(run_dir: Path | str, step: int | None = None) -> Batch:
     """The kept batch of `run_dir` at `step` (None = the last kept); BatchError naming the kept steps."""
     run_dir = Path(run_dir)
     steps = kept_steps(run_dir)
     if not steps:
         raise BatchError(
-            f"run {run_dir} has no kept batches ({BATCH_DIR}/step-<N>.safetensors); "
-            f"set trainer.keep_batches_every to keep them"
+            f"run {run_dir} has no kept batches ({BATCH_DIR}/step-<N>.safetensors): {why_no_batch(run_dir)}"
         )
     if step is None:
         step = steps[-1]

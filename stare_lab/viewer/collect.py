@@ -187,6 +187,21 @@ def collect_for_trainer(
     step = int(trainer.state.global_step)
     if not keep_due(step, every):
         return None
+    fields = kept_batch_fields(trainer, out, stats, rule_state=rule_state, trained_weights=trained_weights, meta=meta)
+    return save_batch(batch_path(run_dir, step), step, **fields) if fields is not None else None
+
+
+def kept_batch_fields(
+    trainer,
+    out: dict[str, Tensor],
+    stats: TokenStats | None,
+    *,
+    rule_state: dict[str, Any],
+    trained_weights: Tensor | None = None,
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """`save_batch`'s keyword arguments (without path and step) of this generation batch on the main
+    process, None on the others (`collect_for_trainer` has the arguments; every process must call it)."""
     from stare_lab import distributed
     from stare_lab.signals import resolve_layers
     from stare_lab.signals.attention import CHUNK_QUERIES, unwrap_model
@@ -240,7 +255,7 @@ def collect_for_trainer(
         [row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)], skip_special_tokens=True
     )
     base = unwrap_model(model)
-    info = {
+    info: dict[str, Any] = {
         "num_layers": int(base.config.get_text_config().num_hidden_layers),
         "attn_layers": list(resolve_layers(base, None)),
         "num_generations": G,
@@ -251,9 +266,7 @@ def collect_for_trainer(
         **(meta or {}),
     }
     n = rows["completion_ids"].size(0)
-    return save_batch(
-        batch_path(run_dir, step),
-        step,
+    return dict(
         completion_ids=rows["completion_ids"],
         mask=rows["mask"],
         rewards=rewards_from_trainer(trainer, n, global_rows=True),
@@ -286,3 +299,146 @@ def _local_stats(stats: TokenStats, first: int, B: int, T: int) -> TokenStats:
 
 def _params_dict(params) -> dict[str, Any]:
     return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+
+
+# The key the trainer adds to a kept generation batch: each row's index in it ([B] long), which TRL
+# shuffles and splits with the other tensors, so the loss knows where a micro-batch's rows belong.
+KEPT_ROW = "kept_row"
+
+
+class LossRecord:
+    """The training loss's record of one kept generation batch (viewer/batch.py): for a rule that chooses
+    its tokens in the loss (scope "microbatch" or "token") or changes the loss, what it used and did in
+    each micro-batch of each pass over the batch: the training forward's log-probs and entropies, its
+    weights and selected set, the tokens its loss touched and how, the micro-batch and optimizer step.
+
+    The trainer creates it on a kept step, after `kept_batch_fields`, writes the batch at once (no pass
+    yet), marks the rows with `KEPT_ROW` and calls `add` after each training micro-batch that carries
+    them. When a pass's `steps_per_generation` micro-batches are in, every process gathers its rows (a
+    collective: every rank completes the pass at the same micro-batch) and the main process rewrites the
+    file with every completed pass (atomic: the file always holds whole passes; a run that stops in the
+    middle of a pass keeps the passes before it).
+    """
+
+    def __init__(self, trainer, fields: dict[str, Any] | None, path: Path, step: int, out: dict[str, Tensor]):
+        from stare_lab.methods import NORMALIZE
+
+        self.fields, self.path, self.step = fields, Path(path), int(step)
+        self.accelerator = trainer.accelerator
+        self.rows, self.columns = out["completion_ids"].shape
+        self.device = out["completion_ids"].device
+        self.micro_batches = int(trainer.args.steps_per_generation)
+        self.iterations = int(trainer.num_iterations)
+        rule = trainer.rule
+        self.meta: dict[str, Any] = {
+            "iterations": self.iterations,
+            "micro_batches": self.micro_batches,
+            "rows_per_micro_batch": int(trainer.args.per_device_train_batch_size),
+            "gradient_accumulation_steps": int(trainer.args.gradient_accumulation_steps),
+            "num_processes": int(trainer.accelerator.num_processes),
+            "selects_in_loss": bool(trainer.selects_in_loss),
+            "changes_loss": bool(rule.changes_loss),
+            "scope": getattr(rule.params, "scope", None),
+            "aggregation": trainer.microbatch_aggregation,
+            "ranks": trainer.microbatch_ranks,
+            "normalize": NORMALIZE[int(out["token_normalize"])],
+            "touched": [],
+        }
+        self.passes = 0  # completed passes (every rank)
+        self.updates: list[dict[str, Any]] = []  # main process: the completed passes, gathered, on the CPU
+        self.once: dict[str, Tensor] = {}  # main process: process, old_logp, ref_logp
+        self._new_pass()
+
+    @property
+    def done(self) -> bool:
+        return self.passes >= self.iterations
+
+    def _new_pass(self) -> None:
+        B, T, dev = self.rows, self.columns, self.device
+        self._buf = {
+            "logp": torch.full((B, T), float("nan"), device=dev),
+            "entropy": torch.full((B, T), float("nan"), device=dev),
+            "weights": torch.full((B, T), float("nan"), device=dev),
+            "selected": torch.zeros((B, T), dtype=torch.uint8, device=dev),
+            "micro_batch": torch.full((B,), -1, dtype=torch.int32, device=dev),
+            "position": torch.full((B,), -1, dtype=torch.int32, device=dev),
+        }
+        self._touched: dict[str, Tensor] = {}
+        self._metrics: list[dict[str, float]] = []
+        self._steps: list[int] = []
+        self._count = 0
+        self._once = {}
+        if self.passes == 0:
+            self._once = {"process": torch.full((B,), self.accelerator.process_index, dtype=torch.int32, device=dev)}
+
+    def add(
+        self,
+        inputs: dict[str, Tensor],
+        logp: Tensor,
+        entropy: Tensor,
+        touched: dict[str, Tensor],
+        metrics: dict[str, float],
+        step: int,
+    ) -> None:
+        """One training micro-batch of this batch: `inputs` TRL's (with the rule's loss inputs and
+        `KEPT_ROW`), `logp`/`entropy` [b, t] its forward's, `touched` the loss-changing rule's sets,
+        `metrics` the rule's, `step` the optimizer step it belongs to (1-based, as metrics.jsonl)."""
+        rows = inputs[KEPT_ROW].long()
+        b, t = logp.shape
+        buf = self._buf
+        buf["logp"][rows, :t] = logp.detach().float()
+        buf["entropy"][rows, :t] = entropy.detach().float()
+        buf["weights"][rows, :t] = inputs["token_weights"].detach().float()
+        buf["selected"][rows, :t] = (inputs["token_selected"] > 0).to(torch.uint8)
+        buf["micro_batch"][rows] = self._count
+        buf["position"][rows] = torch.arange(b, dtype=torch.int32, device=rows.device)
+        for how, mask in touched.items():
+            if how not in self._touched:
+                self._touched[how] = torch.zeros((self.rows, self.columns), dtype=torch.uint8, device=self.device)
+            self._touched[how][rows, :t] = mask.bool().to(torch.uint8)
+        if self.passes == 0:
+            for key, name in (("old_per_token_logps", "old_logp"), ("ref_per_token_logps", "ref_logp")):
+                value = inputs.get(key)
+                if value is not None:
+                    if name not in self._once:
+                        self._once[name] = torch.full((self.rows, self.columns), float("nan"), device=self.device)
+                    self._once[name][rows, :t] = value.detach().float()
+        self._metrics.append({k: float(v) for k, v in metrics.items()})
+        self._steps.append(int(step))
+        self._count += 1
+        if self._count == self.micro_batches:
+            self._finish_pass()
+
+    def _finish_pass(self) -> None:
+        from stare_lab import distributed
+
+        tensors = {**self._buf, **{f"touched:{how}": m for how, m in self._touched.items()}, **self._once}
+        rows = distributed.gather_rows(tensors, self.accelerator)
+        if self.fields is not None:  # the main process
+            rows = {k: v.detach().cpu() for k, v in rows.items()}
+            for how in self._touched:
+                if how not in self.meta["touched"]:
+                    self.meta["touched"].append(how)
+            self.updates.append(
+                {
+                    **{k: rows[k] for k in self._buf},
+                    "selected": rows["selected"].bool(),
+                    "touched": {how: rows[f"touched:{how}"].bool() for how in self._touched},
+                    "metrics": self._metrics,
+                    "steps": self._steps,
+                }
+            )
+            self.once.update({k: rows[k] for k in self._once})
+        self.passes += 1
+        self.save()
+        self._new_pass()
+
+    def payload(self) -> dict[str, Any]:
+        """`save_batch`'s `loss_record`."""
+        return {"meta": {**self.meta, "updates_done": len(self.updates)}, **self.once, "updates": self.updates}
+
+    def save(self) -> Path | None:
+        """Write the batch with the passes completed so far (main process; None elsewhere)."""
+        if self.fields is None:
+            return None
+        return save_batch(self.path, self.step, **self.fields, loss_record=self.payload())

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from stare_lab.record import run_label
-from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch
+from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch, why_no_batch
 from stare_lab.viewer.selection import (
     RuleView,
     apply_all_rules,
+    fractions,
     one_thread,
     overlap_matrix,
     position_histogram,
@@ -66,6 +67,11 @@ def signal_tensors(batch: Batch) -> dict[str, tuple[str, torch.Tensor]]:
     for key in ("js", "p2"):
         if key in batch.stats:
             out[key] = (SIGNAL_LABELS[key], batch.stats[key])
+    passes = len(batch.updates)
+    for u in batch.updates:  # the training forward's, from the loss record
+        where = f"in the loss, pass {u.index + 1}" if passes > 1 else "in the loss"
+        out[f"loss{u.index}:entropy"] = (f"entropy ({where})", u.entropy)
+        out[f"loss{u.index}:surprisal"] = (f"surprisal ({where})", -u.logp)
     return out
 
 
@@ -91,6 +97,7 @@ def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, 
         return entry
     w = _flat(view.weights, valid)
     n = max(int(valid.sum()), 1)
+    trained, touched = fractions(view, batch.mask) or (None, None)
     entry.update(
         {
             "normalize": view.normalize,
@@ -98,6 +105,8 @@ def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, 
             "weights": _b64(w, "<f4"),
             "selected": _b64(_flat(view.selected, valid), "u1"),
             "selected_frac": selected_fraction(view, batch.mask),
+            "trained_frac": trained,
+            "touched_frac": touched,
             "weight_mean": float(w.double().sum()) / n,
             "weight_max": float(w.max()) if w.numel() else 0.0,
             "binary": bool(((w == 0) | (w == 1)).all()),
@@ -105,8 +114,12 @@ def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, 
             "top_tokens": [list(t) for t in top_tokens(batch, view.selected)],
         }
     )
-    if view.own and batch.trained_weights is not None:
+    if view.update is not None:  # the loss record: the rule replayed on it, micro-batch by micro-batch
+        entry.update(update=view.update, reproduces_training=view.reproduces, replay_note=view.replay_note)
+    elif view.own and batch.trained_weights is not None:
         entry["reproduces_training"] = bool(torch.equal(view.weights, batch.trained_weights.float()))
+    if view.note:
+        entry["note"] = view.note
     return entry
 
 
@@ -136,6 +149,7 @@ def arm_data(batch: Batch, *, label: str, run_dir: Path | str, views: list[RuleV
     info = (
         f"run {Path(run_dir).name} · rule {rule['name']} · step {batch.step} · {batch.shape[0]} rollouts · "
         f"{int(valid.sum())} tokens · kept steps: {', '.join(map(str, kept_steps(run_dir))) or batch.step}"
+        + loss_record_note(batch)
     )
     return {
         "label": label,
@@ -156,6 +170,18 @@ def arm_data(batch: Batch, *, label: str, run_dir: Path | str, views: list[RuleV
     }
 
 
+def loss_record_note(batch: Batch) -> str:
+    """What the loss record of the batch holds, for the page's info line ("" without one)."""
+    if not batch.records_loss:
+        return ""
+    meta = batch.loss_meta
+    passes, done = int(meta.get("iterations", 1)), len(batch.updates)
+    steps = sorted({s for u in batch.updates for s in u.steps})
+    trained = f" (optimizer steps {', '.join(map(str, steps))})" if steps else ""
+    what = "chose its tokens in the loss" if meta.get("selects_in_loss") else "changed the loss"
+    return f" · the rule {what}: {done} of {passes} pass(es) over this batch recorded{trained}"
+
+
 def _clean(value: Any) -> Any:
     """JSON-safe: tuples as lists, non-finite floats as the strings "inf", "-inf", "nan" (strict JSON has none)."""
     if isinstance(value, dict):
@@ -174,8 +200,15 @@ def _num(x) -> float | None:
     return x if np.isfinite(x) else None
 
 
-def write_page(arms: list[dict[str, Any]], out: Path, title: str) -> Path:
-    payload = {"title": title, "generated": time.strftime("%Y-%m-%d %H:%M:%S"), "bins": BINS, "arms": arms}
+def write_page(arms: list[dict[str, Any]], out: Path, title: str, missing: list[dict[str, str]] | None = None) -> Path:
+    """`missing`: the runs not on the page, each {"label", "run_dir", "reason"} (shown under the title)."""
+    payload = {
+        "title": title,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "bins": BINS,
+        "arms": arms,
+        "missing": missing or [],
+    }
     # "<" escaped as \u003c: the JSON can never close its <script> element
     data = json.dumps(_clean(payload), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     html = HTML.format(title=_escape(title), css=CSS, data=data, script=SCRIPT)
@@ -227,18 +260,24 @@ def sweep_runs(sweep_yaml: Path | str, all_runs: bool = False) -> list[tuple[str
 
 
 def render_sweep(
-    sweep_yaml: Path | str, step: int | None = None, out: Path | str | None = None, all_runs: bool = False
+    sweep_yaml: Path | str,
+    step: int | None = None,
+    out: Path | str | None = None,
+    all_runs: bool = False,
+    missing: list[dict[str, str]] | None = None,
 ) -> Path:
     """One page with every arm of the sweep's current plan (`all_runs`: and the other runs of its
     folder) that kept a batch at `step` (None = the last step every such run kept); default out:
-    `<sweep folder>/view-step-<N>.html`."""
+    `<sweep folder>/view-step-<N>.html`. The runs without a batch at that step are named on the page
+    with the reason (`batch.why_no_batch`), and appended to `missing` when a list is given."""
     runs = sweep_runs(sweep_yaml, all_runs)
     kept = {d: kept_steps(d) for _, d in runs}
     with_batches = [(lab, d) for lab, d in runs if kept[d]]
     if not with_batches:
+        reasons = sorted({why_no_batch(d) for _, d in runs})
         raise ViewError(
-            f"no run of sweep {sweep_yaml} has kept batches (batches/step-<N>.safetensors); "
-            f"set trainer.keep_batches_every to keep them"
+            f"no run of sweep {sweep_yaml} has kept batches (batches/step-<N>.safetensors): "
+            + ("; ".join(reasons) if len(reasons) <= 2 else f"{reasons[0]}; and {len(reasons) - 1} other reasons")
         )
     all_steps = sorted({s for _, d in with_batches for s in kept[d]})
     if step is None:
@@ -257,9 +296,16 @@ def render_sweep(
             raise ViewError(str(err)) from None
         with one_thread():
             arms.append(arm_data(batch, label=lab, run_dir=d))
+    absent = [
+        {"label": lab, "run_dir": str(d), "reason": why_no_batch(d, step if kept[d] else None)}
+        for lab, d in runs
+        if (lab, d) not in chosen
+    ]
+    if missing is not None:
+        missing.extend(absent)
     name = Path(sweep_yaml).stem
     out = Path(out) if out else chosen[0][1].parent / f"view-step-{step}.html"
-    return write_page(arms, out, f"sweep {name} — step {step}")
+    return write_page(arms, out, f"sweep {name} — step {step}", absent)
 
 
 def main_view(argv: list[str] | None = None) -> int:
@@ -271,9 +317,10 @@ def main_view(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-runs", action="store_true", help="also runs not in the sweep's current plan")
     args = parser.parse_args(argv)
     target = Path(args.target)
+    missing: list[dict[str, str]] = []
     try:
         if target.suffix in (".yaml", ".yml") and target.is_file():
-            path = render_sweep(target, args.step, args.out, args.all_runs)
+            path = render_sweep(target, args.step, args.out, args.all_runs, missing)
         elif target.is_dir():
             path = render_run(target, args.step, args.out)
         else:
@@ -281,5 +328,7 @@ def main_view(argv: list[str] | None = None) -> int:
     except ViewError as err:
         print(f"stare-lab: error: {err}", file=sys.stderr)
         return 2
+    for m in missing:
+        print(f"stare-lab view: not on the page: {m['label']}: {m['reason']}", file=sys.stderr)
     print(path)
     return 0

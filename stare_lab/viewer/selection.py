@@ -8,6 +8,13 @@ of `tokens/selected_frac`). For a rule that changes the loss (`Rule.changes_loss
 its loss treats otherwise than PPO's (`LossTerms.touched`, at the kept batch's rollout policy against
 its old log-probs: on-policy r = 1, so DPPO's trust region and CE-GPPO's clip touch nothing there),
 and `touched` names how, each with its fraction in the metrics.
+
+The run's own rule, where it chose its tokens in the loss (scope "microbatch" or "token") or changed the
+loss, is shown as it trained: one view per pass of the loss over the batch, from the kept loss record
+(`Batch.updates`: the training forward's weights, selected and touched tokens), and `replay` runs the
+rule again micro-batch by micro-batch on the recorded statistics to check that record
+(`reproduces`). Every view has the trained and touched fractions of docs/run_record.md
+(`token_weights.token_fractions`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ class RuleView:
     metrics: dict[str, float] = field(default_factory=dict)
     reason: str | None = None  # why the rule could not run on this batch ("not computable: needs X")
     touched: dict[str, Tensor] = field(default_factory=dict)  # a loss-changing rule: how → [B, T] bool
+    note: str | None = None  # the run's rule: where its view comes from ("in the loss, pass 1 of 2")
+    update: int | None = None  # the pass of the loss record it shows (None: computed on the kept batch)
+    reproduces: bool | None = None  # the loss record: the rule replayed on it gives the recorded weights
+    replay_note: str | None = None  # why it was not replayed, or what differed
 
     @property
     def computable(self) -> bool:
@@ -45,7 +56,9 @@ class RuleView:
 
     @property
     def label(self) -> str:
-        return f"{self.name} (this run)" if self.own else self.name
+        if not self.own:
+            return self.name
+        return f"{self.name} (this run, {self.note})" if self.note else f"{self.name} (this run)"
 
 
 def _params(rule) -> dict[str, Any]:
@@ -137,11 +150,171 @@ def _touched(view: RuleView, rule, stats, state, out) -> None:
 
 
 def apply_all_rules(batch: Batch) -> list[RuleView]:
-    """The run's own rule first, then every registered rule with default parameters (sorted by name)."""
+    """The run's own rule first (one view per recorded pass of the loss where it has a loss record),
+    then every registered rule with default parameters (sorted by name)."""
     from stare_lab.methods import list_methods
 
-    own = apply_rule(batch, batch.run_rule["name"], batch.run_rule.get("params"), own=True)
-    return [own] + [apply_rule(batch, name) for name in list_methods()]
+    own = own_views(batch)
+    return own + [apply_rule(batch, name) for name in list_methods()]
+
+
+def own_views(batch: Batch) -> list[RuleView]:
+    """The run's rule as it trained on the batch: from the loss record (one view per completed pass),
+    or computed on the kept batch for a rule that chose its weights at generation."""
+    name, params = batch.run_rule["name"], batch.run_rule.get("params")
+    if not batch.records_loss:
+        return [apply_rule(batch, name, params, own=True)]
+    passes = int(batch.loss_meta.get("iterations", 1))
+    if not batch.updates:  # the run stopped before the first pass over the batch ended
+        view = apply_rule(batch, name, params, own=True)
+        view.note = "at the rollout policy: the run kept no pass of its loss over this batch"
+        return [view]
+    replayed = replay(batch)
+    views = []
+    for u in batch.updates:
+        key = f"{OWN_PREFIX}{name}" + (f"@{u.index + 1}" if u.index else "")
+        view = RuleView(key, name, dict(params or {}), own=True, update=u.index)
+        view.note = f"in the loss, pass {u.index + 1} of {passes}" if passes > 1 else "in the loss"
+        valid = batch.mask > 0
+        view.weights = torch.where(valid, u.weights, torch.zeros_like(u.weights))
+        view.selected = u.selected & valid
+        view.normalize = batch.loss_meta.get("normalize")
+        view.touched = {how: m & valid for how, m in u.touched.items()}
+        if view.touched and batch.loss_meta.get("changes_loss"):
+            view.selected = torch.stack(list(view.touched.values())).any(0)
+        view.metrics = _mean_metrics(u.metrics)
+        n = max(float(valid.sum()), 1.0)
+        view.metrics.update({f"touched: {how}": float(m.sum()) / n for how, m in view.touched.items()})
+        if isinstance(replayed, str):
+            view.replay_note = replayed
+        else:
+            view.reproduces, view.replay_note = _compare(u, view, replayed[u.index], valid)
+        views.append(view)
+    return views
+
+
+def _mean_metrics(per_micro_batch: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the micro-batches of a pass (as TRL averages a step's micro-batches)."""
+    keys = sorted({k for m in per_micro_batch for k in m})
+    return {k: float(np.mean([m[k] for m in per_micro_batch if k in m])) for k in keys}
+
+
+def _compare(update, view: RuleView, replayed: dict[str, Any], valid: Tensor) -> tuple[bool, str | None]:
+    """Does the replayed pass give the recorded weights (and touched sets)? With what differed."""
+    if not torch.equal(replayed["weights"][valid], update.weights[valid]):
+        return False, "the rule replayed on the recorded statistics gives other weights than the record"
+    for how, mask in update.touched.items():
+        if how not in replayed["touched"] or not torch.equal(replayed["touched"][how] & valid, mask & valid):
+            return False, f"the rule replayed on the recorded statistics touches other tokens ({how})"
+    return True, None
+
+
+def replay(batch: Batch) -> list[dict[str, Any]] | str:
+    """The run's rule run again on the loss record, micro-batch by micro-batch and pass by pass, as the
+    trainer ran it (`TokenRuleGRPOTrainer._microbatch_weights`, `token_weights.microbatch_stats`, the
+    loss's `LossBatch`): per pass {"weights": [B, T], "touched": {how: [B, T] bool}}; or a one-line
+    reason where it can not be replayed (an unknown rule, micro-batches gathered over several ranks)."""
+    from stare_lab.methods import RuleState, get_method
+
+    meta = batch.loss_meta
+    try:
+        rule = get_method(batch.run_rule["name"], **(batch.run_rule.get("params") or {}))
+    except ValueError as err:
+        return f"not replayed: {err}"
+    values = trainer_values(batch)
+    in_loss = bool(meta.get("selects_in_loss"))
+    if (
+        in_loss
+        and meta.get("ranks") == "gathered"
+        and meta.get("scope") != "token"
+        and meta.get("num_processes", 1) > 1
+    ):
+        return "not replayed: the rule selected over the micro-batches of every rank (microbatch_ranks gathered)"
+    process = batch.process if batch.process is not None else torch.zeros(batch.shape[0], dtype=torch.long)
+    B, T = batch.shape
+    out = [{"weights": torch.full((B, T), float("nan")), "touched": {}} for _ in batch.updates]
+    for p in sorted(set(process.tolist())):
+        state = RuleState.from_dict(batch.rule_state)  # each rank's rule state, from before the batch
+        state.trainer = values
+        if rule.step_needs_for(values):
+            state.step_stats = batch.token_stats(rule.attn_layers)  # the generation batch's, as the trainer kept it
+        for u in batch.updates:
+            state.iteration = u.index
+            for mb in range(int(meta.get("micro_batches", 1))):
+                rows = torch.nonzero((process == p) & (u.micro_batch == mb), as_tuple=True)[0]
+                if rows.numel() == 0:
+                    continue
+                rows = rows[torch.argsort(u.position[rows])]
+                try:
+                    _replay_micro_batch(batch, rule, state, u, rows, int(p), in_loss, out[u.index])
+                except Exception as err:  # a rule failing here is shown, not raised
+                    return f"not replayed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return out
+
+
+def _replay_micro_batch(batch: Batch, rule, state, u, rows: Tensor, p: int, in_loss: bool, out: dict) -> None:
+    """One micro-batch (`rows` of the batch, in their order in it) of pass `u` on rank `p` into `out`."""
+    from stare_lab import distributed
+    from stare_lab.methods import LossBatch
+    from stare_lab.stats import TokenStats
+
+    needs = rule.needs_for(state.trainer)
+    b = rows.numel()
+    mask = batch.mask[rows]
+    logp = u.logp[rows]
+    old = batch.loss_old_logp[rows] if batch.loss_old_logp is not None else logp
+    ref = batch.loss_ref_logp[rows] if batch.loss_ref_logp is not None else None
+    advantages = batch.advantages[rows]
+    if in_loss:  # token_weights.microbatch_stats
+        fields: dict[str, Tensor] = {}
+        if "entropy" in needs:
+            fields["entropy"] = u.entropy[rows]
+        if "old_logp" in needs:
+            fields["old_logp"] = old
+        if "ref_logp" in needs and ref is not None:
+            fields["ref_logp"] = ref
+        stats = TokenStats(
+            logp=logp if "logp" in needs else torch.full_like(logp, float("nan")),
+            mask=mask,
+            advantages=advantages,
+            group=p * b + torch.arange(b),
+            **fields,
+        )
+        with distributed.deterministic():
+            result = rule(stats, state)
+        weights = result.weights.float()
+        selected = (result.selected if result.selected is not None else stats.valid) & stats.valid
+    else:  # the weights came from generation: the record's
+        weights = u.weights[rows]
+        selected = u.selected[rows]
+    out["weights"][rows] = weights
+    if rule.changes_loss:
+        terms = rule.loss_terms(
+            LossBatch(
+                logp=logp,
+                old_logp=old,
+                advantages=advantages,
+                mask=mask,
+                entropy=u.entropy[rows],
+                selected=selected,
+                trainer=state.trainer,
+                ref_logp=ref,
+            )
+        )
+        for how, m in terms.touched.items():
+            out["touched"].setdefault(how, torch.zeros(batch.shape, dtype=torch.bool))[rows] = m.bool()
+
+
+def fractions(view: RuleView, mask: Tensor) -> tuple[float, float] | None:
+    """(trained, touched) shares of the valid tokens (`token_weights.token_fractions`, as the trainer logs
+    tokens/trained_frac and tokens/touched_frac), or None for a rule that could not run."""
+    from stare_lab.token_weights import token_fractions
+
+    if not view.computable:
+        return None
+    trained, touched = token_fractions(view.weights, mask, view.touched)
+    n = float((mask > 0).sum())
+    return (float(trained.sum()) / n, float(touched.sum()) / n) if n else (0.0, 0.0)
 
 
 @contextmanager

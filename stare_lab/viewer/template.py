@@ -70,12 +70,16 @@ function controls(){
 }
 function summary(){
   const t=document.getElementById('rules');t.textContent='';
-  const h=el('tr');for(const c of['rule','params','normalize','selected','weight mean','positions (start → end)','most selected tokens'])h.appendChild(el('th',null,c));
+  const h=el('tr');for(const c of['rule','params','normalize','trained','touched','selected','weight mean','positions (start → end)','most selected tokens'])h.appendChild(el('th',null,c));
   t.appendChild(h);
-  for(const r of arm.rules){const tr=el('tr',{'data-rule':r.key});tr.appendChild(el('td',null,r.label));
+  for(const r of arm.rules){const tr=el('tr',{'data-rule':r.key});
+    const replay=r.reproduces_training===true?'replayed on the record: the same weights':(r.reproduces_training===false?r.replay_note:(r.replay_note||''));
+    tr.appendChild(el('td',replay?{title:replay}:null,r.label+(r.reproduces_training===false?' ⚠':'')));
     tr.appendChild(el('td',{class:'params'},JSON.stringify(r.params)));
-    if(!r.computable){tr.appendChild(el('td',{class:'na',colspan:'5'},r.reason));t.appendChild(tr);continue;}
+    if(!r.computable){tr.appendChild(el('td',{class:'na',colspan:'7'},r.reason));t.appendChild(tr);continue;}
     tr.appendChild(el('td',null,r.normalize));
+    tr.appendChild(el('td',{class:'num',title:'weight ≠ 0'},fmt(100*r.trained_frac,1)+'%'));
+    tr.appendChild(el('td',{class:'num',title:'weight ≠ 1, or changed by the rule\'s loss'},fmt(100*r.touched_frac,1)+'%'));
     tr.appendChild(el('td',{class:'num'},fmt(100*r.selected_frac,1)+'%'));
     tr.appendChild(el('td',{class:'num'},fmt(r.weight_mean)));
     const td=el('td');td.appendChild(bars(r.positions));tr.appendChild(td);
@@ -140,6 +144,7 @@ function show(i){
   arm=D.arms[i];
   document.getElementById('title').textContent=arm.label+' — step '+arm.step;
   document.getElementById('info').textContent=arm.info;
+  document.getElementById('missing').textContent=(D.missing||[]).length?('Not on this page: '+D.missing.map(m=>m.label+' ('+m.reason+')').join('; ')):'';
   controls();summary();overlap();rollouts();
   const own=arm.rules.find(r=>r.own&&r.computable);
   if(own)paint('rule',own.key);else if(arm.signals.length)paint('signal',arm.signals[0].key);
@@ -161,6 +166,7 @@ var d=document.getElementById('errors');if(d)d.textContent='script error: '+m+' 
 <div id="errors"></div>
 <h1 id="title">{title}</h1>
 <div class="sub" id="info"></div>
+<div class="sub" id="missing"></div>
 <div id="controls"></div>
 <h2>Rollouts</h2>
 <div id="rollouts"></div>
