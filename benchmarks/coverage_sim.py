@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import time
 
@@ -153,9 +154,17 @@ def main() -> None:
                 flush=True,
             )
     print(
-        f"\n{time.perf_counter() - start:.0f} s on {platform.processor() or platform.machine()}, "
+        f"\n{time.perf_counter() - start:.0f} s on {cpu_name()} ({os.cpu_count()} cores), "
         f"{platform.python_implementation()} {platform.python_version()}, numpy {np.__version__}"
     )
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":
