@@ -114,3 +114,29 @@ def test_a_long_baseline_group_is_counted_and_every_other_arm_named(tmp_path):
     (note,) = notes_of(write(tmp_path, arms, seeds=1))
     assert "loss aggregation: TRL's dapo (full and 5 other arms), TRL's grpo (ict[b])" in note
     assert "trainer.loss_type: dapo (full and 5 other arms), grpo (ict[b])" in note
+
+
+def test_the_matched_controls_of_docs_sweeps_md_expand_to_what_the_note_reads(tmp_path):
+    """docs/sweeps.md, "Matched controls": its YAML block is a valid sweep whose controls resolve to the
+    settings the confound note compares (full at scope microbatch; full with 2 updates per generation batch)."""
+    import re
+
+    import yaml
+
+    from stare_lab.sweep.expand import expand_sweep
+    from stare_lab.sweep.schema import load_sweep
+
+    text = (Path(__file__).parents[1] / "docs" / "sweeps.md").read_text()
+    section = text.split("## Matched controls", 1)[1].split("\n## ", 1)[0]
+    block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    sweep = {"name": "mc", "base": {"model": "builtin", "task": "arithmetic", "trainer": "cpu_small"}, **block}
+    path = tmp_path / "mc.yaml"
+    path.write_text(yaml.safe_dump({**sweep, "output": str(tmp_path / "runs")}))
+    runs = expand_sweep(load_sweep(path))
+    by = {(r.variant, r.seed): r.config for r in runs}
+    assert {v for v, _ in by} == {"full", "clip_cov", "kl_cov", "lopti", "full[microbatch]", "full[updates=2]"}
+    mb, updates = by[("full[microbatch]", 0)], by[("full[updates=2]", 0)]
+    assert mb["method"]["name"] == "full" and mb["method"]["params"]["scope"] == "microbatch"
+    assert by[("clip_cov", 0)]["method"]["params"]["scope"] == "microbatch"  # what the control matches
+    assert updates["trainer"]["num_iterations"] == 2 == by[("lopti", 0)]["trainer"]["num_iterations"]
+    assert by[("full", 0)]["trainer"]["num_iterations"] == 1

@@ -1,8 +1,10 @@
 """Result tables: rule × benchmark (or rule × k) with mean ± std over seeds, Δ vs a baseline.
 
-The differences carry their interval over seeds and problems where the runs kept per-problem
-samples (claims.py, compare.py); a cell is bold only where its interval excludes 0 after Holm's
-correction over the arms, marked better or worse; ties and leads within noise are never bold.
+The differences carry their per-comparison interval over seeds and problems where the runs kept
+per-problem samples (claims.py, compare.py); a cell is bold only where Holm's correction over the
+arms of its column leaves p < 1 − confidence, marked better or worse; ties and leads within noise are
+never bold, and an interval that excludes 0 without surviving Holm is marked † and explained under
+the table. Arms that differ in a setting besides their rule are named under it (notes.confound_notes).
 
 Input is `collect_runs`' long frame; only final evaluations count, one evaluation setting per
 benchmark column (collect.select_settings). Each run is one sample of its arm (see collect.py:
