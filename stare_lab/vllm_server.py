@@ -219,10 +219,11 @@ class ServerWatch(TrainerCallback):
     """Before each optimizer step (before its generation): the run's server is alive and answers /health,
     else ServerError, one line with its log (the run fails and resumes from its last checkpoint). One GET
     per step; TRL itself would fail later, inside generation, with a connection traceback.
-    `process`: the server's process when this process started it."""
+    `process`: the server's process when this process started it; `node`: the server's node when it is
+    not this one (named in the line: a server node that died)."""
 
-    def __init__(self, url: str, log: Path | None, process: subprocess.Popen | None = None):
-        self.url, self.log, self.process = url, log, process
+    def __init__(self, url: str, log: Path | None, process: subprocess.Popen | None = None, node: str | None = None):
+        self.url, self.log, self.process, self.node = url, log, process, node
 
     def on_step_begin(self, args, state, control, **kwargs):
         import requests
@@ -238,7 +239,8 @@ class ServerWatch(TrainerCallback):
         except requests.RequestException:
             ok = False
         if not ok:
-            raise ServerError(f"vLLM server at {self.url} stopped answering before step {step}{where}")
+            on = f" on {self.node}" if self.node else ""
+            raise ServerError(f"vLLM server at {self.url}{on} stopped answering before step {step}{where}")
         return control
 
 

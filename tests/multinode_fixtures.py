@@ -129,3 +129,71 @@ def slurm_launcher(nodes: int, tasks_per_node: int, **extra) -> dict:
         "signal_delay_s": 10,
         **extra,
     }
+
+
+# -- the watcher at scale: a counted stand-in runner and an instrumented driver -------------------
+
+EXECUTIONS = "executions.jsonl"  # in a run folder: one line per time a worker ran the stand-in on it
+
+
+def counted_standin(run_dir: Path, step_s: float = 1.0) -> None:
+    """sweep_fixtures.standin_execute, each call recorded in the run's executions.jsonl (host, pid,
+    time): a run trained twice has two lines."""
+    import socket
+
+    from sweep_fixtures import standin_execute
+
+    with open(Path(run_dir) / EXECUTIONS, "a") as f:
+        f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}) + "\n")
+    standin_execute(run_dir, step_s=step_s)
+
+
+def query_shims(folder: Path, log: Path) -> Path:
+    """A folder of `sacct` and `squeue` that log each call ("time parent-pid name args") to `log`, then
+    run the real command: put it first on a driver's PATH to count its queries."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("sacct", "squeue"):
+        real = shutil.which(name)
+        assert real, f"{name} not on PATH"
+        script = folder / name
+        script.write_text(f'#!/bin/sh\necho "$(date +%s.%N) $PPID {name} $*" >> {log}\nexec {real} "$@"\n')
+        script.chmod(0o755)
+    return folder
+
+
+def _log_polls(log: Path) -> None:
+    """Record every batched Slurm look of this driver (stare_lab.sweep.liveness.slurm_states): time,
+    pid, the job ids asked, whether Slurm answered."""
+    from stare_lab.sweep import liveness
+
+    states = liveness.slurm_states
+
+    def logged(job_ids):
+        job_ids = [str(j) for j in job_ids if j]
+        t = time.time()
+        out = states(job_ids)
+        with open(log, "a") as f:
+            line = {"time": t, "end": time.time(), "pid": os.getpid(), "ids": len(job_ids), "answered": out is not None}
+            f.write(json.dumps(line) + "\n")
+        return out
+
+    liveness.slurm_states = logged
+
+
+if __name__ == "__main__":  # `python tests/multinode_fixtures.py POLL_LOG STEP_S sweep args...`: the counted
+    # stand-in as the runner, every look logged
+    import functools
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    import multinode_fixtures  # pickled by module name: workers can not import this __main__
+    from sweep_fixtures import use_runner
+
+    from stare_lab.sweep.cli import main
+
+    poll_log, step_s = Path(sys.argv[1]), float(sys.argv[2])
+    use_runner(functools.partial(multinode_fixtures.counted_standin, step_s=step_s))
+    _log_polls(poll_log)
+    sys.exit(main(sys.argv[3:]))

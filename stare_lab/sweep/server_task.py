@@ -52,7 +52,7 @@ from typing import Any
 from stare_lab.record import first_line, read_json, read_status
 from stare_lab.utils import atomic_write_text
 
-SERVER_FILE = "server.json"  # in the attempt's rank folder: {"url", "pid", "log"}
+SERVER_FILE = "server.json"  # in the attempt's rank folder: {"url", "pid", "log", "node"}
 SERVER_ENV = "STARE_LAB_VLLM_SERVER"  # a training task's {"dir": rank folder, "host": host rank} (JSON)
 # The host's start-up (interpreter, imports) before its own health timeout begins; trainers wait this much more.
 START_MARGIN_S = 120.0
@@ -161,7 +161,7 @@ def serve_slot(run_dir: Path, cfg, gate, local_rank: int, tasks_per_node: int, n
         with vllm_server.serving(
             cfg, run_dir, host=_listen_host(cfg, nodes), devices=_server_devices(local_rank, tasks_per_node)
         ) as server:
-            found = {"url": server.url, "pid": server.process.pid, "log": str(server.log)}
+            found = {"url": server.url, "pid": server.process.pid, "log": str(server.log), "node": socket.gethostname()}
             atomic_write_text(gate.dir / SERVER_FILE, json.dumps(found))
             _watch(run_dir, server, attempt)
     except Exception as e:
@@ -206,9 +206,10 @@ def training_env(gate_dir: Path, host_rank: int) -> dict[str, str]:
     return {SERVER_ENV: json.dumps({"dir": str(gate_dir), "host": host_rank})}
 
 
-def wait_address(timeout: float, log: Path) -> tuple[str, str] | None:
-    """(url, log) of the server this job's host started, waiting for it at most `timeout` + START_MARGIN_S;
-    None outside such a job. ServerError with the host's own line when it failed, or naming the timeout."""
+def wait_address(timeout: float, log: Path) -> tuple[str, str, str | None] | None:
+    """(url, log, node) of the server this job's host started, waiting for it at most `timeout` +
+    START_MARGIN_S; None outside such a job. ServerError with the host's own line when it failed, or
+    naming the timeout."""
     from stare_lab.vllm_server import ServerError
 
     given = os.environ.get(SERVER_ENV)
@@ -220,7 +221,7 @@ def wait_address(timeout: float, log: Path) -> tuple[str, str] | None:
     while True:
         found = read_json(folder / SERVER_FILE)
         if found:
-            return str(found["url"]), str(found["log"])
+            return str(found["url"]), str(found["log"]), found.get("node")
         error = (read_json(folder / f"rank-{where['host']}.json") or {}).get("error")
         if error:
             raise ServerError(first_line(error))
@@ -250,10 +251,10 @@ def for_run(cfg, run_dir: Path | str) -> Iterator[list]:
     log = Path(run_dir) / SERVER_LOG
     found = wait_address(float(t.vllm_server_timeout), log)
     if found is not None:
-        url, log_path = found
+        url, log_path, node = found
         host, port = url.removeprefix("http://").rsplit(":", 1)
         t.vllm_server_host, t.vllm_server_port = host, int(port)
-        yield [ServerWatch(url, Path(log_path))]
+        yield [ServerWatch(url, Path(log_path), node=node if node != socket.gethostname() else None)]
     elif t.get("vllm_server_port") is not None:
         yield [ServerWatch(f"http://{t.vllm_server_host}:{t.vllm_server_port}", None)]
     else:
