@@ -50,13 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     from contextlib import nullcontext
 
     from stare_lab.config import ConfigError
-    from stare_lab.rule_imports import reading
+    from stare_lab.rule_imports import RuleImportError, reading
     from stare_lab.sweep.schema import SweepError
 
     try:  # the reading commands work from the records: they import no rule kept outside the package
         with reading() if cmd in READING_COMMANDS else nullcontext():
             return commands[cmd](rest)
-    except (UserError, ConfigError, SweepError, FileNotFoundError) as e:
+    except (UserError, ConfigError, SweepError, RuleImportError, FileNotFoundError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except KeyboardInterrupt:
         print("stare-lab: interrupted", file=sys.stderr)

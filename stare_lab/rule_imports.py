@@ -39,16 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stare_lab.config import ConfigError
-
 ENTRY_POINT_GROUP = "stare_lab.rules"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _STATE: dict[str, Any] = {"reading": False, "entry_points": None}
 _SHA: dict[tuple[str, int, int], str] = {}
 
 
-class RuleImportError(ConfigError):
-    """A module of rules that can not be imported (one line: which, from where, its error)."""
+class RuleImportError(ValueError):
+    """A module of rules that can not be imported (one line: which, from where, its error); the
+    command line's mistake, exit 2 (this module imports nothing of stare_lab: the registry imports it)."""
 
 
 @dataclass(frozen=True)
@@ -157,15 +156,12 @@ def import_run_modules(run_cfg: Any, source: str = "run.imports") -> list[Import
     return [import_module(str(e["module"]), e.get("path"), source) for e in entries]
 
 
-def rule_modules(method: str | None, imported: Iterable[Imported]) -> list[dict[str, Any]]:
-    """The record of the outside modules a run uses: its `run.imports` and the module that
-    registered its rule when that is none of them and not stare_lab's (an entry point's); the one
-    that registered the run's rule has `defines_rule` true. A rule the registry does not know adds
-    nothing (the run itself then fails naming it)."""
-    from stare_lab.methods.registry import is_registered, rule_module
-
+def rule_modules(origin: str | None, imported: Iterable[Imported]) -> list[dict[str, Any]]:
+    """The record of the outside modules a run uses: its `run.imports` and `origin`, the module that
+    registered its rule (`registry.rule_module`: None for a rule of stare_lab's, or one the registry
+    does not know, whose run then fails naming it), when that is none of them (an entry point's). The
+    one that registered the run's rule has `defines_rule` true."""
     records = {i.module: i.record() for i in imported}
-    origin = rule_module(method) if method is not None and is_registered(str(method)) else None
     if origin is not None and origin not in records and origin in sys.modules:
         records[origin] = describe_module(sys.modules[origin]).record()
     for module, record in records.items():
@@ -173,12 +169,12 @@ def rule_modules(method: str | None, imported: Iterable[Imported]) -> list[dict[
     return list(records.values())
 
 
-def current_rule_modules(config: dict[str, Any]) -> list[dict[str, Any]]:
+def current_rule_modules(config: dict[str, Any], origin: str | None) -> list[dict[str, Any]]:
     """`rule_modules` of a run as this process has them now (the driver imported them): what a
     finished run's record is compared with to tell whether it ran other code (sweep.plan)."""
     entries = (config.get("run") or {}).get("imports") or []
     imported = [describe_module(sys.modules[e["module"]]) for e in entries if e["module"] in sys.modules]
-    return rule_modules((config.get("method") or {}).get("name"), imported)
+    return rule_modules(origin, imported)
 
 
 def load_entry_points() -> list[Imported]:

@@ -423,9 +423,12 @@ def is_registered(name: str) -> bool:
     return name in _REGISTRY
 
 
-def rule_module(name: str) -> str | None:
-    """The module that registered rule `name`, when it is not part of stare_lab (else None)."""
-    module = _lookup(name).fn.__module__
+def rule_module(name: str | None) -> str | None:
+    """The module that registered rule `name`, when it is not part of stare_lab; None for a rule of
+    stare_lab's or a name the registry does not know."""
+    if name is None or not is_registered(name):
+        return None
+    module = _REGISTRY[name].fn.__module__
     return None if module == "stare_lab" or module.startswith("stare_lab.") else module
 
 

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from stare_lab.config import ConfigError
-from stare_lab.rule_imports import reading
+from stare_lab.rule_imports import RuleImportError, reading
 from stare_lab.sweep.launchers import launcher_names
 from stare_lab.sweep.schema import SweepError, load_sweep
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         with reading():  # from the records: no rule kept outside the package is imported
             return cmd_status(args)
-    except (SweepError, ConfigError) as e:
+    except (SweepError, ConfigError, RuleImportError) as e:
         print(f"stare-lab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the launcher has already said what it stopped, in one line

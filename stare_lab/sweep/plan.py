@@ -72,6 +72,8 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
     """What to do with each run; the caller holds the sweep lock, so no other launcher is alive.
     A finished run whose last attempt ran other code than this checkout is kept (and counted in
     `other_code`) unless `rerun_other_code`."""
+    from stare_lab.methods.registry import rule_module
+
     own = provenance()
     plan = Plan(current_code=code_version(own))
     statuses = [read_status(run.run_dir) for run in runs]
@@ -82,7 +84,8 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
             plan.start.append((run, "new"))
         elif state == "finished":
             code = code_version(status)
-            if code == code_version({**own, "rule_modules": current_rule_modules(run.config)}):
+            modules = current_rule_modules(run.config, rule_module(run.config["method"]["name"]))
+            if code == code_version({**own, "rule_modules": modules}):
                 plan.finished.append(run)
             elif rerun_other_code:
                 plan.start.append((run, "rerun"))

@@ -78,11 +78,13 @@ def outside_rule_modules(run_dir: Path) -> list[dict[str, Any]]:
     """Import the run's `run.imports` (a failure is the run's one-line error) and return the record of
     every module of rules kept outside the package it uses (stare_lab.rule_imports.rule_modules)."""
     from stare_lab.config import load_config
+    from stare_lab.methods.registry import rule_module
     from stare_lab.record import CONFIG_FILE
     from stare_lab.rule_imports import import_run_modules, rule_modules
 
     cfg = load_config(run_dir / CONFIG_FILE)
-    return rule_modules((cfg.get("method") or {}).get("name"), import_run_modules(cfg.get("run")))
+    imported = import_run_modules(cfg.get("run"))
+    return rule_modules(rule_module((cfg.get("method") or {}).get("name")), imported)
 
 
 def run_one(
