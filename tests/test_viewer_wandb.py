@@ -132,8 +132,9 @@ def test_token_page_and_figures_go_into_the_run_record(tmp_path):
     data = json.loads(page.read_text().split('<script id="data" type="application/json">')[1].split("</script>")[0])
     arm = data["arms"][0]
     for r in arm["rules"]:
-        assert summary[f"tokens/selected_frac/{r['key']}"] == pytest.approx(r["selected_frac"], rel=1e-12)
-    assert summary["tokens/step"] == 3 and len(shown) == 1 + len(arm["rules"])
+        for key in ("selected_frac", "trained_frac", "touched_frac"):
+            assert summary[f"tokens/{key}/{r['key']}"] == pytest.approx(r[key], rel=1e-12)
+    assert summary["tokens/step"] == 3 and len(shown) == 1 + 3 * len(arm["rules"])
     item = next(h for h in history(records) if media(h, "tokens/page"))
     folder = Path(item["folder"]) / "files"
     assert media(item, "tokens/page")["_type"] == "html-file"

@@ -13,7 +13,8 @@ Keys
 - run history, every evaluation (intermediate checkpoints, then the final one) as a point of the
   same keys against `eval/step` (a W&B step metric: a resumed run may not log below its last step).
 - token page: `tokens/page` (wandb.Html), `tokens/<figure stem>` (wandb.Image), `tokens/overlap`
-  (wandb.Table, the page's Jaccard matrix), summary `tokens/selected_frac/<rule>` and `tokens/step`.
+  (wandb.Table, the page's Jaccard matrix), summary `tokens/selected_frac/<rule>`,
+  `tokens/trained_frac/<rule>`, `tokens/touched_frac/<rule>` and `tokens/step`.
 - sweep summary run (id `summary-<hash of the sweep name>`, group = the sweep, job_type "summary"):
   `table` (wandb.Table of the finished table), summary `table/<rule>/<column>` (mean over seeds),
   `passk/<benchmark>` (line series of pass@k against k per rule), summary
@@ -94,12 +95,15 @@ def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None, r
 
 
 def page_summary(page: Path | str) -> dict[str, Any]:
-    """What the token page shows, read from its embedded data: {`tokens/selected_frac/<rule>`, `tokens/step`}."""
+    """What the token page shows, read from its embedded data: {`tokens/selected_frac/<rule>`,
+    `tokens/trained_frac/<rule>`, `tokens/touched_frac/<rule>`, `tokens/step`}."""
     arm = page_data(page)["arms"][0]
     out: dict[str, Any] = {"tokens/step": arm["step"]}
     for r in arm["rules"]:
         if r["computable"]:
-            out[f"tokens/selected_frac/{r['key']}"] = r["selected_frac"]
+            for key in ("selected_frac", "trained_frac", "touched_frac"):
+                if r.get(key) is not None:  # pages written before the trained and touched fractions lack them
+                    out[f"tokens/{key}/{r['key']}"] = r[key]
     return out
 
 
