@@ -200,6 +200,7 @@ def test_local_sweep_of_all_three_ways_then_reading_commands_without_any_of_them
         assert sorted(arms) == sorted(methods) and "not in the current plan" not in table.stderr, table.stdout
         plot = stare_lab(project, "plot", "sweeps/local3.yaml")
         assert plot.returncode == 0 and "training curves:" in plot.stdout, plot.stderr
+        _reading_a_changed_plan(project, ids)
         view = stare_lab(project, "view", "sweeps/local3.yaml")
         assert view.returncode == 0, view.stderr
         page = (work / "runs" / "local3").glob("view-step-*.html")
@@ -223,6 +224,24 @@ def test_local_sweep_of_all_three_ways_then_reading_commands_without_any_of_them
     assert note is not None and f"{own} cli_rules@{old}: 1" in note.group(2), note
     if note.group(1) == own:  # the checkout did not move: only the edited module's run is other code
         assert note.group(2) == f"{own} cli_rules@{old}: 1", note.group(2)
+
+
+def _reading_a_changed_plan(project, ids: dict[str, str]) -> None:
+    """With the modules gone: a second seed is 4 runs not started beside the 4 finished (the outside
+    rules' under a provisional id no folder has); another parameter matches no record, its 4 runs are
+    not started and the 4 finished ones are not in the plan."""
+    sweeps = project / "work" / "sweeps"
+    sweep = yaml.safe_load((sweeps / "local3.yaml").read_text())
+    (sweeps / "more.yaml").write_text(yaml.safe_dump({**sweep, "seeds": [0, 1]}))
+    more = stare_lab(project, "sweep", "status", "sweeps/more.yaml")
+    assert more.returncode == 0 and "8 runs — 4 finished, 4 not started" in more.stdout, more.stdout + more.stderr
+    assert all(re.search(rf"{m} seed=0 +{i} ", more.stdout) for m, i in ids.items()), more.stdout
+    assert all(re.search(rf"{m} seed=1 +\w{{12}} ", more.stdout) for m in ids), more.stdout
+    sweep["base"]["overrides"]["method.params.normalize"] = "valid"
+    (sweeps / "edit.yaml").write_text(yaml.safe_dump(sweep))
+    edit = stare_lab(project, "sweep", "status", "sweeps/edit.yaml")
+    assert edit.returncode == 0 and "8 runs — 4 finished, 4 not started" in edit.stdout, edit.stdout + edit.stderr
+    assert "4 run(s) not in the current plan" in edit.stdout and all(i in edit.stdout for i in ids.values())
 
 
 def _sweep_again(project) -> str:
