@@ -116,9 +116,9 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         # selection per process (the official codes) or over the micro-batches of every rank
         self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
         self.microbatch_ranks = check_choice("microbatch_ranks", microbatch_ranks, RANKS)
-        # the last generation's metrics, carried to the steps that train on its batch without generating (`log`)
         self._loss_record = None  # viewer.collect.LossRecord of the kept batch being trained on, if any
         self._microbatch_metrics: dict[str, float] = {}  # the rule's metrics of the last micro-batch (scope microbatch)
+        # the last generation's metrics, carried to the steps that train on its batch without generating (`log`)
         self._generation_values: dict[str, float] = {}
         self._generation_step: int | None = None
         self._generated_since_log = False

@@ -80,7 +80,7 @@ CASES = {
     "entropy_adv": (get_method("entropy_adv"), dict(gradient_accumulation_steps=2)),
     # scope microbatch with a statistic of the whole generation batch (the gate's H̄) and memory
     "stare": (
-        get_method("stare", scope="microbatch", H_tgt=10.0, adaptive=True),
+        get_method("stare", scope="microbatch", H_tgt=10.0, adaptive=True, normalize="selected"),
         dict(gradient_accumulation_steps=2, steps_per_generation=4),
     ),
 }
@@ -105,6 +105,7 @@ def test_a_rule_in_the_loss_keeps_its_batches_with_what_it_did_there(setup, tmp_
             meta["iterations"] == trainer.num_iterations and meta["micro_batches"] == trainer.args.steps_per_generation
         )
         assert meta["selects_in_loss"] == trainer.selects_in_loss and meta["changes_loss"] == rule.changes_loss
+        assert meta["normalize"] == getattr(rule.params, "normalize", "valid")
         # the passes that ended before the run did; each covers every row exactly once
         passes_done = min(trainer.num_iterations, (steps - kept) * accumulation // trainer.args.steps_per_generation)
         assert [u.index for u in batch.updates] == list(range(passes_done))

@@ -383,8 +383,11 @@ class LossRecord:
         """One training micro-batch of this batch: `inputs` TRL's (with the rule's loss inputs and
         `KEPT_ROW`), `logp`/`entropy` [b, t] its forward's, `touched` the loss-changing rule's sets,
         `metrics` the rule's, `step` the optimizer step it belongs to (1-based, as metrics.jsonl)."""
+        from stare_lab.methods import NORMALIZE
+
         rows = inputs[KEPT_ROW].long()
         b, t = logp.shape
+        self.meta["normalize"] = NORMALIZE[int(inputs["token_normalize"])]  # a rule in the loss sets it there
         buf = self._buf
         buf["logp"][rows, :t] = logp.detach().float()
         buf["entropy"][rows, :t] = entropy.detach().float()
