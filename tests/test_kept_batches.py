@@ -205,3 +205,27 @@ def test_viewer_fractions_are_the_trainers_definition(tmp_path):
     assert fractions(view, mask) == (4 / 5, 4 / 5)
     view.touched = {}
     assert fractions(view, mask) == (4 / 5, 2 / 5)
+
+
+def test_a_run_without_kept_batches_is_told_why_from_its_record(tmp_path, capsys):
+    """The issue's case: a clip_cov run trained by a version that kept nothing in the loss, with
+    keep_batches_every set; `stare-lab view` says so instead of asking to set it. Then the other reasons."""
+    from stare_lab.config import compose, save_config
+    from stare_lab.record import new_status, write_status
+    from stare_lab.viewer.batch import why_no_batch
+    from stare_lab.viewer.page import main_view
+
+    run = tmp_path / "clip_cov_run"
+    save_config(compose(["method=clip_cov", "trainer.keep_batches_every=5"]), run / "config.yaml")
+    write_status(run, {**new_status(), "state": "finished"})
+    assert main_view([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "keep_batches_every=5 but kept none (rule clip_cov (scope microbatch)" in err
+    assert "set trainer.keep_batches_every" not in err and "run it again to keep them" in err
+    write_status(run, {**new_status(), "state": "failed", "error": "CUDA out of memory\nTraceback ..."})
+    assert why_no_batch(run) == "it failed before keeping one (CUDA out of memory)"
+    write_status(run, {**new_status(), "state": "running"})
+    assert why_no_batch(run) == "it is running and has kept none yet (trainer.keep_batches_every=5)"
+    save_config(compose(["method=clip_cov"]), run / "config.yaml")
+    assert why_no_batch(run) == "trainer.keep_batches_every is 0: set it to keep batches"
+    assert why_no_batch(tmp_path / "nowhere") == "it has not started (no run folder yet)"
