@@ -174,7 +174,8 @@ def run_id(cfg: Any) -> str:
     several processes also hashes its world size and engine (the global batch is per-device batch
     × processes); a one-process run hashes neither, so its id is what it was before they existed.
     Likewise the `trainer.vllm_*` keys count only with `use_vllm`, the `trainer.microbatch_*` keys only
-    for a rule with `scope: microbatch`, and `eval.engine` only when it is not transformers: a run that
+    for a rule with `scope: microbatch`, `trainer.delta` only when set, and `eval.engine` only when it is
+    not transformers: a run that
     uses none of them keeps the id it had before they could be set."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     body = {k: v for k, v in data.items() if k != "run"}
@@ -184,6 +185,8 @@ def run_id(cfg: Any) -> str:
         unused += SERVER_LAYOUT_KEYS
     if ((body.get("method") or {}).get("params") or {}).get("scope") != "microbatch":
         unused += MICROBATCH_KEYS
+    if body["trainer"].get("delta") is None:  # TRL's two-sided clipping off: the id it had before the key
+        unused += ("delta",)
     trainer = {k: v for k, v in body["trainer"].items() if k not in unused}
     if processes > 1:
         body["processes"], trainer["distributed"] = processes, body["trainer"].get("distributed", "ddp")

@@ -118,6 +118,7 @@ class TrainerConfig:
     beta: float = bounded(ge=0)
     epsilon: float = bounded(ge=0)
     epsilon_high: float = bounded(ge=0)
+    delta: float | None = bounded(gt=1)  # TRL's two-sided clipping (verl's dual clip c); null: off
     scale_rewards: str = bounded(choices=("group", "batch", "none"))
     save_steps: int = bounded(ge=1)
     save_total_limit: int = bounded(ge=1)

@@ -142,6 +142,7 @@ def build_grpo_config(cfg: DictConfig, output_dir: Path):
         beta=t.beta,
         epsilon=t.epsilon,
         epsilon_high=t.epsilon_high,
+        delta=t.get("delta"),
         scale_rewards=t.scale_rewards,
         save_strategy="steps",
         save_steps=t.save_steps,

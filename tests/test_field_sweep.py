@@ -52,6 +52,18 @@ def test_the_field_sweep_has_the_matched_control_of_the_per_micro_batch_rules():
     assert by_variant["grpo"].method.params.scope == "batch"
 
 
+def test_ar_and_ar_lopti_take_the_scripts_dual_clip_with_their_control():
+    """The AR-Lopti scripts' clip_ratio_c = 10 as TRL's delta (issue 27.2), and `full` with the same δ."""
+    spec = load_sweep(ROOT / "sweeps" / "field.yaml")
+    by_variant = {r.variant: r.cfg for r in expand_sweep(spec) if r.cfg.seed == 0}
+    for name in ("adv_reweight", "ar_lopti", "grpo_dual_clip"):
+        assert by_variant[name].trainer.delta == 10.0, name
+    assert by_variant["grpo_dual_clip"].method.name == "full"
+    assert by_variant["grpo"].trainer.delta is None
+    for name in ("clip_cov", "kl_cov", "dppo_tv", "dppo_kl", "archer", "ce_gppo"):  # own dual clip or none
+        assert by_variant[name].trainer.delta is None, name
+
+
 @pytest.mark.parametrize(
     "override, words",
     [
