@@ -138,6 +138,15 @@ def test_a_rule_in_the_loss_keeps_its_batches_with_what_it_did_there(setup, tmp_
                 logged = by_step[step]
                 assert logged["tokens/trained_frac"] == pytest.approx(np.mean([s[0] for s in shares]), rel=1e-6)
                 assert logged["tokens/touched_frac"] == pytest.approx(np.mean([s[1] for s in shares]), rel=1e-6)
+                # the rules' own counts, as their docstrings state them (docs/run_record.md, "Token fractions")
+                expected = {
+                    "kl_cov": (1.0, logged.get("rule/penalised_frac")),
+                    "clip_cov": (1.0 - logged.get("rule/detached_frac", 0.0), logged.get("rule/detached_frac")),
+                    "dppo": (1.0, logged.get("rule/dropped_frac")),
+                }.get(name)
+                if expected is not None:
+                    assert logged["tokens/trained_frac"] == pytest.approx(expected[0], rel=1e-6, abs=1e-9)
+                    assert logged["tokens/touched_frac"] == pytest.approx(expected[1], rel=1e-6, abs=1e-9)
         # the rule run again on the record, micro-batch by micro-batch, gives what it recorded
         views = apply_all_rules(batch)
         own = [v for v in views if v.own]
