@@ -8,6 +8,7 @@
     stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
     stare-lab plot sweeps/X.yaml
     stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
+    stare-lab dashboard sweeps/X.yaml [--offline] [--name NAME] [--out FILE]
 
 User mistakes print one line on stderr and exit 2; no traceback.
 """
@@ -26,7 +27,7 @@ class UserError(Exception):
     pass
 
 
-READING_COMMANDS = ("table", "plot", "view")  # and `sweep status` (stare_lab.sweep.cli)
+READING_COMMANDS = ("table", "plot", "view", "dashboard")  # and `sweep status` (stare_lab.sweep.cli)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": cmd_table,
         "plot": cmd_plot,
         "view": cmd_view,
+        "dashboard": cmd_dashboard,
     }
     if cmd not in commands:
         return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
@@ -359,18 +361,43 @@ def cmd_table(argv: list[str]) -> int:
         for bench, t in passk.items():
             atomic_write_text(a.out / f"passk_{bench}.md", t.to_markdown())
     if a.wandb:
-        _table_to_wandb(root, df, table, passk, baseline)
+        _table_to_wandb(root, runs, df, table, passk, baseline)
     return 0
 
 
-def _table_to_wandb(root: Path, df, table, passk: dict, baseline: str | None) -> None:
-    """The finished table and pass@k curves in one summary run of the sweep's W&B group (offline without a key)."""
-    from stare_lab.analysis import plot_passk
+def _table_to_wandb(root: Path, runs, df, table, passk: dict, baseline: str | None) -> None:
+    """The finished table, its forest plot and the pass@k curves in one summary run of the sweep's
+    W&B group (offline without a key), in the W&B project and entity its runs logged to."""
+    from stare_lab.analysis import plot_forest, plot_passk
     from stare_lab.viewer.wandb_export import log_sweep_summary
 
     figures = plot_passk(df, root / "figures", baseline=baseline)
-    log_sweep_summary(root.name, table, passk, figures, out_dir=root)
+    if table.comparison is not None and not table.comparison.empty:
+        figures += plot_forest(
+            table.comparison, root / "figures", baseline=baseline, metric=table.metric, confidence=table.confidence
+        )
+    log_sweep_summary(root.name, table, passk, figures, out_dir=root, **_wandb_target(runs))
     print(f"stare-lab: W&B summary run of sweep {root.name!r} written under {root / 'wandb'}", file=sys.stderr)
+
+
+def _wandb_target(runs: Path | list[Path]) -> dict:
+    """{project, entity} of the W&B runs of a sweep (its first run's logger config); {} if none says."""
+    import yaml
+
+    dirs = runs if isinstance(runs, list) else sorted(p.parent for p in runs.glob(f"*/{CONFIG_FILE}"))
+    for d in dirs:
+        path = Path(d) / CONFIG_FILE
+        if path.is_file():
+            logger = (yaml.safe_load(path.read_text()) or {}).get("logger") or {}
+            return {k: logger[k] for k in ("project", "entity") if logger.get(k)}
+    return {}
+
+
+def cmd_dashboard(argv: list[str]) -> int:
+    """The sweep's W&B workspace (docs/dashboard.md): saved with a W&B key, else its specification written."""
+    from stare_lab.dashboard import main as dashboard_main
+
+    return dashboard_main(argv)
 
 
 def cmd_plot(argv: list[str]) -> int:

@@ -360,3 +360,16 @@ def test_with_a_key_the_library_saves_the_view_and_saving_again_updates_it(sweep
     assert json.loads(sent["spec"]) == json.loads(json.dumps(spec["spec"]))  # the spec written is the one sent
     assert "id" not in sent and again["id"] == "VmlldzoxMjM0" and again["name"] == "nw-dash0view1-v"
     assert (spec["entity"], spec["name"], spec["id"]) == ("lab", "nw-dash0view1-v", "VmlldzoxMjM0")
+
+
+def test_the_command_line_runs_the_dashboard(sweep, tmp_path):
+    """`stare-lab dashboard` on the command line: the spec written; a mistake is one line, exit 2."""
+    exe = Path(sys.executable).with_name("stare-lab")
+    out = tmp_path / "cli.json"
+    ok = subprocess.run([str(exe), "dashboard", str(sweep), "--out", str(out)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(out.read_text())["displayName"] == "dash (stare-lab)"
+    bad = subprocess.run([str(exe), "dashboard", str(tmp_path / "nope.yaml")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"stare-lab: error: no such sweep file or run folder: {tmp_path / 'nope.yaml'}"
+    ]

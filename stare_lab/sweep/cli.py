@@ -187,7 +187,15 @@ def _launch(spec, runs, retry_failed: bool, rerun_other_code: bool = False) -> i
     bad = len(runs) - counts.get("finished", 0)
     if bad:
         print(f"{bad} run(s) not finished: `stare-lab sweep status {spec.path}` shows why", flush=True)
+    _publish_dashboard(spec)
     return 0 if bad == 0 else 1
+
+
+def _publish_dashboard(spec) -> None:
+    """With a W&B key set, the sweep's dashboard is saved once its runs are done (one line; never raises)."""
+    from stare_lab.dashboard import publish_after_sweep
+
+    publish_after_sweep(spec.folder)
 
 
 def _run_search(spec, args: argparse.Namespace) -> int:
@@ -220,6 +228,7 @@ def _run_search(spec, args: argparse.Namespace) -> int:
     best = best_trial(spec)
     if best:
         print(f"best trial: #{best['number']} value={best['value']:.6g} params={best['params']} run {best['run_id']}")
+    _publish_dashboard(spec)
     return 0 if counts.get("complete") else 1
 
 
