@@ -5,7 +5,8 @@
     out = rule(stats, RuleState(step=0, total_steps=100))
 
 Each rule module registers itself when imported. The imports below are the whole list of rules,
-and their order is the registration order: `list_methods()`, the demo sweep and its tables follow it.
+and their order is the registration order: `list_methods()` and `grid: {method: all}` follow it (tables:
+baseline first, then alphabetical); rules kept outside the package register after these (stare_lab.rule_imports).
 """
 
 from stare_lab.methods.registry import (
