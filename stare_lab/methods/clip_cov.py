@@ -38,7 +38,9 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    denominator keeps D), so every TRL loss type with PPO's surrogate composes; loss types with a
    surrogate of their own (cispo, sapo, vespo) and TRL's two-sided clipping `delta` are refused (the
    official loss has no dual clip). `selected` is the trained tokens (valid, not in D), so
-   tokens/selected_frac = 1 − rule/detached_frac. At scope "microbatch" the draw of every micro-batch of
+   tokens/selected_frac = 1 − rule/detached_frac. It trains on the tokens it does not detach and
+   touches the detached ones: tokens/trained_frac = 1 − rule/detached_frac, tokens/touched_frac =
+   rule/detached_frac. At scope "microbatch" the draw of every micro-batch of
    a step takes a generator seeded by (run seed, step, iteration): the same stream, other candidates.
 """
 

@@ -26,7 +26,9 @@ Differences from the official code (verl `verl/trainer/ppo/core_algos.py` `compu
 6. [ours] As a registered rule: weights 1 (the loss type's own denominator); the loss replaces TRL's
    clipped surrogate, so TRL's ε do not act (δ is the rule's) and TRL's `delta` and loss types with a
    surrogate of their own are refused. The vLLM IS ratio multiplies ℓ (verl's `rollout_is_weights`).
-   Metrics per micro-batch: rule/dropped_frac, rule/capped_frac.
+   Metrics per micro-batch: rule/dropped_frac, rule/capped_frac. It trains on every valid token
+   (weight 1: tokens/trained_frac = 1) and touches those outside its trust region, which keep their
+   weight but get no gradient (tokens/touched_frac = rule/dropped_frac with one process).
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
    training forward's detached log-probs, scope "batch" once from the rollout policy's) and the loss
    (`loss`) replaces TRL's clipped surrogate by ℓ per token, under TRL's loss-type denominator, vLLM IS
    ratio, β·KL and entropy bonus. Loss types with a surrogate of their own and TRL's `delta` (a dual
-   clip the official loss does not have) are refused. tokens/selected_frac is rule/penalised_frac.
+   clip the official loss does not have) are refused. tokens/selected_frac is rule/penalised_frac;
+   KL-Cov trains on every valid token (tokens/trained_frac = 1) and touches the penalised ones
+   (tokens/touched_frac = rule/penalised_frac; docs/run_record.md, "Token fractions").
 10. [code] β_kl (`kl_coef`) defaults differ between the two codes. The paper's own code and scripts use 1:
    PRIME-RL/Entropy-Mechanism-of-RL @8850579 sets ppo_kl_coef=1 in `recipe/dapo/7b_kl_cov.sh` and
    `32b_kl_cov.sh`, in its `verl/trainer/config/ppo_trainer.yaml` and as the function's default. verl's

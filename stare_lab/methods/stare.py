@@ -34,8 +34,10 @@ Deviations and decisions:
    rule sees; scope microbatch: `state.step_stats`). Metrics:
    rule/gate, rule/entropy_mean, rule/W, rule/M (the values used for this batch) and
    rule/boosted_frac (|L+| / valid tokens, 0 while the gate is closed). `selected` is L+ ∪ L-
-   while the gate is open and every valid token while it is closed (all weights 1), so the
-   trainer's tokens/selected_frac and tokens/entropy_selected describe the tokens actually trained.
+   while the gate is open and every valid token while it is closed (all weights 1), so
+   tokens/selected_frac and tokens/entropy_selected describe the reweighted tokens; STARE trains on
+   every valid token (tokens/trained_frac = 1 unless M = 0) and touches L+ ∪ L- (tokens/touched_frac:
+   the tokens with W or M ≠ 1 while the gate is open, 0 while it is closed).
 7. [code] A non-finite H̄ (a batch with no valid token, or a NaN/inf entropy) skips the controller
    update: W, M and the gate keep their previous values, as `STAREController.update` returns early
    on a non-finite entropy. The gate is kept in `state.memory["gate"]`; before any finite H̄ it is
