@@ -116,9 +116,10 @@ def _avg_rate(sim, seeds: int, balance: str, sweeps: int, rng_seed: int) -> floa
 
 def test_two_seeds_hold_the_level_where_satterthwaites_df_did_not(monkeypatch):
     """Issue 27.6: with 2 paired seeds and the seed term comparable to the problem terms (coverage_sim's "seed >
-    problems" balance), Satterthwaite's df let the 95% interval of the Avg. row exclude 0 in 9.9% of 1000
-    no-effect sweeps (9.2% of these 400); with the seed term's 1 df it is 0.0-3.8% across the balances (0.0%
-    here). The same sweeps are run both ways: Satterthwaite's df everywhere is MIN_SATTERTHWAITE_SEED_DF = 1."""
+    problems" balance), Satterthwaite's df let the 95% interval of the Avg. row exclude 0 in 9.1% of 2000
+    no-effect sweeps (9.2% of these 400); with each part at its own quantile (the seed part at t(1)) it is
+    1.2-4.4% across the balances of 1000 (2.8% here). The same sweeps are run both ways: Satterthwaite's df
+    everywhere is MIN_SATTERTHWAITE_SEED_DF = 1."""
     import stare_lab.analysis.compare as compare
 
     sim = _coverage_sim()
@@ -128,16 +129,53 @@ def test_two_seeds_hold_the_level_where_satterthwaites_df_did_not(monkeypatch):
     assert held <= 0.05 < 0.07 <= satterthwaite, (held, satterthwaite)
 
 
-def test_power_at_two_seeds_uses_the_tests_one_df():
-    """seeds_needed projects with the df the test will use: at 2 seeds ν = 1, so the power is that of a t(1) test
-    (noncentral t by scipy.stats, a slow import the module avoids), and from 3 seeds Satterthwaite's."""
+def _banerjee_reference(v_seed: float, v_problem: float, df_problem: float, alpha: float = 0.05):
+    """Slow, obvious reference of the 2-seed interval: half-width h(α) = √(t(1, α)² v_seed + t(df_problem, α)²
+    v_problem) (scipy.stats quantiles), its equivalent df by root finding, and the α at which h(α) = |D|."""
+    from scipy import optimize, stats
+
+    def half(a: float) -> float:
+        return float(
+            np.sqrt(stats.t.ppf(1 - a / 2, 1) ** 2 * v_seed + stats.t.ppf(1 - a / 2, df_problem) ** 2 * v_problem)
+        )
+
+    crit = half(alpha) / np.sqrt(v_seed + v_problem)
+    nu = optimize.brentq(lambda n: stats.t.ppf(1 - alpha / 2, n) - crit, 1.0, 1e6, xtol=1e-12)
+    return half, nu
+
+
+def test_two_seeds_with_a_problem_part_by_hand():
+    """full .5 everywhere; arm [.6 .6 .8 .8] (seed 0), [.7 .7 .9 .9] (seed 1): δ = a_s + b_p, additive, no residual.
+    D = .25; seed means .2, .3 → var .005, /S=2 → .0025 (1 df); problem means [.15 .15 .35 .35] → var .013333,
+    /P=4 → .0033333 (3 df). At 2 seeds each part takes its own quantile (Banerjee's interval):
+    h = √(12.706205² · .0025 + 3.182446² · .0033333) = √(.403619 + .033760) = .66135, i.e. 25 ± 66.135 points
+    (Satterthwaite's ν = 3.42 would give 25 ± 22.7; ν = 1 alone 25 ± 97.0)."""
+    data = frame({("full", 0): [5] * 4, ("full", 1): [5] * 4, ("arm", 0): [6, 6, 8, 8], ("arm", 1): [7, 7, 9, 9]})
+    (row,) = compare_arms(data).to_dict("records")
+    assert row["delta"] == pytest.approx(25.0) and row["note"] == TWO_SEEDS
+    assert row["se"] == pytest.approx(100 * np.sqrt(0.0025 + 0.01 / 3))
+    assert row["ci_hi"] - row["delta"] == pytest.approx(66.135, abs=1e-3)
+    half, nu = _banerjee_reference(0.0025, 0.01 / 3, 3)
+    assert row["ci_hi"] - row["delta"] == pytest.approx(100 * half(0.05), rel=1e-9)
+    assert row["df"] == pytest.approx(nu, rel=1e-6) and 1 < row["df"] < 3
+    from scipy import optimize
+
+    p = optimize.brentq(lambda a: half(a) - 0.25, 1e-12, 1 - 1e-12, xtol=1e-15)
+    assert row["p_value"] == pytest.approx(p, rel=1e-6) and row["p_value"] > 0.05 and not row["excludes_0"]
+
+
+def test_power_at_two_seeds_uses_the_tests_interval():
+    """seeds_needed projects with the test it will run: at 2 seeds a t-test with the df equivalent to the
+    interval (seed part at t(1), problem part at t(df_problem)), from 3 seeds Satterthwaite's df; both against
+    scipy.stats' noncentral t and root finding (slow, obvious references)."""
     from scipy import stats
 
     var_problem, var_seed, df_problem, delta = 1.0, 8.0, 59.0, 6.0
-    se = np.sqrt(var_problem + var_seed / 2)
-    t_c = stats.t.ppf(0.975, 1)
-    expected = stats.nct.sf(t_c, 1, delta / se) + stats.nct.cdf(-t_c, 1, delta / se)
-    assert power_at(delta, var_problem, var_seed, 2, df_problem) == pytest.approx(expected, rel=1e-6)
+    _, nu2 = _banerjee_reference(var_seed / 2, var_problem, df_problem)
+    lam2 = delta / np.sqrt(var_problem + var_seed / 2)
+    t2 = stats.t.ppf(0.975, nu2)
+    expected = stats.nct.sf(t2, nu2, lam2) + stats.nct.cdf(-t2, nu2, lam2)
+    assert power_at(delta, var_problem, var_seed, 2, df_problem) == pytest.approx(expected, rel=1e-5)
     v3 = var_seed / 3
     nu3 = (var_problem + v3) ** 2 / (var_problem**2 / df_problem + v3**2 / 2)
     t3 = stats.t.ppf(0.975, nu3)

@@ -15,6 +15,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from stare_lab.analysis import collect_problems, collect_runs, compare_arms, results_table
+from stare_lab.analysis.compare import TWO_SEEDS
 from stare_lab.analysis.plots import FOREST_STYLES, forest_figure, forest_rows
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -106,16 +107,17 @@ def test_the_forest_plot_draws_it_hollow_orange_and_its_legend_says_so(table):
     assert drawn["ict"].get_ydata()[0] == order.index("ict")
 
 
-def test_a_two_seed_table_states_the_one_df_rule(tmp_path, table):
+def test_a_two_seed_table_states_the_two_seed_rule(tmp_path, table):
     for (method, variant), avgs in {("full", None): (0.50, 0.60), ("stare", None): (0.52, 0.66)}.items():
         for seed, avg in enumerate(avgs, start=1):
             fx.write_run(tmp_path, method, variant, seed, evals={"aime24": avg})
     t = results_table(collect_runs(tmp_path), per_problem=collect_problems(tmp_path))
-    assert "1 df at 2 seeds" in t.caption
+    assert "at 2 seeds the seed part at t(1)" in t.caption
     assert any(n.startswith("2 seeds: the seed variance rests on 1 degree of freedom") for n in t.notes)
-    assert t.comparison["df"].tolist() == [1.0]
+    (row,) = t.comparison.to_dict("records")
+    assert row["note"] == TWO_SEEDS and 1.0 <= row["df"] < 29  # between the seed part's df and the problems'
     # the 3-seed table says nothing of it
-    assert "1 df" not in table.caption and not any(n.startswith("2 seeds") for n in table.notes)
+    assert "t(1)" not in table.caption and not any(n.startswith("2 seeds") for n in table.notes)
 
 
 def test_compare_arms_excludes_0_is_false_without_an_interval():

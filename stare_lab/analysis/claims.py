@@ -155,7 +155,7 @@ def caption(
     per_bench = comparison[comparison["benchmark"] != AVG_COLUMN].drop_duplicates("benchmark")
     problems = ", ".join(f"{b} {int(p)}" for b, p in zip(per_bench["benchmark"], per_bench["problems"], strict=True))
     m = _arms_compared(comparison) if comparison["p_value"].notna().any() else 0
-    method = METHOD_SHORT + ("; 1 df at 2 seeds" if _two_seeds(comparison) else "")
+    method = METHOD_SHORT + ("; at 2 seeds the seed part at t(1)" if _two_seeds(comparison) else "")
     dagger = f"; †: the interval excludes 0 but p_holm ≥ {1 - confidence:.2g}" if len(_holm_only(comparison)) else ""
     return (
         f"{text}; problems: {problems}. Differences to {baseline} in points with per-comparison {confidence:.0%} "
@@ -190,10 +190,11 @@ def method_notes(comparison: pd.DataFrame | None, baseline: str, confidence: flo
         )
     if _two_seeds(comparison):
         notes.append(
-            "2 seeds: the seed variance rests on 1 degree of freedom, so those intervals use t with 1 df, which "
-            "holds the 95% level however seed and problem variance balance (Satterthwaite's df did not: "
-            'docs/statistics.md, "Coverage"); they are wide, and only a difference large on both seeds can be '
-            "bold. A third seed narrows them most."
+            "2 seeds: the seed variance rests on 1 degree of freedom, so in those intervals the seed part takes "
+            "t with 1 df and the problem part its own df (half-width √(t(1)² · seed part + t(ν)² · problem part)), "
+            "which holds the 95% level however seed and problem variance balance (Satterthwaite's df did not: "
+            'docs/statistics.md, "Two seeds"); they are wide where the seeds vary, and only a difference large on '
+            "both seeds can be bold. A third seed narrows them most."
         )
     if comparison["note"].astype(str).str.startswith("seed").any():
         notes.append("One seed: the seed variance is unknown, so those intervals cover problems and sampling only.")

@@ -38,11 +38,15 @@ noise) only, and the `note` column says so.
 Two seeds: a seed term then rests on 1 degree of freedom, and Satterthwaite's ν is too optimistic
 where it and the problem terms are comparable (a small draw of the seed variance shrinks the
 variance and raises ν at once): in benchmarks/coverage_sim.py's no-effect sweeps the 95% interval
-excluded 0 in up to ~10% of them on the Avg. row. At 2 seeds (any side with 2 seeds) ν is
-therefore the seed term's own 1 df, the conservative choice known from the Behrens-Fisher problem
-(the smaller sample's df); it held the level in every simulated balance, at the price of wide
-intervals: only a difference that is large on both seeds is detected. The `note` column says so
-(TWO_SEEDS). From 3 seeds Satterthwaite's ν held the level (docs/statistics.md, "Coverage").
+excluded 0 in up to ~9% of them on the Avg. row. At 2 seeds (any side with 2 seeds) each part of
+the variance therefore takes its own t quantile, as Banerjee's (1961, Sankhyā A) conservative
+interval for the Behrens-Fisher problem: half-width √(Σ t(1)² · v_seed + t(ν_p)² · v_problem), ν_p
+Satterthwaite's df of the problem terms alone; the p-value is the level at which that interval
+touches 0 (so p < 1 − confidence exactly when it excludes 0), and `df` the t df with the same
+quantile. It held the level in every simulated balance (1.2-4.4%), at the price of wide intervals
+where the seed part matters: only a difference that is large on both seeds is detected. The `note`
+column says so (TWO_SEEDS). From 3 seeds Satterthwaite's ν held the level (docs/statistics.md,
+"Coverage").
 Rliable's views (Agarwal et al. 2021) on the aggregate row: IQM difference and probability of
 improvement, with stratified percentile-bootstrap intervals (scipy.stats.bootstrap, each arm's
 runs resampled within each benchmark) where every arm has ≥ MIN_BOOTSTRAP_SEEDS seeds.
@@ -73,9 +77,9 @@ BOOTSTRAP_RESAMPLES = 2000
 METHOD_SHORT = "t-interval with Satterthwaite df"
 SEED_UNKNOWN = "seed variance unknown (one seed): the interval covers problems only"
 # Satterthwaite's df is used where every seed term has at least this many degrees of freedom (3 seeds);
-# below (2 seeds), the t-interval takes the seed term's 1 df, the only df that holds the level (module docstring)
+# below (2 seeds), each part of the variance takes its own quantile, the seed part t(1) (module docstring)
 MIN_SATTERTHWAITE_SEED_DF = 2
-TWO_SEEDS = "2 seeds: t with the seed variance's 1 df (Satterthwaite's df undercovers at 2 seeds)"
+TWO_SEEDS = "2 seeds: the seed part at t(1), the problem part at its own df (Satterthwaite's df undercovers here)"
 
 
 class ComparisonError(ValueError):
@@ -136,18 +140,21 @@ def contrast(arm: list[np.ndarray], base: list[np.ndarray], paired: bool, confid
             terms += [(-w * w / (g.seeds * p), g.ms_resid[b], (g.seeds - 1) * (p - 1)) for g in known]
             var_problem += w * w * (v_item - share) / p
     var = max(sum(c * m for c, m, _ in terms), 0.0)
-    denom = sum((c * m) ** 2 / df for c, m, df in terms if df > 0 and c != 0)
-    nu = max(var * var / denom, 1.0) if denom > 0 else math.inf
+    nu = _satterthwaite(terms)
     seed_df = min((g.seeds - 1 for g in known), default=math.inf)
-    if seed_df < MIN_SATTERTHWAITE_SEED_DF:  # 2 seeds: the seed term's own df (module docstring, "Two seeds")
-        nu = float(seed_df)
     se = math.sqrt(var)
     alpha = 1 - confidence
-    half = float(special.stdtrit(nu, 1 - alpha / 2)) * se  # t quantile
-    if se > 0:
-        p_value = float(2 * special.stdtr(nu, -abs(delta) / se))  # two-sided: 2 · P(T ≤ −|t|)
+    if seed_df < MIN_SATTERTHWAITE_SEED_DF and se > 0:  # 2 seeds: module docstring, "Two seeds"
+        half_at = _separate_quantiles(terms[: len(known)], terms[len(known) :])
+        half = half_at(alpha)
+        nu = _df_with_quantile(half / se, alpha)
+        p_value = _level_at(half_at, abs(delta))
     else:
-        p_value = 1.0 if delta == 0 else 0.0
+        half = float(-special.stdtrit(nu, alpha / 2)) * se  # t quantile
+        if se > 0:
+            p_value = float(2 * special.stdtr(nu, -abs(delta) / se))  # two-sided: 2 · P(T ≤ −|t|)
+        else:
+            p_value = 1.0 if delta == 0 else 0.0
     seed_known = len(known) == len(groups)
     return {
         "delta": delta,
@@ -163,6 +170,61 @@ def contrast(arm: list[np.ndarray], base: list[np.ndarray], paired: bool, confid
         "df_problem": float(sum(sizes) - k),
         "note": (TWO_SEEDS if seed_df < MIN_SATTERTHWAITE_SEED_DF else "") if seed_known else SEED_UNKNOWN,
     }
+
+
+def _satterthwaite(terms: list[tuple[float, float, float]]) -> float:
+    """Satterthwaite's df of Σ c · m over (c, m, df) terms (≥ 1; inf where no term has a variance)."""
+    var = sum(c * m for c, m, _ in terms)
+    denom = sum((c * m) ** 2 / df for c, m, df in terms if df > 0 and c != 0)
+    return max(var * var / denom, 1.0) if denom > 0 and var > 0 else math.inf
+
+
+def _t(df: float, alpha: float) -> float:
+    """The two-sided t quantile t(df, 1 − α/2), from the lower tail (exact for tiny α)."""
+    return float(-special.stdtrit(df, alpha / 2))
+
+
+def _separate_quantiles(seed_terms, problem_terms):
+    """The half-width at level α of Banerjee's interval: each seed term with its own t quantile (1 df at
+    2 seeds), the problem part with its Satterthwaite df, combined as h(α)² = Σ t(df_i)² · v_i."""
+    seeds = [(c * m, df) for c, m, df in seed_terms]
+    v_problem = max(sum(c * m for c, m, _ in problem_terms), 0.0)
+    nu_problem = _satterthwaite(problem_terms)
+
+    def half(alpha: float) -> float:
+        total = sum(_t(df, alpha) ** 2 * v for v, df in seeds)
+        if v_problem > 0:
+            total += _t(nu_problem, alpha) ** 2 * v_problem
+        return math.sqrt(total)
+
+    return half
+
+
+def _level_at(half, distance: float) -> float:
+    """The α at which the interval's half-width `half(α)` (decreasing in α) equals `distance`: the p-value
+    of the test the interval inverts (bisection on log α; 0 below 1e-100, where t(1)² would overflow)."""
+    if distance == 0:
+        return 1.0
+    lo, hi = math.log(1e-100), 0.0  # half(e^lo) ≥ distance > half(e^hi) = 0 is searched for
+    if half(math.exp(lo)) < distance:
+        return 0.0
+    for _ in range(52):  # 2^-52 of the log range: float precision
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if half(math.exp(mid)) >= distance else (lo, mid)
+    return math.exp(hi)
+
+
+def _df_with_quantile(crit, alpha: float):
+    """The t df whose two-sided quantile at α is `crit` (scalar or array; inf where crit is at or below
+    the normal's): the interval's equivalent df, reported as `df`. Bisection on log df in [1, 1e9]."""
+    crit = np.asarray(crit, dtype=float)
+    lo, hi = np.zeros(crit.shape), np.full(crit.shape, math.log(1e9))
+    for _ in range(52):  # 2^-52 of the log range: float precision
+        mid = (lo + hi) / 2
+        above = -special.stdtrit(np.exp(mid), alpha / 2) > crit  # quantile still above crit: more df
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    nu = np.where(crit <= -special.stdtrit(1e9, alpha / 2), np.inf, np.exp(hi))
+    return float(nu) if nu.ndim == 0 else nu
 
 
 def holm(p_values) -> np.ndarray:
@@ -447,8 +509,9 @@ def power_at(delta: float, var_problem, var_seed, seeds, df_problem, confidence:
     """Power of the two-sided t-test at 1 − confidence to detect `delta` points with `seeds` seeds per arm.
 
     Var(D) = var_problem + var_seed / seeds (points²; var_seed: arm's plus baseline's one-seed variance);
-    df by Satterthwaite from df_problem and seeds − 1 (one seed term, as paired; a lower bound unpaired), and
-    1 at 2 seeds, as the test of compare_arms takes it.
+    df by Satterthwaite from df_problem and seeds − 1 (one seed term, as paired; a lower bound unpaired); at
+    2 seeds the df equivalent to compare_arms' interval there (the seed term at t(1), the problem term at
+    t(df_problem): `_df_with_quantile`), the power then that of a t-test with this df (an approximation).
     """
     seeds = np.asarray(seeds, dtype=float)
     v_seed = np.asarray(var_seed, dtype=float) / seeds
@@ -457,7 +520,12 @@ def power_at(delta: float, var_problem, var_seed, seeds, df_problem, confidence:
         denom = np.where(var_problem > 0, var_problem**2 / df_problem, 0.0) + v_seed**2 / np.maximum(seeds - 1, 1)
         nu = np.where(denom > 0, var**2 / denom, np.inf)
         nu = np.maximum(np.where(np.isfinite(seeds), nu, df_problem), 1.0)
-        nu = np.where(seeds - 1 < MIN_SATTERTHWAITE_SEED_DF, np.maximum(seeds - 1, 1), nu)  # as compare_arms at 2 seeds
+        two = seeds - 1 < MIN_SATTERTHWAITE_SEED_DF
+        if np.any(two):  # as compare_arms at 2 seeds: each part at its own quantile
+            alpha = 1 - confidence
+            q_problem = -special.stdtrit(np.maximum(df_problem, 1), alpha / 2)
+            crit = np.sqrt(_t(1, alpha) ** 2 * v_seed + q_problem**2 * var_problem) / np.sqrt(var)
+            nu = np.where(two, _df_with_quantile(np.where(var > 0, crit, _t(1, alpha)), alpha), nu)
         lam = np.where(var > 0, abs(delta) / np.sqrt(var), np.inf)
     t_c = special.stdtrit(nu, 1 - (1 - confidence) / 2)
     lam = np.minimum(lam, 1e6)
