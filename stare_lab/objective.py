@@ -1,4 +1,4 @@
-"""The loss: what one micro-batch back-propagates, the rule's weights included (DESIGN.md §4).
+"""The loss: what one micro-batch back-propagates, the rule's weights included (docs/design.md, "The loss").
 
 - `trainer_loss` is the trainer's loss: TRL's own `GRPOTrainer._compute_loss` with the rule's weights
   in TRL's per-token mask slot (`stare_lab/trl_loss.py`, docs/trl_parity.md), so every TRL loss type
@@ -116,7 +116,7 @@ def _safe(denom: Tensor) -> Tensor:
 def token_loss(
     rule: Rule, stats: TokenStats, state: RuleState, logp: Tensor, *, max_completion_length: int = 0
 ) -> Tensor:
-    """The scalar loss one micro-batch back-propagates, taken as a whole step of one process (DESIGN.md §4).
+    """The scalar loss one micro-batch back-propagates, taken as a whole step of one process (docs/design.md).
 
     logp: [B, T] current log-probs with grad. The rule runs on `stats` (for a rule of scope "microbatch":
     the micro-batch's own, from the current policy, detached); `stats.old_logp` None means on-policy

@@ -1,6 +1,6 @@
 """Tracking: the run's own metrics log (metrics.jsonl) and Weights & Biases as a view of it.
 
-Analysis reads metrics.jsonl (through stare_lab.record), never the W&B API (STYLE.md). W&B runs
+Analysis reads metrics.jsonl (through stare_lab.record), never the W&B API. W&B runs
 offline (files under <run_dir>/wandb) unless WANDB_API_KEY is set; its run id is the stare_lab
 run id, so a resumed run continues the same W&B run.
 """

@@ -9,7 +9,7 @@ do, which this module does, in one place (docs/vllm.md):
    any update the engine's log-probs differ from the policy's by up to ~0.3. The engine gets the
    policy's dtype (`model.dtype`) unless `trainer.vllm_dtype` sets another.
 2. **seed.** TRL seeds each engine with its process index (`process_index // tp`); the engine gets
-   the run's seed plus that index, so a run's rollouts follow `seed` (DESIGN.md §8).
+   the run's seed plus that index, so a run's rollouts follow `seed` (docs/design.md, "Seeds").
 3. **oneDNN repacking (CPU only).** vLLM's CPU backend repacks linear weights for oneDNN at load
    time and replaces `layer.weight`, so the first weight sync fails (`'Parameter' object has no
    attribute 'weight_loader'`). `vllm._custom_ops._supports_onednn = False` before the engine is

@@ -9,9 +9,9 @@ next-token distribution at t (detached: the bonus carries no gradient):
 With κ > 1 the bonus never flips A's sign and A′ = w·A with w = A′/A ∈ [1 − 1/κ, 1 + 1/κ] where A ≠ 0
 (A = 0 gives ψ = 0): a positive per-token weight on PPO's clipped surrogate (KL term excluded).
 
-No official code was found (METHODS.md, "The field beyond the seeds"); this follows the paper.
+No official code was found; this follows the paper.
 Decisions:
-1. [paper] α = 0.4 and κ = 2 (as METHODS.md records them for GRPO).
+1. [paper] α = 0.4 and κ = 2 (the paper's values with GRPO).
 2. [ours] Scope: `scope="token"` (default) takes the current policy's entropy from the loss's own
    forward (TRL's, detached: free, and the rollout policy's on the first update of a batch);
    `scope="batch"` takes H from the rollout policy's statistics once per generation batch (a
@@ -45,8 +45,8 @@ SCOPES = ("token", "batch")
 
 @dataclass(frozen=True)
 class Params:
-    alpha: float = 0.4  # arXiv 2506.14758 (METHODS.md): α = 0.4 with GRPO
-    kappa: float = 2.0  # arXiv 2506.14758 (METHODS.md): κ = 2
+    alpha: float = 0.4  # arXiv 2506.14758: α = 0.4 with GRPO
+    kappa: float = 2.0  # arXiv 2506.14758: κ = 2
     scope: str = "token"  # [ours] the loss's own entropy; "batch": the rollout statistics' (note 2)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The source of a generation batch's statistics: the cheapest one that gives them (DESIGN.md §3).
+"""The source of a generation batch's statistics: the cheapest one that gives them (docs/design.md, "Statistics").
 
 - "none": the rule reads nothing the model computes (full; random without a reference rule).
 - "microbatch": scope "microbatch" (stare_lab/token_weights.py): selection inside the loss from the

@@ -1,10 +1,10 @@
-r"""Math word problems with a `\boxed{}` answer, checked by math-verify (METHODS.md §3).
+r"""Math word problems with a `\boxed{}` answer, checked by math-verify.
 
 The prompt template is fixed across arms. The reward is 1.0 exactly when the completion's *last*
 `\boxed{...}` (or `\fbox{...}`) verifies against the gold answer with
 `math_verify.verify(gold, pred)`, gold first.
 
-math-verify 0.9 notes (ENVIRONMENT.md):
+math-verify 0.9 notes (what was verified with the pinned version):
 1. It times out with `signal.alarm`, which only works on the main thread; elsewhere (TRL reward
    workers, evaluation threads) we pass `parsing_timeout=None` / `timeout_seconds=None`.
 2. A bare LaTeX gold such as `\left( 3, \frac{\pi}{2} \right)` or `3\sqrt{13}` parses to a

@@ -1,6 +1,6 @@
 """Keeping generation batches during training: the statistics every rule reads, and the trainer hook.
 
-The trainer's own stats pass computes only what its rule needs (DESIGN.md §3). A kept batch must
+The trainer's own stats pass computes only what its rule needs (docs/design.md, "Statistics"). A kept batch must
 let *every* registered rule run, so on a kept step `stats_for_all_rules` adds the missing
 statistics with one more no-grad pass (only on kept steps: a run that keeps no batch pays nothing).
 Statistics the trainer already computed are kept as they are, so the run's own rule reproduces

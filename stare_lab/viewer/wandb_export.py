@@ -4,7 +4,7 @@ Each function writes into an open W&B run when given one (a run's own, kept open
 training through evaluation), else resumes (or starts) one through `stare_lab.tracking.init_wandb`'s
 settings (same project, group = sweep, id = the run id, offline unless an API key is set), writes,
 and finishes it.
-Analysis never reads W&B back (STYLE.md); the tests do, from the offline files.
+Analysis never reads W&B back (it reads the run records); the tests do, from the offline files.
 
 Keys
 - run summary, per benchmark of the final evaluation: `eval/<benchmark>/<metric>` (avg@n, pass@k,
