@@ -348,6 +348,13 @@ stop_pidfile() {  # read the pid before killing: the daemons delete their pid fi
     rm -f "$f"
 }
 
+stop_relay() {  # a socat relay holds no state: SIGKILL it and the children serving its connections
+    local f=$1 pid
+    pid=$(cat "$f" 2>/dev/null) || return 0
+    if [[ -n $pid ]]; then kill -9 $(pgrep -P "$pid") "$pid" 2>/dev/null || true; fi
+    rm -f "$f"
+}
+
 kill_namespace() {  # NS: SIGKILL what still runs in it (by pid)
     local pids
     pids=$(ip netns pids "$1" 2>/dev/null || true)
@@ -355,11 +362,15 @@ kill_namespace() {  # NS: SIGKILL what still runs in it (by pid)
 }
 
 stop() {
-    local f ns
-    for f in "$DIR"/slurmd-*.pid "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/slurmdbd.pid" "$DIR/mariadb.pid"; do
+    local f ns t0=$SECONDS
+    for f in "$DIR"/slurmd-*.pid; do [[ -e $f ]] && stop_pidfile "$f" & done  # the nodes at once
+    wait
+    for f in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/slurmdbd.pid" "$DIR/mariadb.pid"; do
         [[ -e $f ]] && stop_pidfile "$f"
+        [[ -n ${STARE_LAB_SLURM_DEBUG:-} ]] && log "$(basename "$f"): $((SECONDS - t0))s"
     done
-    for f in "$DIR"/run/relay-*.pid; do [[ -e $f ]] && stop_pidfile "$f"; done
+    for f in "$DIR"/run/relay-*.pid; do [[ -e $f ]] && stop_relay "$f"; done
+    [[ -n ${STARE_LAB_SLURM_DEBUG:-} ]] && log "relays: $((SECONDS - t0))s"
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^stare-' || true); do
         kill_namespace "$ns"  # jobs' tasks left behind
         ip netns del "$ns"
