@@ -21,7 +21,7 @@ problems); the other terms are normal with the standard deviations of each balan
 `seed share` is the part of Var(D) of the Avg. row that the seed terms make at 2 seeds (analytic,
 binomial noise at p = 0.5): where it is near 1/2 the 1-df seed term and the problem terms are comparable.
 
-Default: 400 sweeps per cell (binomial SE of a 5% rate: 1.1 points), about a minute on 2 cores.
+Default: 400 sweeps per cell (binomial SE of a 5% rate: 1.1 points), about 100 s on 2 cores.
 docs/statistics.md publishes a run with --sweeps 2000.
 """
 
