@@ -443,10 +443,11 @@ def compare_arms(
     several benchmarks: delta, ci_lo, ci_hi (points: percent of avg@n), p_value (two-sided, H0: no
     difference), p_holm (Holm over the arms of that benchmark), verdict ("better" / "worse" where
     p_holm < 1 − confidence, else "n.s."), excludes_0 (the per-comparison interval excludes 0: with
-    several arms possibly where the verdict is "n.s."), seeds and baseline_seeds, problems, paired (seeds paired),
-    df and se (points) of the t-interval, the variance components that `seeds_needed` projects from
-    (points²: var_problem, the part more seeds do not shrink; var_seed_arm / var_seed_base, one seed's
-    variance of the score or, paired, of the difference), rliable's IQM difference and probability of
+    several arms possibly where the verdict is "n.s."), seeds and baseline_seeds, problems, paired
+    (seeds paired), df (at 2 seeds the equivalent df of the 2-seed interval) and se (points), the
+    variance components that `seeds_needed` projects from (points²: var_problem, the part more seeds
+    do not shrink; var_seed_arm / var_seed_base, one seed's variance of the score or, paired, of the
+    difference), rliable's IQM difference and probability of
     improvement with bootstrap intervals (on the "Avg." row, or the only benchmark's), and a note
     (e.g. seed variance unknown with one seed). The method, and why: this module's docstring.
     seed: of the bootstrap's random numbers (the t-intervals use none). views: False leaves rliable's
