@@ -43,7 +43,7 @@ def test_reduced_demo_produces_table_and_plots(tmp_path, capsys):
     cells = pd.read_csv(out / "results.csv")
     assert set(cells["rule"]) == {"full", "stare"}
     assert set(cells["n_seeds"]) == {1}
-    assert ((cells["mean"] >= 0) & (cells["mean"] <= 1)).all()
+    assert ((cells["mean_pct"] >= 0) & (cells["mean_pct"] <= 100)).all()
     md = (out / "results.md").read_text()
     assert "avg@4" in md and "T=1.0, top-p=0.7, n=4" in md
     tex = (out / "results.tex").read_text()
