@@ -143,6 +143,8 @@ def write_run(
             "reward": REWARD_BASE[method] + 0.01 * step + 0.001 * seed,
             "entropy": 1.0 - 0.01 * step,
             "tokens/selected_frac": 0.2 if method != "full" else 1.0,
+            "tokens/trained_frac": 0.2 if method != "full" else 1.0,
+            "tokens/touched_frac": 0.8 if method != "full" else 0.0,
             **{k: v + 0.001 * step for k, v in RULE_METRICS[method].items()},
         }
         lines.append(json.dumps(row))

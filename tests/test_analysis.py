@@ -348,7 +348,8 @@ def test_plot_training(incomplete, tmp_path):
         [
             "train_reward.png",
             "train_entropy.png",
-            "train_tokens_selected_frac.png",
+            "train_tokens_trained_frac.png",
+            "train_tokens_touched_frac.png",
             "train_rule_gate.png",
             "train_rule_kept_frac.png",
             "train_rule_low_frac.png",

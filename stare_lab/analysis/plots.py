@@ -23,12 +23,14 @@ from stare_lab.analysis.collect import select_settings
 
 FIGSIZE = (6.4, 4.0)  # inches
 DPI = 100  # → 640 × 400 px
-DEFAULT_TRAINING_METRICS = ("reward", "entropy", "tokens/selected_frac")
+DEFAULT_TRAINING_METRICS = ("reward", "entropy", "tokens/trained_frac", "tokens/touched_frac")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
 _LABELS = {
     "reward": "reward (mean)",
     "entropy": "entropy (nats/token)",
-    "tokens/selected_frac": "fraction of tokens selected",
+    "tokens/selected_frac": "fraction of tokens in the rule's selected set",
+    "tokens/trained_frac": "fraction of tokens trained (weight ≠ 0)",
+    "tokens/touched_frac": "fraction of tokens touched (objective ≠ full's)",
 }
 
 
