@@ -35,13 +35,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from stare_lab.loss_types import GENERATION_BATCH_DENOMINATOR, PPO_SURROGATE
 from stare_lab.methods.registry import NORMALIZE, LossBatch, LossTerms, Rule, RuleState
 from stare_lab.stats import TokenStats
-from stare_lab.surrogate import clipped_surrogate, kl_penalty
+from stare_lab.surrogate import aggregate_tokens, clipped_surrogate, kl_penalty
 
-__all__ = ["Aggregation", "aggregate", "clipped_surrogate", "kl_penalty", "token_loss", "trainer_loss"]
-
-SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+__all__ = [
+    "Aggregation",
+    "aggregate",
+    "aggregate_tokens",
+    "clipped_surrogate",
+    "kl_penalty",
+    "token_loss",
+    "trainer_loss",
+]
 
 
 @dataclass(frozen=True)
@@ -55,10 +62,8 @@ class Aggregation:
     max_completion_length: int = 1  # dr_grpo's constant denominator
 
     def __post_init__(self) -> None:
-        if self.loss_type not in SUPPORTED_LOSS_TYPES:
-            raise ValueError(
-                f"loss_type={self.loss_type!r} is not supported; use one of {', '.join(SUPPORTED_LOSS_TYPES)}"
-            )
+        if self.loss_type not in PPO_SURROGATE:  # token_loss computes PPO's clipped surrogate
+            raise ValueError(f"loss_type={self.loss_type!r} is not supported; use one of {', '.join(PPO_SURROGATE)}")
 
 
 def aggregate(
@@ -86,31 +91,19 @@ def aggregate(
         if kl is None:
             raise ValueError("beta != 0 needs the per-token kl")
         loss = loss + beta * kl
-    masked = loss * mask
-    if agg.loss_type == "grpo":
-        denom = (weights * mask).sum(-1) if selected else mask.sum(-1)
-        return (masked.sum(-1) / _safe(denom)).mean() / agg.grad_accum
-    if agg.loss_type == "bnpo":
-        denom = (weights * mask).sum() if selected else mask.sum()
-        return masked.sum() / _safe(denom) / agg.grad_accum
-    if agg.loss_type == "dr_grpo":
-        return masked.sum() / (per_token_loss.size(0) * agg.max_completion_length) / agg.grad_accum
-    if agg.loss_type == "luspo":  # each row's token sum, mean over rows: no token count ("selected" = "valid")
-        return masked.sum(-1).mean() / agg.grad_accum
-    # dapo: the denominator spans the generation batch, rescaled to one accumulation window
     total = weight_total if selected else num_items
-    if total is None:
-        raise ValueError(f"loss_type='dapo' needs {'weight_total' if selected else 'num_items'}")
-    normalizer = _safe(total) / agg.num_processes * agg.grad_accum / agg.steps_per_generation
-    return masked.sum() / normalizer
-
-
-def _safe(denom: Tensor) -> Tensor:
-    """Denominators of 0 (a row or batch with nothing selected) give a loss of 0, not NaN.
-
-    For integer token counts this equals TRL's `clamp(min=1.0)` exactly.
-    """
-    return torch.where(denom > 0, denom, torch.ones_like(denom)) if torch.is_tensor(denom) else max(denom, 1.0)
+    if agg.loss_type in GENERATION_BATCH_DENOMINATOR and total is None:
+        raise ValueError(f"loss_type={agg.loss_type!r} needs {'weight_total' if selected else 'num_items'}")
+    return aggregate_tokens(
+        loss * mask,
+        weights * mask if selected else mask,
+        agg.loss_type,
+        accumulation=agg.grad_accum,
+        max_completion_length=agg.max_completion_length,
+        generation_total=total,
+        num_processes=agg.num_processes,
+        steps_per_generation=agg.steps_per_generation,
+    )
 
 
 def token_loss(

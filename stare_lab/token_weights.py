@@ -111,12 +111,6 @@ def per_token_scope(rule: Rule) -> bool:
     return getattr(rule.params, "scope", None) == "token"
 
 
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
-    return value
-
-
 def microbatch_total_scale(ranks: str, num_processes: int, steps_per_generation: int) -> int:
     """Factor on a micro-batch's weight sum so that TRL's dapo "selected" denominator (weight_total /
     processes × accumulation / steps_per_generation) is that micro-batch's weight sum × accumulation

@@ -21,6 +21,8 @@ from trl import GRPOTrainer
 from stare_lab import distributed, objective, trl_loss
 from stare_lab.loss_types import AGGREGATIONS, RANKS
 from stare_lab.methods import NORMALIZE, LossBatch, Rule, RuleState, TrainerValues
+from stare_lab.methods.ppo import replaces_surrogate
+from stare_lab.methods.select import check_choice
 from stare_lab.record import RULE_STATE_FILE
 from stare_lab.signals import token_statistics
 from stare_lab.signals.attention import CHUNK_QUERIES
@@ -31,7 +33,6 @@ from stare_lab.signals.vocab import CHUNK_TOKENS
 from stare_lab.stats import TokenStats
 from stare_lab.token_weights import (
     apply_rule,
-    check_choice,
     deferred_inputs,
     microbatch_stats,
     microbatch_total_scale,
@@ -95,6 +96,11 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             importance_sampling_level=self.importance_sampling_level,
         )
         rule.check_trainer(self.trainer_values)
+        if rule.changes_loss:  # what trl_loss.surrogate_change needs, for a rule whose `check` leaves it out
+            try:
+                replaces_surrogate(self.trainer_values)
+            except ValueError as e:
+                raise ValueError(f"rule {rule.name!r}: {e}") from None
         self.rule_state = rule_state or RuleState(seed=self.args.seed)
         self.rule_state.trainer = self.trainer_values
         self.grad_geometry_every = grad_geometry_every

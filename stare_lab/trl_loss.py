@@ -32,9 +32,14 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
-from stare_lab.loss_types import GENERATION_BATCH_DENOMINATOR, NO_TOKEN_DENOMINATOR
+from stare_lab.loss_types import (
+    GENERATION_BATCH_DENOMINATOR,
+    MICRO_BATCH_DENOMINATOR,
+    NO_TOKEN_DENOMINATOR,
+    PER_ROW_DENOMINATOR,
+)
 from stare_lab.methods.registry import NORMALIZE, LossTerms
-from stare_lab.surrogate import clipped_surrogate, kl_penalty
+from stare_lab.surrogate import aggregate_tokens, clipped_surrogate, kl_penalty
 
 
 def loss_mask(inputs: dict) -> Tensor:
@@ -54,9 +59,9 @@ def selected_scale(loss_type: str, weights: Tensor, mask: Tensor, num_items: Ten
     m = mask.float()
     if loss_type in GENERATION_BATCH_DENOMINATOR:
         counts, sums = num_items.float().clamp(min=1.0), weight_total.float()
-    elif loss_type == "bnpo":  # TRL's bnpo divides by the micro-batch's (local) token count
+    elif loss_type in MICRO_BATCH_DENOMINATOR:  # TRL's bnpo divides by the micro-batch's (local) token count
         counts, sums = m.sum().clamp(min=1.0), (weights * m).sum()
-    elif loss_type in ("grpo", "sapo"):
+    elif loss_type in PER_ROW_DENOMINATOR:
         counts, sums = m.sum(-1, keepdim=True).clamp(min=1.0), (weights * m).sum(-1, keepdim=True)
     elif loss_type in NO_TOKEN_DENOMINATOR:
         return torch.ones((), device=weights.device)
@@ -260,27 +265,21 @@ def surrogate_change(trainer: GRPOTrainer, inputs: dict, logp: Tensor, slot: Ten
 
 
 def trl_aggregate(trainer: GRPOTrainer, per_token: Tensor, inputs: dict) -> Tensor:
-    """TRL 1.16's aggregation of a per-token loss [B, T] for `trainer.loss_type` (`_compute_loss` from
-    "if self.loss_type in ['grpo', 'sapo']" on): the loss type's denominator and its accumulation factor."""
+    """TRL 1.16's aggregation of a per-token loss [B, T] for `trainer.loss_type` with this trainer's
+    accumulation and processes (`objective.aggregate_tokens`: the loss type's denominator of `mask`'s token
+    counts; eval: no accumulation, as TRL's)."""
     mask = loss_mask(inputs)
     training = trainer.model.training
-    accumulation = trainer.current_gradient_accumulation_steps if training else 1.0
-    x = per_token * mask
-    loss_type = trainer.loss_type
-    if loss_type in ("grpo", "sapo"):
-        return (x.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
-    if loss_type == "bnpo":
-        return x.sum() / mask.sum().clamp(min=1.0) / accumulation
-    if loss_type == "dr_grpo":
-        return x.sum() / (per_token.size(0) * trainer.max_completion_length) / accumulation
-    if loss_type in GENERATION_BATCH_DENOMINATOR:
-        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / trainer.accelerator.num_processes
-        if training:
-            normalizer = normalizer * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
-        return x.sum() / normalizer
-    if loss_type == "luspo":
-        return x.sum(-1).mean() / accumulation
-    raise ValueError(f"loss_type={loss_type!r}: no aggregation known")
+    return aggregate_tokens(
+        per_token * mask,
+        mask,
+        trainer.loss_type,
+        accumulation=trainer.current_gradient_accumulation_steps if training else 1.0,
+        max_completion_length=trainer.max_completion_length,
+        generation_total=inputs.get("num_items_in_batch"),
+        num_processes=trainer.accelerator.num_processes,
+        steps_per_generation=trainer.args.steps_per_generation if training else 1,
+    )
 
 
 def own_term(trainer: GRPOTrainer, terms: LossTerms) -> Tensor | float:

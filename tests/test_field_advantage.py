@@ -13,7 +13,7 @@ import torch
 from official_field import lopti as off
 
 from stare_lab.methods import adv_reweight, entropy_adv, get_method, lopti
-from stare_lab.methods.clip_cov import clipped_surrogate
+from stare_lab.methods.ppo import clipped_surrogate
 
 EPS = (0.2, 0.24)  # AR-Lopti scripts: CLIP_LOW=0.20, CLIP_HIGH=0.24
 DUAL = 10.0  # AR-Lopti scripts: clip_ratio_c=10.0

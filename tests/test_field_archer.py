@@ -13,7 +13,7 @@ import torch
 from official_field import archer as off
 
 from stare_lab.methods import archer
-from stare_lab.methods.clip_cov import clipped_surrogate
+from stare_lab.methods.ppo import clipped_surrogate
 
 SCRIPT_BETA = 0.001  # the script's kl_loss_coef; the registered rule takes the trainer's β (archer.py note 7)
 

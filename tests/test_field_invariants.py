@@ -83,7 +83,7 @@ def test_trl_delta_is_verl_dual_clip():
     #   coef_2 = clamp(r, 1 − ε_low, 1 + ε_high); coef_1 = clamp(r, max=δ); ℓ = −min(coef_1·A, coef_2·A)
     # equals verl's dual clip min(max(−A·r, −A·clip(r)), −A·c) for A < 0 (δ > 1 + ε), in value and gradient,
     # so the integration can give the rules that ask for a dual clip c TRL's `delta = c`.
-    from stare_lab.methods.clip_cov import clipped_surrogate
+    from stare_lab.methods.ppo import clipped_surrogate
 
     for b in R.batches(scale=2.0, token_adv=True):
         lp, old, A, mask = b["logp"], b["old"], b["adv"], b["mask"]

@@ -22,6 +22,7 @@ from stare_lab.methods.registry import (
     method_iterations,
     method_params,
     register,
+    register_loss,
 )
 
 # The order of these imports is the registration order.
@@ -61,4 +62,5 @@ __all__ = [
     "method_iterations",
     "method_params",
     "register",
+    "register_loss",
 ]

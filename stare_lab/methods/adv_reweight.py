@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate, token_advantages
+from stare_lab.methods.ppo import clipped_surrogate, refuse_own_surrogate, token_advantages
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
@@ -104,10 +104,7 @@ def metrics(weights: Tensor, mask: Tensor) -> dict[str, float]:
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    if trainer.loss_type in OWN_SURROGATE:
-        raise ValueError(
-            f"a weight on A is a weight on PPO's surrogate only; loss_type={trainer.loss_type} has its own"
-        )
+    refuse_own_surrogate(trainer, "a weight on A is a weight on PPO's surrogate only")
 
 
 @register("adv_reweight", Params, needs={"logp", "old_logp"}, check=check)

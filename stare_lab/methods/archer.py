@@ -58,10 +58,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import clipped_surrogate, refuse_delta
-from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
+from stare_lab.methods.ppo import clipped_surrogate, refuse_delta, replaces_surrogate
+from stare_lab.methods.registry import LossBatch, LossTerms, TrainerValues, register_loss
 from stare_lab.methods.select import check_fraction
-from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -151,15 +150,15 @@ def metrics(entropy: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    refuse_delta(
-        trainer, "applies its own dual clip (dual_clip)"
-    )  # loss types with a surrogate of their own: Rule.check_trainer
+    replaces_surrogate(trainer)
+    refuse_delta(trainer, "applies its own dual clip (dual_clip)")
     if p.high_kl_coef > 0 and trainer.beta == 0:
         raise ValueError(
             f"high_kl_coef={p.high_kl_coef} needs reference log-probs, which TRL computes only with trainer.beta > 0"
         )
 
 
+@register_loss("archer", Params, check=check)
 def loss(batch: LossBatch, p: Params) -> LossTerms:
     """pg per token; the two KL means over this micro-batch's token sets as `own` (TRL's β·KL dropped)."""
     widened, penalised = entropy_sets(batch.entropy, batch.mask, p)
@@ -179,8 +178,3 @@ def loss(batch: LossBatch, p: Params) -> LossTerms:
     terms = metrics(batch.entropy, batch.mask, p)
     touched = {"wide clip, no KL (high entropy)": widened, "tight clip + KL (low entropy)": penalised}
     return LossTerms(policy=pg.to(batch.logp.dtype), own=own, drops_kl=True, metrics=terms, touched=touched)
-
-
-@register("archer", Params, loss=loss, check=check)
-def archer(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    return RuleOutput(weights=stats.mask.clone(), normalize="valid")

@@ -30,9 +30,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import refuse_delta, token_advantages
-from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
-from stare_lab.stats import TokenStats
+from stare_lab.methods.ppo import refuse_delta, replaces_surrogate, token_advantages
+from stare_lab.methods.registry import LossBatch, LossTerms, TrainerValues, register_loss
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -86,11 +85,11 @@ def metrics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, ep
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    refuse_delta(
-        trainer, "applies its own dual clip (dual_clip)"
-    )  # loss types with a surrogate of their own: Rule.check_trainer
+    replaces_surrogate(trainer)
+    refuse_delta(trainer, "applies its own dual clip (dual_clip)")
 
 
+@register_loss("ce_gppo", Params, check=check)
 def loss(batch: LossBatch, p: Params) -> LossTerms:
     t = batch.trainer
     policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p, t.epsilon_low, t.epsilon_high)
@@ -101,8 +100,3 @@ def loss(batch: LossBatch, p: Params) -> LossTerms:
         metrics=metrics(batch.logp, batch.old_logp, batch.advantages, batch.mask, t.epsilon_low, t.epsilon_high),
         touched={"clipped low, gradient kept (β1)": low & valid, "clipped high, gradient kept (β2)": high & valid},
     )
-
-
-@register("ce_gppo", Params, loss=loss, check=check)
-def ce_gppo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    return RuleOutput(weights=stats.mask.clone(), normalize="valid")

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from stare_lab.methods.ppo import clipped_surrogate, refuse_delta, refuse_own_surrogate, token_advantages
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
@@ -73,40 +74,6 @@ class Params:
         if not self.lb < self.ub:
             raise ValueError(f"lb={self.lb} must be below ub={self.ub} (lb < ub)")
         check_choice("scope", self.scope, SCOPES)
-
-
-def token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
-    """[B, T] advantages from [B] or [B, T] (as TokenStats.token_advantages)."""
-    return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
-
-
-def clipped_surrogate(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    eps_low: float | Tensor,
-    eps_high: float | Tensor,
-    dual_clip: float | None = None,
-    *,
-    clamp_log_ratio: bool = False,
-) -> Tensor:
-    """[B, T] PPO's max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)), ε per token or scalar, as verl writes it.
-
-    With `dual_clip` c, tokens with A < 0 take min(that, −A·c) (Ye et al. 2019, verl's `clip_ratio_c`);
-    `clamp_log_ratio` clamps log r to ±20 first, as verl's vanilla loss does. Shared with the other
-    field rules (archer, ce_gppo, adv_reweight, lopti, entropy_adv).
-    """
-    A = token_advantages(advantages, logp)
-    log_ratio = logp - old_logp
-    if clamp_log_ratio:
-        log_ratio = torch.clamp(log_ratio, min=-20.0, max=20.0)
-    ratio = torch.exp(log_ratio)
-    low = 1 - torch.as_tensor(eps_low, dtype=ratio.dtype, device=ratio.device)
-    high = 1 + torch.as_tensor(eps_high, dtype=ratio.dtype, device=ratio.device)
-    loss = torch.maximum(-A * ratio, -A * torch.clamp(ratio, low, high))
-    if dual_clip is not None:
-        loss = torch.where(A < 0, torch.minimum(-A * dual_clip, loss), loss)
-    return loss
 
 
 def covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -181,19 +148,8 @@ def metrics(detached: Tensor, mask: Tensor) -> dict[str, float]:
 
 def check(p: Params, trainer: TrainerValues) -> None:
     """PPO's surrogate without a dual clip (note 7)."""
-    if trainer.loss_type in OWN_SURROGATE:
-        raise ValueError(f"detaches tokens of PPO's clipped surrogate; loss_type={trainer.loss_type} has its own")
+    refuse_own_surrogate(trainer, "detaches tokens of PPO's clipped surrogate")
     refuse_delta(trainer, "the official loss has no dual clip")
-
-
-def refuse_delta(trainer: TrainerValues, why: str) -> None:
-    """TRL's two-sided clipping `delta` (a dual clip) where the field's rule has none, or its own."""
-    if trainer.delta is not None:
-        raise ValueError(f"{why}; TRL's delta={trainer.delta} adds one (leave it unset)")
-
-
-# TRL 1.16's loss types whose policy term is not PPO's clipped surrogate
-OWN_SURROGATE = ("cispo", "sapo", "vespo")
 
 
 @register("clip_cov", Params, needs={"logp", "old_logp"}, check=check)

@@ -38,10 +38,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import refuse_delta, token_advantages
-from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
+from stare_lab.methods.ppo import refuse_delta, replaces_surrogate, token_advantages
+from stare_lab.methods.registry import LossBatch, LossTerms, TrainerValues, register_loss
 from stare_lab.methods.select import check_choice
-from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
@@ -119,11 +118,11 @@ def metrics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, p:
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    refuse_delta(
-        trainer, "its trust region replaces the ratio clip"
-    )  # loss types with a surrogate of their own: Rule.check_trainer
+    replaces_surrogate(trainer)
+    refuse_delta(trainer, "its trust region replaces the ratio clip")
 
 
+@register_loss("dppo", Params, check=check)
 def loss(batch: LossBatch, p: Params) -> LossTerms:
     policy = per_token_loss(batch.logp, batch.old_logp, batch.advantages, batch.mask, p)
     valid = batch.mask > 0
@@ -132,8 +131,3 @@ def loss(batch: LossBatch, p: Params) -> LossTerms:
     return LossTerms(
         policy=policy, metrics=metrics(batch.logp, batch.old_logp, batch.advantages, batch.mask, p), touched=touched
     )
-
-
-@register("dppo", Params, loss=loss, check=check)
-def dppo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
-    return RuleOutput(weights=stats.mask.clone(), normalize="valid")

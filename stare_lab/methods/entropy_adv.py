@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate, token_advantages
+from stare_lab.methods.ppo import clipped_surrogate, refuse_own_surrogate, token_advantages
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice
 from stare_lab.stats import TokenStats
@@ -112,10 +112,7 @@ def metrics(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> dic
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    if trainer.loss_type in OWN_SURROGATE:
-        raise ValueError(
-            f"a weight on A is a weight on PPO's surrogate only; loss_type={trainer.loss_type} has its own"
-        )
+    refuse_own_surrogate(trainer, "a weight on A is a weight on PPO's surrogate only")
     if p.kappa < 1.0:
         raise ValueError(f"kappa={p.kappa} < 1 lets the bonus flip an advantage's sign, which no weight expresses")
 

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.clip_cov import refuse_delta, token_advantages
+from stare_lab.methods.ppo import refuse_delta, replaces_surrogate, token_advantages
 from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
@@ -130,9 +130,8 @@ def metrics(selected: Tensor, mask: Tensor) -> dict[str, float]:
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    refuse_delta(
-        trainer, "the official loss has no clip at all"
-    )  # loss types with a surrogate of their own: Rule.check_trainer
+    replaces_surrogate(trainer)
+    refuse_delta(trainer, "the official loss has no clip at all")
 
 
 def loss(batch: LossBatch, p: Params) -> LossTerms:

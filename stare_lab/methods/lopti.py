@@ -49,7 +49,7 @@ import torch
 
 from stare_lab.methods.adv_reweight import Params as AdvReweightParams
 from stare_lab.methods.adv_reweight import advantage_weights
-from stare_lab.methods.clip_cov import OWN_SURROGATE, clipped_surrogate
+from stare_lab.methods.ppo import clipped_surrogate, refuse_own_surrogate
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
@@ -120,8 +120,7 @@ def metrics(old_logp: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
 
 
 def check(p: Params, trainer: TrainerValues) -> None:
-    if trainer.loss_type in OWN_SURROGATE:
-        raise ValueError(f"its phase weights zero A in PPO's surrogate; loss_type={trainer.loss_type} has its own")
+    refuse_own_surrogate(trainer, "its phase weights zero A in PPO's surrogate")
     if trainer.beta != 0.0:
         raise ValueError(
             f"the official phases also mask the KL term, which TRL adds after the weights: trainer.beta={trainer.beta} "

@@ -1,194 +1,51 @@
 """The rule registry: a dict and a decorator (verl's `register_policy_loss` is the right size).
 
-A rule is a frozen `Params` dataclass plus one function `fn(stats, state, params) -> RuleOutput`,
-registered with what it reads: `needs` (names from `stare_lab.stats.STATISTICS`) and, when it
-reads attention entropy, `attn_layers` (which layers). Nothing outside `stare_lab/methods/`
-knows a rule's name: the trainer asks `get_method` and the rule's declarations.
+A rule is a frozen `Params` dataclass plus one function, registered under a name with what it reads
+(`needs`: names of `stare_lab.stats.STATISTICS`). Nothing outside `stare_lab/methods/` knows a rule's
+name: the trainer asks `get_method` and the rule's declarations. Two kinds:
+- weights: `@register(name, Params, needs=...)` on `fn(stats, state, params) -> RuleOutput`;
+- a per-token policy term in place of PPO's clipped surrogate (the field's methods, docs/field.md):
+  `@register_loss(name, Params)` on `loss(batch: LossBatch, params) -> LossTerms`, evaluated inside the
+  loss with the current log-probs (stare_lab.trl_loss.surrogate_change); its weights are the valid
+  tokens. A rule that also selects tokens at generation time (KL-Cov) registers its weights function
+  with `loss=`.
+The types a rule sees and returns are in `rule_types.py`; what the field's rules share (verl's
+surrogate, the refusals of loss types with a surrogate of their own) in `ppo.py`.
 
 A Params field may stand for a trainer value (GMTS's clip ε and β): declare it
 `field(default=None, metadata={"trainer": "<TrainerValues field>"})`. None means "the trainer's
 value", filled in from `RuleState.trainer` before the rule runs; an explicit value must agree
 with the trainer (`Rule.check_trainer`, called when the config is resolved and by the trainer).
-
-A rule may change the loss, not only weight it (the field's methods, docs/field.md): `register(...,
-loss=fn)` with `fn(batch: LossBatch, params) -> LossTerms` gives a per-token policy term that
-replaces PPO's clipped surrogate (KL-Cov's −A·r plus its penalty, DPPO, CE-GPPO, Archer's
-per-token clip), optionally a term with its own denominator (Archer's KL) in place of TRL's β·KL.
-It is evaluated inside the loss with the current log-probs (with grad); the rule's weights still
-multiply it, and everything else stays TRL's (trl_loss.surrogate_change). `iterations=k`: the rule
-trains each generation batch k times with different weights (Lopti's two phases): its weights are
-computed once per iteration (`RuleState.iteration`) and the trainer's `num_iterations` is k.
 `check=fn(params, trainer)` refuses, with one line, a trainer setting the rule does not compose with.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from stare_lab.methods.rule_types import NORMALIZE, LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues
 from stare_lab.stats import TokenStats, check_known
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
-    from torch import Tensor
-
-# the normalisations a rule may return; the trainer passes one to the loss as its index here
-NORMALIZE = ("valid", "selected", "loss_type")
-SCOPES = ("batch", "group", "sequence", "microbatch")  # microbatch: stare_lab/microbatch.py
-TIES = ("topk", "quantile")
-
-
-# TRL 1.16's loss types whose policy term is PPO's clipped surrogate (the others have their own)
-PPO_SURROGATE_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-
-
-@dataclass(frozen=True)
-class TrainerValues:
-    """The trainer values a rule may read (the values the trainer actually uses)."""
-
-    epsilon_low: float  # clip ε_low of the surrogate (TRL `epsilon`)
-    epsilon_high: float  # clip ε_high (TRL `epsilon_high`; TRL uses ε_low when it is None)
-    beta: float  # KL coefficient (0: no KL term, TRL computes no ref_logp)
-    loss_type: str  # TRL loss type (dapo, grpo, bnpo, dr_grpo)
-    num_generations: int  # G, rollouts per prompt
-    num_iterations: int | None = 1  # TRL's μ: optimizer passes over each generation batch (None: the rule's)
-    delta: float | None = None  # TRL's two-sided clipping (= verl's dual clip c), None: off
-    importance_sampling_level: str = "token"  # TRL's ratio per token, or per sequence (GSPO)
-
-    @classmethod
-    def from_config(cls, trainer_cfg: Any) -> TrainerValues:
-        """From the `trainer` config block (a dataclass, DictConfig or dict with TRL's key names)."""
-
-        def get(key: str):
-            return (
-                trainer_cfg[key]
-                if isinstance(trainer_cfg, Mapping) or hasattr(trainer_cfg, "keys")
-                else getattr(trainer_cfg, key)
-            )
-
-        def optional(key: str, default: Any, null: Any = None) -> Any:
-            """`default` where the block has no such key (TRL's default), `null` where it is null."""
-            try:
-                value = get(key)
-            except (KeyError, AttributeError):
-                return default
-            return null if value is None else value
-
-        eps = float(get("epsilon"))
-        eps_high = get("epsilon_high")
-        delta = optional("delta", None)
-        return cls(
-            epsilon_low=eps,
-            epsilon_high=eps if eps_high is None else float(eps_high),
-            beta=float(get("beta")),
-            loss_type=str(get("loss_type")),
-            num_generations=int(get("num_generations")),
-            num_iterations=None if (mu := optional("num_iterations", 1)) is None else int(mu),  # null: the rule's
-            delta=None if delta is None else float(delta),
-            importance_sampling_level=str(optional("importance_sampling_level", "token", "token")),
-        )
-
-
-@dataclass
-class RuleState:
-    """Explicit, small rule state; saved in and restored from the trainer checkpoint.
-
-    step: optimizer step at which this generation batch was produced (0-based).
-    total_steps: planned optimizer steps (schedules use step / total_steps).
-    seed: run seed; with `step` it seeds the generator of random selections and tie breaks.
-    memory: the rule's own JSON-serialisable memory (e.g. STARE's adaptive W, M); a rule updates
-        it in place and the trainer saves it.
-    rng: optional generator; when None, `generator()` derives one from (seed, step).
-    trainer: the trainer's values (clip ε, β, loss type, G), filled by the trainer; not saved
-        (a resumed trainer fills it again from its own arguments).
-    step_stats: scope "microbatch" only: the whole generation batch's statistics the rule declared
-        in `step_needs` (rollout policy, every rank's rows), set by the trainer once per generation
-        batch, for what the official codes compute once per step (STARE's gate entropy H̄); not saved.
-    iteration: which of the rule's `iterations` passes over the generation batch the weights are for
-        (0 ≤ iteration < iterations; Lopti's phase); the trainer sets it; not saved.
-    """
-
-    step: int = 0
-    total_steps: int = 1
-    seed: int = 0
-    memory: dict[str, Any] = field(default_factory=dict)
-    rng: torch.Generator | None = None
-    trainer: TrainerValues | None = None
-    step_stats: TokenStats | None = None
-    iteration: int = 0
-
-    @property
-    def progress(self) -> float:
-        """Training progress in [0, 1]."""
-        return min(max(self.step / max(self.total_steps - 1, 1), 0.0), 1.0)
-
-    def generator(self, salt: str = "") -> torch.Generator:
-        if self.rng is not None:
-            return self.rng
-        digest = hashlib.sha256(f"{self.seed}:{self.step}:{salt}".encode()).digest()
-        g = torch.Generator()
-        g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-        return g
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "total_steps": self.total_steps, "seed": self.seed, "memory": dict(self.memory)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RuleState:
-        return cls(
-            step=int(d["step"]), total_steps=int(d["total_steps"]), seed=int(d["seed"]), memory=dict(d["memory"])
-        )
-
-
-@dataclass
-class RuleOutput:
-    weights: Tensor  # [B, T] float, 0 where mask is 0
-    normalize: str  # "valid" | "selected" | "loss_type"
-    metrics: dict[str, float] = field(default_factory=dict)
-    # [B, T] bool: the rule's selected subset (metrics; a loss-changing rule reads it back in its loss as
-    # `LossBatch.selected`, e.g. KL-Cov's penalised tokens); None = all valid
-    selected: Tensor | None = None
-
-
-@dataclass
-class LossBatch:
-    """What a loss-changing rule's `loss` sees of one micro-batch (one loss call)."""
-
-    logp: Tensor  # [B, T] current policy, with grad
-    old_logp: Tensor  # [B, T] π_old (= logp detached on-policy, TRL's choice)
-    advantages: Tensor  # [B] or [B, T]
-    mask: Tensor  # [B, T] the loss's mask
-    entropy: Tensor  # [B, T] the current policy's entropy (detached; TRL's forward computes it)
-    selected: Tensor  # [B, T] bool: the rule's `selected` for these rows (its weights' output)
-    trainer: TrainerValues
-    ref_logp: Tensor | None = None  # [B, T] when β > 0 (TRL computes it then only)
-
-
-@dataclass
-class LossTerms:
-    """A rule's change to the per-token objective of one micro-batch.
-
-    policy: [B, T] the per-token policy loss in place of PPO's clipped surrogate; like it, it is
-        multiplied by the rule's weights (and TRL's off-policy mask and vLLM IS ratio) and aggregated
-        with the loss type's denominator.
-    own: 0-dim, a term with a denominator of its own, added once per micro-batch (divided only by the
-        gradient accumulation, as TRL's entropy bonus) — Archer's KL means over its token sets.
-    drops_kl: TRL's β·KL term is left out (the rule's `own` replaces it).
-    metrics: per-micro-batch values to log (averaged over micro-batches and ranks).
-    touched: {what the rule does to them: [B, T] bool} — the tokens whose objective differs from PPO's
-        and how (Archer's "wide clip, no KL"), for the token viewer.
-    """
-
-    policy: Tensor
-    own: Tensor | None = None
-    drops_kl: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
-    touched: dict[str, Tensor] = field(default_factory=dict)
-
+__all__ = [
+    "NORMALIZE",
+    "LossBatch",
+    "LossTerms",
+    "Rule",
+    "RuleOutput",
+    "RuleState",
+    "TrainerValues",
+    "get_method",
+    "list_methods",
+    "method_iterations",
+    "method_params",
+    "register",
+    "register_loss",
+]
 
 # A declaration is a constant or a function. `needs` functions get (params, trainer): the Params
 # with trainer-valued fields filled in where the trainer is known (None where it is not), and the
@@ -233,7 +90,8 @@ def register(
     step_needs: scope "microbatch": the statistics of the whole generation batch the rule reads once per
         step (`RuleState.step_stats`), as `needs` (a constant or a function); the trainer computes them at
         generation time from the cheapest source.
-    loss: `loss(batch, params) -> LossTerms`, for a rule that changes the per-token objective (module docstring).
+    loss: `loss(batch, params) -> LossTerms`, for a rule that also changes the per-token objective (KL-Cov;
+        `register_loss` for one that only does). Its `check` calls `ppo.replaces_surrogate`.
     iterations: passes over each generation batch, each with its own weights (`RuleState.iteration`).
     check: `check(params, trainer)` raising a one-line ValueError for a trainer setting it does not compose with.
     """
@@ -263,6 +121,21 @@ def register(
         return fn
 
     return deco
+
+
+def register_loss(name: str, params_cls: type, *, check: Callable[[Any, TrainerValues], None] | None = None):
+    """Decorator: register `loss(batch, params) -> LossTerms` under `name`, a rule whose only change is its
+    per-token policy term (DPPO, CE-GPPO, Archer): its weights are 1 on every valid token ("valid")."""
+
+    def deco(loss):
+        register(name, params_cls, loss=loss, check=check)(_valid_tokens)
+        return loss
+
+    return deco
+
+
+def _valid_tokens(stats: TokenStats, state: RuleState, params: Any) -> RuleOutput:
+    return RuleOutput(weights=stats.mask.clone(), normalize="valid")
 
 
 def _check_needs(name: str, needs: frozenset[str]) -> None:
@@ -302,24 +175,13 @@ class Rule:
 
     def check_trainer(self, values: TrainerValues) -> None:
         """ValueError (one line) when an explicitly set trainer-valued parameter disagrees with the trainer,
-        or the trainer's settings do not compose with what the rule changes in the loss."""
+        the trainer's `num_iterations` with the rule's `iterations`, or the rule's `check` refuses a setting."""
         for name, key in trainer_params(type(self.params)).items():
             mine, theirs = getattr(self.params, name), getattr(values, key)
             if mine is not None and mine != theirs:
                 raise ValueError(
                     f"rule {self.name!r}: {name}={mine} but trainer.{key}={theirs} "
                     f"(leave it unset to use the trainer's)"
-                )
-        if self.changes_loss:
-            if values.loss_type not in PPO_SURROGATE_LOSS_TYPES:
-                raise ValueError(
-                    f"rule {self.name!r} replaces PPO's clipped surrogate, but trainer.loss_type={values.loss_type} "
-                    f"has a surrogate of its own (use one of {', '.join(PPO_SURROGATE_LOSS_TYPES)})"
-                )
-            if values.importance_sampling_level != "token":
-                raise ValueError(
-                    f"rule {self.name!r} has a per-token ratio, but importance_sampling_level="
-                    f"{values.importance_sampling_level} makes TRL's ratio per sequence (use 'token')"
                 )
         if self.iterations > 1 and values.num_iterations not in (None, self.iterations):
             raise ValueError(
@@ -428,7 +290,8 @@ def rule_module(name: str | None) -> str | None:
     stare_lab's or a name the registry does not know."""
     if name is None or not is_registered(name):
         return None
-    module = _REGISTRY[name].fn.__module__
+    entry = _REGISTRY[name]
+    module = (entry.loss or entry.fn).__module__
     return None if module == "stare_lab" or module.startswith("stare_lab.") else module
 
 

@@ -21,15 +21,27 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare_lab.methods.registry import NORMALIZE, SCOPES, TIES
+from stare_lab.methods.rule_types import NORMALIZE
 
 if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
     from torch import Tensor
 
 
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+# The units a selection runs within (`scope_ids`): the generation batch, a prompt's group, a row, or the
+# micro-batch a rule of scope "microbatch" is handed inside the loss (stare_lab/token_weights.py).
+SELECTION_SCOPES = ("batch", "group", "sequence", "microbatch")
+# Every `scope` a rule may name: the selection scopes, and "token", a per-token rule computed inside the
+# loss with no selection unit (adv_reweight, entropy_adv, lopti; stare_lab/token_weights.py). Each rule
+# accepts the subset it implements.
+SCOPES = (*SELECTION_SCOPES, "token")
+TIES = ("topk", "quantile")
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    """`value`, or a one-line ValueError naming `name` and the choices (every option check of the package)."""
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return value
 
 
 def check_fraction(name: str, value: float, *, open_low: bool = True) -> None:
@@ -41,7 +53,7 @@ def check_fraction(name: str, value: float, *, open_low: bool = True) -> None:
 def check_common(params) -> None:
     """Validate the scope / normalize / ties fields a rule's Params may carry."""
     if hasattr(params, "scope"):
-        check_choice("scope", params.scope, SCOPES)
+        check_choice("scope", params.scope, SELECTION_SCOPES)
     if hasattr(params, "normalize"):
         check_choice("normalize", params.normalize, NORMALIZE)
     if hasattr(params, "ties"):
@@ -58,7 +70,7 @@ def scope_ids(valid: Tensor, group: Tensor, scope: str) -> Tensor:
     elif scope == "sequence":
         ids = torch.arange(B, device=valid.device)
     else:
-        raise ValueError(f"scope={scope!r} is not one of {', '.join(SCOPES)}")
+        raise ValueError(f"scope={scope!r} is not one of {', '.join(SELECTION_SCOPES)}")
     return ids[:, None].expand(B, T)
 
 
