@@ -6,7 +6,8 @@
 #                                      --nodes: keep the running cluster whatever its size, else
 #                                      start one node. --nodes N switches a running cluster of
 #                                      another size (its jobs are lost: the controller's state is
-#                                      cleared, accounting is kept).
+#                                      cleared, accounting is kept). STARE_LAB_SLURM_NODES=N
+#                                      is the same as --nodes N.
 #   scripts/slurm_cluster.sh stop      stop every daemon (by the PIDs in its pid file), end what
 #                                      still runs in the nodes' namespaces, remove the namespaces
 #   scripts/slurm_cluster.sh status    sinfo and squeue of the running cluster

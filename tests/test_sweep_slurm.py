@@ -1,4 +1,5 @@
-"""The slurm launcher on a real single-node cluster with accounting (scripts/slurm_cluster.sh).
+"""The slurm launcher on a real cluster with accounting (scripts/slurm_cluster.sh: one node, or the
+three nodes .ci/run starts; these runs are one node each).
 
 Skipped without a cluster; under CI (CI=1 or STARE_LAB_REQUIRE_SLURM=1) a missing cluster fails.
 """
