@@ -62,11 +62,14 @@ def process_start(pid: int) -> str | None:
 
 def slurm_states(job_ids: Iterable[str]) -> dict[str, str] | None:
     """The states of these Slurm jobs, one batched `sacct` call (submitit's SlurmInfoWatcher's
-    query and parser: one `-j` per job, an array's tasks as `A_i`): {job id: state}. A job
-    accounting does not list yet is asked of the controller (`squeue_states`: slurmdbd records a
-    job some seconds after its submission); one neither lists is absent (ended long ago, or never
-    this cluster's). Empty where Slurm is not installed (no job of this machine's can be alive);
-    None when sacct or squeue does not answer (a busy controller or database)."""
+    query and parser: one `-j` per job, an array's tasks as `A_i`): {job id: state}. A task of an
+    array accounting lists, missing itself, is PENDING: it is leaving the array's pending range (a
+    started task gets a record of its own, which reaches accounting a moment later). A job accounting
+    does not list at all yet is asked of the controller (`squeue_states`: slurmdbd records a job
+    some seconds after its submission), so a look is one sacct, plus one squeue only right after a
+    submission; a job neither lists is absent (ended long ago, or never this cluster's). Empty where
+    Slurm is not installed (no job of this machine's can be alive); None when sacct or squeue does
+    not answer (a busy controller or database)."""
     job_ids = [str(job) for job in job_ids if job]
     ids = sorted({job.split("_")[0] for job in job_ids})
     if not ids:
@@ -85,6 +88,10 @@ def slurm_states(job_ids: Iterable[str]) -> dict[str, str] | None:
     from submitit.slurm.slurm import SlurmInfoWatcher
 
     states = {job: info.get("State", "") for job, info in SlurmInfoWatcher().read_info(out.stdout).items()}
+    arrays = {job.split("_")[0] for job in states}
+    for job in set(job_ids) - set(states):
+        if "_" in job and job.split("_")[0] in arrays:  # a task leaving the array's pending range: its own
+            states[job] = "PENDING"  # record reaches accounting a moment later (seen every few looks)
     missing = sorted(set(job_ids) - set(states))
     if missing:  # accounting lags the controller: a job submitted a moment ago is not in sacct yet
         queued = squeue_states(missing)
