@@ -10,8 +10,9 @@ clamp and a dual clip around this one) import them from here; `aggregate_tokens`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from torch import Tensor
 
 from stare_lab.loss_types import (
     CONSTANT_DENOMINATOR,
@@ -20,6 +21,9 @@ from stare_lab.loss_types import (
     PER_ROW_DENOMINATOR,
     ROW_SUM,
 )
+
+if TYPE_CHECKING:  # annotations only: the field's rules import this module before torch is (stare_lab/deferred.py)
+    from torch import Tensor
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
