@@ -16,8 +16,9 @@ it out and the interpreter with its imports is paid once per worker rather than 
 interrupted and resubmits the worker itself; the requeued job calls `run_one` again, and the
 runner resumes from the last trainer checkpoint (and the same W&B run, whose id is the run id). A
 job of several tasks is one multi-process run (`run_rank`): rank 0 is the worker above, the other
-ranks train with it and keep no record. Thread count and warning filters are set by
-`start_worker` when a worker process starts, never on import.
+ranks train with it and keep no record. Thread count, OpenMP's wait policy and warning filters
+are set by `start_worker` when a worker process starts, never on import (stare_lab.sweep.threads);
+each attempt records them in its provenance (`threads`).
 """
 
 from __future__ import annotations
@@ -51,20 +52,48 @@ from stare_lab.record import (
 )
 from stare_lab.sweep.liveness import self_identity
 from stare_lab.sweep.ranks import RANKS_DIR, RankGate, attempt_key, is_echo
+from stare_lab.sweep.threads import WorkerThreads, apply_wait_policy, decide_threads, usable_cpus
 
 
 class Terminated(BaseException):
     """SIGTERM in a worker: Slurm cancels, requeues or pre-empts the job, or `sweep run` is stopped."""
 
 
-def start_worker(threads: int | None = None) -> None:
-    """Process-wide settings of a worker: torch threads (N workers share the cores) and warnings."""
+# What `start_worker` set in this process: each attempt records it (`threads_record`).
+_STARTED: dict[str, Any] = {}
+
+
+def start_worker(threads: WorkerThreads | int | None = None) -> dict[str, Any]:
+    """Process-wide settings of a worker: OpenMP's wait policy (PASSIVE unless the environment says,
+    set before torch loads OpenMP when it has not yet), torch threads (stare_lab.sweep.threads: the
+    launcher's `threads_per_worker`, else OMP_NUM_THREADS, else the usable cores shared among the
+    workers; an int is `threads_per_worker`) and warnings. Returns what it set: {"torch", "from",
+    "omp_wait_policy"}."""
+    plan = threads if isinstance(threads, WorkerThreads) else WorkerThreads(per_worker=threads or None)
+    policy = apply_wait_policy()  # before the first real `import torch` of this process
+    choice = decide_threads(plan.per_worker, os.environ, usable_cpus(), plan.sharing)
     import torch
 
-    if threads:
-        torch.set_num_threads(max(1, int(threads)))
+    torch.set_num_threads(choice.threads)
     # TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+    _STARTED.update({"torch": choice.threads, "from": choice.source, "omp_wait_policy": policy})
+    return dict(_STARTED)
+
+
+def threads_record() -> dict[str, Any]:
+    """The attempt's `threads` in its provenance: torch's thread count now, what decided it, and the
+    OpenMP wait policy (from `start_worker`; a process that did not call it: torch's default)."""
+    import torch
+
+    from stare_lab.sweep.threads import UNSET_POLICY, WAIT_POLICY
+
+    return {
+        "from": "torch's default",
+        "omp_wait_policy": (os.environ.get(WAIT_POLICY) or UNSET_POLICY).upper(),
+        **_STARTED,
+        "torch": torch.get_num_threads(),
+    }
 
 
 def execute_run(run_dir: Path) -> None:
@@ -177,7 +206,7 @@ def _run_claimed(
     code = code or provenance(_device())
     status["provenance"] = [
         *(status.get("provenance") or []),
-        {"attempt": attempt, "started": status["attempt_started"], **code},
+        {"attempt": attempt, "started": status["attempt_started"], **code, "threads": threads_record()},
     ]
     write_status(run_dir, status)
     if gate is not None:
@@ -333,7 +362,7 @@ class QueueWorker:
     once, not by each of the demo's 26 runs. A run that fails is recorded failed by `run_one` and
     the next one goes on; SIGTERM records the current run interrupted and ends the worker."""
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: WorkerThreads | int | None = None):
         self.threads = threads
 
     def __call__(self, run_dirs: list[str]) -> list[dict[str, Any]]:
@@ -357,7 +386,7 @@ class RunWorker(submitit.helpers.Checkpointable):
     """The submitit callable: `RunWorker(threads)(run_dir)`; requeued as itself on
     pre-emption/time-out."""
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: WorkerThreads | int | None = None):
         self.threads = threads
 
     def __call__(self, run_dir: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yaml
 
 from stare_lab.config import CONF_DIR, field_problem
+from stare_lab.sweep.threads import WorkerThreads
 
 if TYPE_CHECKING:
     from stare_lab.sweep.jobs import JobWatch, Starter, Workers
@@ -127,9 +128,11 @@ class Launcher(abc.ABC):
         """Nodes of one run (its processes are spread evenly over them)."""
         return 1
 
-    def worker_threads(self) -> int | None:
-        """Torch threads of each worker process; None: torch's default (the job has its own cores)."""
-        return None
+    def worker_threads(self) -> WorkerThreads:
+        """What each worker process decides its torch threads from (stare_lab.sweep.threads): the
+        launcher's `threads_per_worker` key when it has one, and the workers sharing one process's
+        cores (1: each job has cores of its own)."""
+        return WorkerThreads(per_worker=getattr(self, "threads_per_worker", None), sharing=1)
 
     @abc.abstractmethod
     def layout(self, runs: int) -> str:

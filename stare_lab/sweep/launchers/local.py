@@ -5,17 +5,25 @@ paying the interpreter and its imports once (stare_lab.sweep.jobs.QueueStarter).
 `processes` > 1 is one job of that many tasks (gloo on CPU, NCCL on GPUs), at most `workers` at
 once. An interrupted run (Ctrl-C, a killed driver) resumes from its last checkpoint at the next
 `sweep run`.
+
+Threads: each worker process decides its own torch threads when it starts (stare_lab.sweep.threads:
+`threads_per_worker`, else the user's OMP_NUM_THREADS, else the process's usable cores shared by
+the `workers` × `processes` processes running at once), and starts with OMP_WAIT_POLICY=PASSIVE
+in its environment unless the user's names a policy (`executor`): idle OpenMP threads sleep rather
+than spin on cores other jobs share.
 """
 
 from __future__ import annotations
 
-import os
+import shlex
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from stare_lab.config_schema import bounded
 from stare_lab.sweep.launchers.base import Launcher, register_launcher
+from stare_lab.sweep.threads import WorkerThreads, spawn_env
 
 # Ctrl-C: how long the driver waits for its stopped workers to record `interrupted`.
 STOP_WAIT_S = 30.0
@@ -27,16 +35,18 @@ class LocalLauncher(Launcher):
     workers: int = bounded(ge=1)  # runs at once (they split the cores between them)
     processes: int = bounded(ge=1)  # processes of one run (gloo on CPU)
     timeout_min: float = bounded(ge=1)  # wall-clock limit of one run
+    threads_per_worker: int | None = bounded(ge=1)  # torch threads of each process; null: decided
 
     @property
     def processes_per_run(self) -> int:
         return int(self.processes or 1)
 
-    def worker_threads(self) -> int | None:
-        """N workers share this machine's cores (torch's default of one thread per core each would
-        oversubscribe them)."""
-        processes = max(1, int(self.workers)) * self.processes_per_run
-        return max(1, (os.cpu_count() or 1) // processes)
+    def worker_threads(self) -> WorkerThreads:
+        """`workers` × `processes` processes share the cores this machine lets the sweep use (torch's
+        default of one thread per core each would oversubscribe them)."""
+        return WorkerThreads(
+            per_worker=self.threads_per_worker, sharing=max(1, int(self.workers)) * self.processes_per_run
+        )
 
     def layout(self, runs: int) -> str:
         procs = self.processes_per_run
@@ -48,7 +58,10 @@ class LocalLauncher(Launcher):
     def executor(self, folder: Path, job_name: str):
         import submitit
 
-        ex = submitit.LocalExecutor(folder=folder)
+        # each task starts as `env OMP_WAIT_POLICY=PASSIVE python ...`: in its environment before OpenMP loads
+        env = [f"{k}={v}" for k, v in spawn_env().items()]
+        python = shlex.join(["env", *env, sys.executable]) if env else None
+        ex = submitit.LocalExecutor(folder=folder, python=python)
         ex.update_parameters(timeout_min=self.timeout_min, tasks_per_node=self.processes_per_run)
         return ex
 

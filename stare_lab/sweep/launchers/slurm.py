@@ -6,6 +6,10 @@ run at once. On pre-emption or time-out Slurm requeues the job (`--requeue`, at 
 requeued job resumes it from its last checkpoint and the same W&B run. Ctrl-C leaves the jobs
 running: `sweep run` again watches them. Job states come from one batched `sacct` query per look
 (stare_lab.sweep.liveness.slurm_states, submitit's own query), never from submitit's per-job polling.
+Threads: a task's worker takes `threads_per_worker`, else OMP_NUM_THREADS, else its usable cores
+(its affinity, at most SLURM_CPUS_PER_TASK: `cpus_per_task`); the job script exports
+OMP_WAIT_POLICY=PASSIVE before the tasks start unless the job's environment sets a policy
+(stare_lab.sweep.threads).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.jobs import JobWatch, RunStarter, Tracked
 from stare_lab.sweep.launchers.base import Fail, Launcher, register_launcher
 from stare_lab.sweep.liveness import Liveness
+from stare_lab.sweep.threads import PASSIVE, WAIT_POLICY
 
 # A job that left Slurm's records without its worker recording an end is waited for this long
 # (a requeue passes through states sacct may not show yet) before the run is called ended.
@@ -30,6 +35,8 @@ REQUEUE_GRACE_S = 30.0
 MAX_UNANSWERED = 30
 # A job still live this long after its worker recorded the run's end is cancelled (see SlurmWatch).
 LINGER_S = 20.0
+# The job script's first line: idle OpenMP threads sleep unless the job's environment names a policy.
+WAIT_POLICY_SETUP = (f'export {WAIT_POLICY}="${{{WAIT_POLICY}:-{PASSIVE}}}"',)
 
 
 @register_launcher("slurm")
@@ -44,6 +51,7 @@ class SlurmLauncher(Launcher):
     gpus_per_node: int = bounded(ge=0)
     tasks_per_node: int | None = bounded(ge=1)  # null: one per GPU (1 without GPUs)
     cpus_per_task: int = bounded(ge=1)
+    threads_per_worker: int | None = bounded(ge=1)  # torch threads of each task; null: decided
     mem_gb: float = bounded(ge=1)
     timeout_min: float = bounded(ge=1)
     array_parallelism: int = bounded(ge=1)
@@ -103,7 +111,7 @@ class SlurmLauncher(Launcher):
             nodes=self.nodes,
             ntasks_per_node=self.run_tasks_per_node,
             signal_delay_s=self.signal_delay_s,
-            setup=list(self.setup),
+            setup=[*WAIT_POLICY_SETUP, *self.setup],
             additional_parameters={"requeue": True, **self.additional},
         )
         if self.gpus_per_node:
