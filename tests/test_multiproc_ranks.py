@@ -23,6 +23,12 @@ def _dead_pid() -> int:
     return p.pid
 
 
+@pytest.fixture(autouse=True)
+def run_config(tmp_path):
+    """A run folder has its config.yaml: the worker reads the run's rule and `run.imports` from it."""
+    (tmp_path / "config.yaml").write_text("method: {name: full}\n")
+
+
 def test_go_no_go_and_a_silent_rank_0_is_bounded(tmp_path):
     zero, one = RankGate(tmp_path, "7-0", 0, 2), RankGate(tmp_path, "7-0", 1, 2)
     t0 = time.time()
