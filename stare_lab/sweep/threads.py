@@ -1,25 +1,33 @@
 """Threads of a worker process, and how its idle threads wait (docs/performance.md, "Threads").
 
-A worker's torch threads are decided when the process starts (`start_worker`), by the first of:
+A worker's torch threads are decided by the first of:
 
 1. `launcher.threads_per_worker` (the sweep's `launcher:` block; `stare-lab train` has none);
 2. `OMP_NUM_THREADS` in the worker's environment (the user's own, inherited from the shell that
    ran `sweep run`, or exported in a Slurm launcher's `setup` lines);
 3. the cores this process may use: its CPU affinity (`os.sched_getaffinity`, what `taskset`, a
-   cgroup cpuset or Slurm's task binding leave it), at most `SLURM_CPUS_PER_TASK` inside a Slurm job,
-   shared by the worker processes that run at once on them (the local launcher: `workers` ×
-   `processes`; a Slurm task has its own cores) — at least one each.
+   cgroup cpuset or Slurm's task binding leave it), at most `SLURM_CPUS_PER_TASK` inside a Slurm
+   job, shared by the worker processes that run at once on them (the local launcher: `workers` ×
+   `processes`; a Slurm task has its own cores), and no more than those other processes leave free
+   when the run starts (`busy_elsewhere`: 0.25 s of /proc/stat) — at least one.
 
+(3) is decided again at the start of every run a queue worker takes (`sweep run`'s local workers),
+so a worker that started on idle cores takes one thread for a run that starts beside other jobs.
 Torch's own default (one thread per core of the machine, whatever else runs) is what (3) replaces:
-N local workers each taking every core oversubscribe them N times.
+N local workers each taking every core oversubscribe them N times, and two threads on two cores
+that two other jobs keep busy wait on each other at every parallel region (a 6-run sweep's steps took
+8.6× their idle time, one thread's 1.6×: benchmarks/shared_node.py).
 
-Idle OpenMP threads sleep: a worker's environment holds `OMP_WAIT_POLICY=PASSIVE` unless the user's
-sets one. With the OpenMP default, a thread that finishes its share of a parallel region spins for
-a while before it sleeps (GNU libgomp: 300,000 spins); on cores other jobs use, those spins take the
-time slices the other threads of the same region need, and a step takes 5-15× longer
-(benchmarks/shared_node.py). The policy is read once, when the OpenMP runtime loads (with torch), so
-it is set in the environment the worker starts with (the launchers: `spawn_env`) and, for a process
-that has not loaded torch yet, in its own environment before it does (`apply_wait_policy`).
+Idle OpenMP threads do not spin for long: a worker's environment holds `OMP_WAIT_POLICY=PASSIVE` and,
+for GNU libgomp (torch's OpenMP on Linux), `GOMP_SPINCOUNT=10000` (about 0.1 ms of spinning before a
+thread sleeps, against libgomp's default 300,000; PASSIVE alone is 0), unless the user's environment
+sets either. With libgomp's default, a thread that finishes its share of a parallel region spins
+~3 ms, taking the time slices the other threads of the region need on cores other jobs use; with no
+spin at all, the many short regions of a small model's step each pay a wake-up (the built-in model's
+step took 2.1× its spinning time on idle cores), where 0.1 ms of spinning keeps today's idle speed.
+Both are read once, when the OpenMP runtime loads (with torch), so they are in the environment the
+worker starts with (the launchers: `spawn_env`) and, for a process that has not loaded torch yet,
+set in its own environment before it does (`apply_wait_policy`).
 
 Official code (TRL, accelerate) leaves both to torch's defaults and the user's environment.
 """
@@ -28,13 +36,18 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
+SPIN_COUNT = "GOMP_SPINCOUNT"  # GNU libgomp's own: spins before an idle thread sleeps
 PASSIVE = "PASSIVE"
-# What a run records when OMP_WAIT_POLICY was not in its environment when OpenMP loaded.
+SHORT_SPIN = "10000"  # about 0.1 ms (libgomp counts ~100,000 spins per ms)
+# What a run records when neither was in its environment when OpenMP loaded.
 UNSET_POLICY = "unset (OpenMP's default: spin, then sleep)"
+# How long `busy_elsewhere` watches the cores.
+PROBE_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -80,9 +93,12 @@ def omp_num_threads(environ: Mapping[str, str]) -> int | None:
     return _positive_int(value.split(",")[0]) if value else None
 
 
-def decide_threads(per_worker: int | None, environ: Mapping[str, str], cpus: int, sharing: int = 1) -> ThreadChoice:
+def decide_threads(
+    per_worker: int | None, environ: Mapping[str, str], cpus: int, sharing: int = 1, busy: float = 0.0
+) -> ThreadChoice:
     """Threads of one worker process (see the module docstring for the order). `cpus`: the cores the
-    process may use (`usable_cpus()`); `sharing`: the worker processes sharing them."""
+    process may use (`usable_cpus()`); `sharing`: the worker processes sharing them; `busy`: cores
+    of them other processes kept busy just now (`busy_elsewhere()`)."""
     if per_worker is not None:
         return ThreadChoice(int(per_worker), "launcher.threads_per_worker")
     omp = omp_num_threads(environ)
@@ -94,14 +110,64 @@ def decide_threads(per_worker: int | None, environ: Mapping[str, str], cpus: int
         cores, what = slurm, f"SLURM_CPUS_PER_TASK={slurm}"
     sharing = max(1, int(sharing))
     threads = max(1, cores // sharing)
-    return ThreadChoice(threads, what + (f" / {sharing} workers" if sharing > 1 else ""))
+    what += f" / {sharing} workers" if sharing > 1 else ""
+    free = max(1, int(max(1, int(cpus)) - busy + 0.5))  # the usable cores others leave, rounded
+    if free < threads:
+        threads, what = free, what + f", {busy:.1f} busy with other processes"
+    return ThreadChoice(threads, what)
+
+
+def _cpu_times(cpus: set[int]) -> tuple[int, int] | None:
+    """(busy, total) clock ticks of `cpus` since boot, from /proc/stat; None where it can not be read."""
+    busy = total = 0
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            for line in stat:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                    ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+                    busy += sum(ticks) - ticks[3] - ticks[4]
+                    total += sum(ticks)
+    except (OSError, ValueError):
+        return None
+    return (busy, total) if total else None
+
+
+def busy_elsewhere(window_s: float = PROBE_S) -> float:
+    """Cores of this process's affinity that other processes kept busy over the next `window_s`
+    seconds (their busy time less this process's own CPU time); 0.0 where /proc/stat is unreadable."""
+    try:
+        cpus = set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return 0.0
+    before, own_before = _cpu_times(cpus), os.times()
+    t0 = time.monotonic()
+    time.sleep(window_s)
+    after, own_after = _cpu_times(cpus), os.times()
+    if before is None or after is None:
+        return 0.0
+    own = own_after.user + own_after.system - own_before.user - own_before.system
+    return others_load(before, after, len(cpus), own, time.monotonic() - t0)
+
+
+def others_load(before: tuple[int, int], after: tuple[int, int], cpus: int, own_s: float, wall_s: float) -> float:
+    """Cores kept busy by other processes between two (busy, total) /proc/stat readings of `cpus` cores:
+    the busy share of their time × cpus, less this process's own CPU seconds over the wall seconds."""
+    if after[1] <= before[1] or wall_s <= 0:
+        return 0.0
+    share = (after[0] - before[0]) / (after[1] - before[1])
+    return max(0.0, share * cpus - own_s / wall_s)
+
+
+def _user_policy(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get(WAIT_POLICY) or environ.get(SPIN_COUNT))
 
 
 def spawn_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What a launcher adds to the environment its workers start with: OMP_WAIT_POLICY=PASSIVE unless
-    `environ` (default: this process's) names a policy already."""
+    """What a launcher adds to the environment its workers start with: OMP_WAIT_POLICY=PASSIVE and
+    GOMP_SPINCOUNT=10000, unless `environ` (default: this process's) sets either."""
     environ = os.environ if environ is None else environ
-    return {} if environ.get(WAIT_POLICY) else {WAIT_POLICY: PASSIVE}
+    return {} if _user_policy(environ) else {WAIT_POLICY: PASSIVE, SPIN_COUNT: SHORT_SPIN}
 
 
 def openmp_loaded() -> bool:
@@ -115,11 +181,19 @@ def openmp_loaded() -> bool:
         return module is not None and "_real" not in vars(module)  # stare_lab.deferred's stand-in is not torch
 
 
+def policy_text(environ: Mapping[str, str]) -> str:
+    """The wait policy in a record's words: `PASSIVE`, `PASSIVE, GOMP_SPINCOUNT=10000`, or UNSET_POLICY."""
+    policy, spin = (environ.get(WAIT_POLICY) or "").strip().upper(), (environ.get(SPIN_COUNT) or "").strip()
+    if not policy and not spin:
+        return UNSET_POLICY
+    return ", ".join(x for x in (policy, f"{SPIN_COUNT}={spin}" if spin else "") if x)
+
+
 def apply_wait_policy(environ: MutableMapping[str, str] | None = None) -> str:
-    """Set OMP_WAIT_POLICY=PASSIVE in this process's environment when no policy is set and OpenMP has
-    not loaded yet; returns the policy OpenMP runs with (UNSET_POLICY: none was set when it loaded)."""
+    """Set `spawn_env`'s policy in this process's environment when the user set none and OpenMP has
+    not loaded yet; returns the policy OpenMP runs with (`policy_text`)."""
     environ = os.environ if environ is None else environ
-    if not environ.get(WAIT_POLICY) and not openmp_loaded():
-        environ[WAIT_POLICY] = PASSIVE
-    policy = environ.get(WAIT_POLICY)
-    return policy.strip().upper() if policy else UNSET_POLICY
+    if not openmp_loaded():
+        for key, value in spawn_env(environ).items():
+            environ[key] = value
+    return policy_text(environ)

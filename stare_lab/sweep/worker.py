@@ -52,32 +52,54 @@ from stare_lab.record import (
 )
 from stare_lab.sweep.liveness import self_identity
 from stare_lab.sweep.ranks import RANKS_DIR, RankGate, attempt_key, is_echo
-from stare_lab.sweep.threads import WorkerThreads, apply_wait_policy, decide_threads, usable_cpus
+from stare_lab.sweep.threads import (
+    WorkerThreads,
+    apply_wait_policy,
+    busy_elsewhere,
+    decide_threads,
+    omp_num_threads,
+    policy_text,
+    usable_cpus,
+)
 
 
 class Terminated(BaseException):
     """SIGTERM in a worker: Slurm cancels, requeues or pre-empts the job, or `sweep run` is stopped."""
 
 
-# What `start_worker` set in this process: each attempt records it (`threads_record`).
+# What `start_worker` / `run_threads` set in this process: each attempt records it (`threads_record`).
 _STARTED: dict[str, Any] = {}
+_PLAN: list[WorkerThreads] = [WorkerThreads()]  # what the launcher said (start_worker)
 
 
-def start_worker(threads: WorkerThreads | int | None = None) -> dict[str, Any]:
-    """Process-wide settings of a worker: OpenMP's wait policy (PASSIVE unless the environment says,
-    set before torch loads OpenMP when it has not yet), torch threads (stare_lab.sweep.threads: the
-    launcher's `threads_per_worker`, else OMP_NUM_THREADS, else the usable cores shared among the
-    workers; an int is `threads_per_worker`) and warnings. Returns what it set: {"torch", "from",
-    "omp_wait_policy"}."""
-    plan = threads if isinstance(threads, WorkerThreads) else WorkerThreads(per_worker=threads or None)
+def start_worker(threads: WorkerThreads | int | None = None, decide: bool = True) -> dict[str, Any]:
+    """Process-wide settings of a worker: OpenMP's wait policy (stare_lab.sweep.threads: PASSIVE with
+    a 0.1 ms spin unless the environment says, set before torch loads OpenMP when it has not yet),
+    torch threads (`run_threads`; `decide=False`: at the start of each run instead) and warnings.
+    `threads`: the launcher's WorkerThreads, or an int: `threads_per_worker`. Returns what it set:
+    {"torch", "from", "omp_wait_policy"}."""
+    _PLAN[0] = threads if isinstance(threads, WorkerThreads) else WorkerThreads(per_worker=threads or None)
     policy = apply_wait_policy()  # before the first real `import torch` of this process
-    choice = decide_threads(plan.per_worker, os.environ, usable_cpus(), plan.sharing)
-    import torch
+    import torch  # noqa: F401 - OpenMP loads here, under that policy
 
-    torch.set_num_threads(choice.threads)
     # TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-    _STARTED.update({"torch": choice.threads, "from": choice.source, "omp_wait_policy": policy})
+    _STARTED["omp_wait_policy"] = policy
+    return run_threads() if decide else dict(_STARTED)
+
+
+def run_threads() -> dict[str, Any]:
+    """Decide this process's torch threads for the run it starts (stare_lab.sweep.threads): the
+    launcher's key, else OMP_NUM_THREADS, else the usable cores shared among the workers and left
+    free by other processes just now (a 0.25 s look, only then)."""
+    import torch
+
+    plan = _PLAN[0]
+    decided = plan.per_worker is not None or omp_num_threads(os.environ) is not None
+    busy = 0.0 if decided else busy_elsewhere()
+    choice = decide_threads(plan.per_worker, os.environ, usable_cpus(), plan.sharing, busy)
+    torch.set_num_threads(choice.threads)
+    _STARTED.update({"torch": choice.threads, "from": choice.source})
     return dict(_STARTED)
 
 
@@ -86,11 +108,9 @@ def threads_record() -> dict[str, Any]:
     OpenMP wait policy (from `start_worker`; a process that did not call it: torch's default)."""
     import torch
 
-    from stare_lab.sweep.threads import UNSET_POLICY, WAIT_POLICY
-
     return {
         "from": "torch's default",
-        "omp_wait_policy": (os.environ.get(WAIT_POLICY) or UNSET_POLICY).upper(),
+        "omp_wait_policy": policy_text(os.environ),
         **_STARTED,
         "torch": torch.get_num_threads(),
     }
@@ -366,7 +386,7 @@ class QueueWorker:
         self.threads = threads
 
     def __call__(self, run_dirs: list[str]) -> list[dict[str, Any]]:
-        start_worker(self.threads)
+        start_worker(self.threads, decide=False)  # threads: at the start of each run (`_take`)
         code = loaded_code()
         with _leave_on_sigterm():
             return [self._take(Path(run_dir), code) for run_dir in run_dirs]
@@ -376,6 +396,7 @@ class QueueWorker:
         if status.get("state") != "pending":  # another worker has it: pass over without the claim's 2 s wait
             return {**status, "skipped": True}
         try:
+            run_threads()  # the cores other jobs leave free now
             return run_one(run_dir, only_pending=True, code=code)
         except Exception:  # noqa: BLE001 - run_one recorded it in the run's status.json; the next run goes on
             traceback.print_exc()  # into this worker's submitit log as well

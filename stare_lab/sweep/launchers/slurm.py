@@ -8,8 +8,8 @@ running: `sweep run` again watches them. Job states come from one batched `sacct
 (stare_lab.sweep.liveness.slurm_states, submitit's own query), never from submitit's per-job polling.
 Threads: a task's worker takes `threads_per_worker`, else OMP_NUM_THREADS, else its usable cores
 (its affinity, at most SLURM_CPUS_PER_TASK: `cpus_per_task`); the job script exports
-OMP_WAIT_POLICY=PASSIVE before the tasks start unless the job's environment sets a policy
-(stare_lab.sweep.threads).
+OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=10000 before the tasks start unless the job's environment
+sets either (stare_lab.sweep.threads).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.jobs import JobWatch, RunStarter, Tracked
 from stare_lab.sweep.launchers.base import Fail, Launcher, register_launcher
 from stare_lab.sweep.liveness import Liveness
-from stare_lab.sweep.threads import PASSIVE, WAIT_POLICY
+from stare_lab.sweep.threads import PASSIVE, SHORT_SPIN, SPIN_COUNT, WAIT_POLICY
 
 # A job that left Slurm's records without its worker recording an end is waited for this long
 # (a requeue passes through states sacct may not show yet) before the run is called ended.
@@ -35,8 +35,11 @@ REQUEUE_GRACE_S = 30.0
 MAX_UNANSWERED = 30
 # A job still live this long after its worker recorded the run's end is cancelled (see SlurmWatch).
 LINGER_S = 20.0
-# The job script's first line: idle OpenMP threads sleep unless the job's environment names a policy.
-WAIT_POLICY_SETUP = (f'export {WAIT_POLICY}="${{{WAIT_POLICY}:-{PASSIVE}}}"',)
+# The job script's first line: idle OpenMP threads spin 0.1 ms at most unless the job's environment says.
+WAIT_POLICY_SETUP = (
+    f'if [ -z "${{{WAIT_POLICY}}}${{{SPIN_COUNT}}}" ]; '
+    f"then export {WAIT_POLICY}={PASSIVE} {SPIN_COUNT}={SHORT_SPIN}; fi",
+)
 
 
 @register_launcher("slurm")
