@@ -1,7 +1,7 @@
 """The loss: what one micro-batch back-propagates, the rule's weights included (docs/design.md, "The loss").
 
 - `trainer_loss` is the trainer's loss: TRL's own `GRPOTrainer._compute_loss` with the rule's weights
-  in TRL's per-token mask slot (`stare_lab/trl_loss.py`, docs/trl_parity.md), so every TRL loss type
+  in TRL's per-token mask slot (`stare_lab/trl_internals.py`, docs/trl_parity.md), so every TRL loss type
   and term composes, and with weights equal to the mask it is plain TRL to the bit.
 - `token_loss(rule, stats, state, logp)` is the same loss written out over tensors for one micro-batch
   of one process (the loss types whose policy term is PPO's clipped surrogate: grpo, bnpo, dr_grpo, dapo,
@@ -173,8 +173,8 @@ def trainer_loss(trainer, model, inputs: dict, weights=None, on_entropies=None) 
     (`trl_loss.loss_weights`); or a callable `(logp, entropies) -> [B, T]` evaluated right after TRL's
     forward (scope "microbatch"). on_entropies(entropies, mask): sees the forward's entropies (metrics).
     """
-    from stare_lab import trl_loss  # imports TRL: the tensor-level functions above need none of it
+    from stare_lab import trl_internals, trl_loss  # import TRL: the tensor-level functions above need none of it
 
     if weights is None:
         weights = trl_loss.loss_weights(trainer, inputs, NORMALIZE[int(inputs["token_normalize"])])
-    return trl_loss.trl_loss(trainer, model, inputs, weights, on_entropies=on_entropies)
+    return trl_internals.weighted_trl_loss(trainer, model, inputs, weights, on_entropies=on_entropies)

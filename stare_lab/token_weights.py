@@ -3,7 +3,7 @@
 `apply_rule` is the one place a configured rule runs inside training. Scope batch, group and
 sequence call it once per generation batch from the rollout policy's statistics, in
 `_generate_and_score_completions`; scope "microbatch" calls it once per micro-batch from the
-training forward's own statistics, inside `_compute_loss` (TRL's loss slot, `trl_loss.weight_slot`).
+training forward's own statistics, inside `_compute_loss` (TRL's loss slot, `trl_internals.weight_slot`).
 Either way it gathers the statistics over ranks (the rule sees every rank's rows, docs/distributed.md
 §4), runs the rule once, and returns this rank's loss inputs:
 

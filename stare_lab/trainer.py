@@ -1,9 +1,13 @@
 """TokenRuleGRPOTrainer: TRL's GRPOTrainer with per-token weights from a token rule.
 
-Glue on TRL's extension points; the class docstring lists each method it overrides and why. The
-statistics the rule declares come from the cheapest exact source (`signals/sources.py`), the rule
-runs through `token_weights.apply_rule`, and the loss is `objective.trainer_loss`: TRL's own
-`_compute_loss` with the weights in its per-token mask slot (docs/trl_parity.md). With rule `full`
+Glue on TRL's extension points; the class docstring lists each method it overrides and why. One step
+reads top-down: `_generate_and_score_completions` (generate → statistics → rule → metrics) and
+`_compute_loss` (TRL's loss with the weights → a loss-changing rule's terms → metrics). The statistics
+the rule declares come from the cheapest exact source (`signals/sources.py`), the rule runs through
+`token_weights.apply_rule`, and the loss is `objective.trainer_loss`: TRL's own `_compute_loss` with
+the weights in its per-token mask slot (docs/trl_parity.md). Every reach into TRL's private code (the
+slot, the armed generation and old-log-prob calls, TRL's metric rows and micro-batch counter) goes
+through `stare_lab/trl_internals.py`, which lists them. With rule `full`
 this is TRL's loss to the bit (a test). The trainer never names a rule: it asks the registry
 (`stare_lab.methods`).
 """
@@ -11,24 +15,23 @@ this is TRL's loss to the bit (a test). The trainer never names a rule: it asks 
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
-from stare_lab import distributed, objective, trl_loss
+from stare_lab import distributed, objective, trl_internals, trl_loss
 from stare_lab.loss_types import AGGREGATIONS, RANKS
 from stare_lab.methods import NORMALIZE, LossBatch, Rule, RuleState, TrainerValues
 from stare_lab.methods.ppo import replaces_surrogate
 from stare_lab.methods.select import check_choice
 from stare_lab.record import RULE_STATE_FILE
-from stare_lab.signals import token_statistics
+from stare_lab.signals import sources, token_statistics
 from stare_lab.signals.attention import CHUNK_QUERIES
 from stare_lab.signals.generation import record_generation
 from stare_lab.signals.js import CHUNK_POSITIONS
-from stare_lab.signals.sources import generation_needs, model_needs, ride_old_logp_forward, stats_source
 from stare_lab.signals.vocab import CHUNK_TOKENS
 from stare_lab.stats import TokenStats
 from stare_lab.token_weights import (
@@ -52,11 +55,12 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
       dict TRL returns, which TRL shuffles and splits with the rest (so weights never depend on the
       micro-batch split). For the parent's one call it arms, when the statistics come from there,
       TRL's `_generate_single_turn` (recording during transformers generation) or its no-grad
-      old-log-prob forward (the statistics pass rides it): `_statistics_taken`, instance attributes
-      restored after the call, the values returned through the dict it yields.
+      old-log-prob forward (the statistics pass rides it): `_statistics_armed`, through
+      `trl_internals.around_generation` / `old_logp_forward_answered`, the values returned in a local dict.
     - `_compute_loss`: `objective.trainer_loss`, TRL's own loss with the weights in its per-token mask
       slot; a rule of scope "microbatch" or "token" chooses its weights in that slot from the training
-      forward; a rule that changes the loss (`Rule.changes_loss`) adds its terms there
+      forward (`_in_loss_slot`, which TRL calls; what it chose is returned in a local dict and joins the
+      micro-batch's inputs after the loss); a rule that changes the loss (`Rule.changes_loss`) adds its terms there
       (`trl_loss.surrogate_change`: its policy term in place of TRL's clipped surrogate).
     - `log`: every train-step log names the step that generated its batch (`generation_step`), and a step
       that trained on an earlier step's batch carries that generation's metrics (TRL logs rewards and
@@ -136,19 +140,72 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         values = self.trainer_values
         return self.rule.step_needs_for(values) if self.selects_in_loss else self.rule.needs_for(values)
 
-    # ---- generation time: statistics and weights -------------------------------------------
+    # ---- one generation batch: generate → statistics → rule → metrics ----------------------------
     def _generate_and_score_completions(self, inputs):
+        """TRL generates, scores and computes advantages (with the statistics source armed on its one call);
+        then the rule's statistics, the rule, and its metrics; the weights join the batch dict TRL returns,
+        which TRL shuffles and splits with the rest (so weights never depend on the micro-batch split)."""
         training = self.model.training
-        before = {k: (id(v), len(v)) for k, v in self._metrics["train"].items()} if training else None
-        out = self._generate_scored(inputs)
+        before = {k: (id(v), len(v)) for k, v in self._metric_rows("train").items()} if training else None
+        taken: dict = {}  # what the armed source took from TRL's call: "record" or "stats"
+        with self._statistics_armed(self.stats_source(), taken):
+            out = super()._generate_and_score_completions(inputs)
+        given = self._given_statistics(taken, out)
+        self._step_into_rule_state()
+        if self.selects_in_loss:
+            self._defer_rule_to_loss(out, given)
+        else:
+            self._apply_rule_at_generation(out, given)
         if before is not None:
             self._remember_generation(before)
         return out
 
+    def _given_statistics(self, taken: dict, out: dict) -> dict[str, torch.Tensor] | None:
+        """The statistics the armed source took: the generation recording aligned with TRL's completions (None
+        when it does not line up: the pass computes everything), or TRL's old-log-prob forward's."""
+        record = taken.get("record")
+        if record is not None:
+            return record.result(out["completion_ids"], out["completion_mask"])
+        return taken.get("stats")
+
+    def _step_into_rule_state(self) -> None:
+        """The rule state gets the step (the rule's seeded draws and schedules move) and the trainer's values."""
+        self.rule_state.step = self.state.global_step
+        self.rule_state.total_steps = max(self.state.max_steps, 1)
+        self.rule_state.trainer = self.trainer_values
+
+    def _keep_due(self) -> bool:
+        every = self.keep_batches_every
+        return self.model.training and every > 0 and self.state.global_step % every == 0  # viewer.keep_due
+
+    def _apply_rule_at_generation(self, out: dict, given: dict | None) -> None:
+        """Scope batch, group or sequence: the rule on the global generation batch, identical on every rank
+        (docs/distributed.md §4); its loss inputs join `out`."""
+        keep = self._keep_due()
+        local, rollout_entropy = self._token_stats(out, given=given)
+        state_before = self.rule_state.to_dict() if keep else None  # the rule updates its memory in place
+        applied = apply_rule(self.rule, self.rule_state, local, self.accelerator)
+        out.update(applied.inputs)
+        if keep:
+            self._keep_batch(out, applied.stats, state_before, applied.weights)
+        entropy_mean = self._global_mean(rollout_entropy, local.mask) if rollout_entropy is not None else None
+        self._log_rule_metrics("train" if self.model.training else "eval", applied, entropy_mean)
+
+    def _defer_rule_to_loss(self, out: dict, given: dict | None) -> None:
+        """Scope "microbatch" or "token": the rule runs per micro-batch in the loss; here only what it reads
+        once per step (`step_stats`), and NaN stand-ins of its loss inputs (`deferred_inputs`)."""
+        self.rule_state.step_stats = None
+        if self.batch_needs:
+            local, _ = self._token_stats(out, given=given)
+            self.rule_state.step_stats = distributed.global_token_stats(local, self.accelerator)[0]
+        out.update(deferred_inputs(out["completion_mask"]))
+        if self._keep_due():  # the generation batch now, what the rule does with it in the loss (LossRecord)
+            self._keep_batch(out, self.rule_state.step_stats, self.rule_state.to_dict(), None)
+
     def _remember_generation(self, before: dict) -> None:
         """The metrics this generation logged (TRL's rewards, completion lengths, token counts; a batch-scope
         rule's metrics): kept to be carried to the steps that train on the batch without generating (`log`)."""
-        m = self._metrics["train"]
+        m = self._metric_rows("train")
         logged = [k for k, v in m.items() if v and before.get(k) != (id(v), len(v))]
         self._generation_values = {k: m[k][-1] for k in logged}
         self._generation_step = self.state.global_step + 1  # the optimizer step whose first micro-batch generated
@@ -162,43 +219,15 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         TRL logs them only where it generated; its own averaging turns the one carried value into itself."""
         if self.model.training and "loss" in logs and self._generation_step is not None:
             if not self._generated_since_log:
+                rows = self._metric_rows("train")
                 for k, v in self._generation_values.items():
-                    self._metrics["train"][k] = [v]
+                    rows[k] = [v]
             logs["generation_step"] = self._generation_step
             self._generated_since_log = False
         super().log(logs, start_time)
 
-    def _generate_scored(self, inputs):
-        with self._statistics_taken(self.stats_source()) as taken:
-            out = super()._generate_and_score_completions(inputs)
-        record = taken.get("record")
-        if record is not None:  # None when the recording does not line up: the pass computes everything
-            taken["stats"] = record.result(out["completion_ids"], out["completion_mask"])
-        mode = "train" if self.model.training else "eval"
-        self.rule_state.step = self.state.global_step
-        self.rule_state.total_steps = max(self.state.max_steps, 1)
-        self.rule_state.trainer = self.trainer_values
-        every = self.keep_batches_every
-        keep = mode == "train" and every > 0 and self.state.global_step % every == 0  # viewer.keep_due
-        if self.selects_in_loss:  # the rule runs per micro-batch in the loss; here only what it reads per step
-            self.rule_state.step_stats = None
-            if self.batch_needs:
-                local, _ = self._token_stats(out, given=taken.get("stats"))
-                self.rule_state.step_stats = distributed.global_token_stats(local, self.accelerator)[0]
-            out.update(deferred_inputs(out["completion_mask"]))
-            if keep:  # the generation batch now, what the rule does with it in the loss (LossRecord)
-                self._keep_batch(out, self.rule_state.step_stats, self.rule_state.to_dict(), None)
-            return out
-        local, rollout_entropy = self._token_stats(out, given=taken.get("stats"))
-        state_before = self.rule_state.to_dict() if keep else None  # the rule updates its memory in place
-        # the rule sees the global generation batch, identical on every rank (docs/distributed.md §4)
-        applied = apply_rule(self.rule, self.rule_state, local, self.accelerator)
-        out.update(applied.inputs)
-        if keep:
-            self._keep_batch(out, applied.stats, state_before, applied.weights)
-        entropy_mean = self._global_mean(rollout_entropy, local.mask) if rollout_entropy is not None else None
-        self._log_rule_metrics(mode, applied, entropy_mean)
-        return out
+    def _metric_rows(self, mode: str) -> dict[str, list]:
+        return trl_internals.metric_rows(self, mode)
 
     def _keep_batch(
         self, out: dict, stats: TokenStats | None, state_before: dict, weights: torch.Tensor | None
@@ -274,56 +303,53 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         "microbatch" (inside the loss, and nothing read once per step), "old_logp_forward" (TRL's own
         no-grad forward of the rollout policy, when it makes one), "generation" (recorded while
         transformers generates; JS still takes the pass), or "pass" (one no-grad forward after generation)."""
-        return stats_source(self)
+        return sources.stats_source(
+            self.batch_needs,
+            selects_in_loss=self.selects_in_loss,
+            old_logp_forward=trl_internals.makes_old_logp_forward(self),
+            transformers_generates=trl_internals.generates_with_transformers(self),
+            at_generation=self.stats_at_generation,
+        )
+
+    def model_needs(self) -> frozenset[str]:
+        """The statistics of the generation batch that need a forward of the rollout policy (`sources.model_needs`)."""
+        return sources.model_needs(self.batch_needs, trl_internals.makes_old_logp_forward(self))
+
+    def _statistics_armed(self, source: str, taken: dict) -> AbstractContextManager:
+        """For the parent's one `_generate_and_score_completions` call, arm the TRL call the statistics come
+        from (trl_internals): `taken` holds afterwards "record" (the generation recording) or "stats" (taken
+        from TRL's old-log-prob forward), or nothing."""
+        if source == "generation":
+            return trl_internals.around_generation(self, lambda: self._recording(taken))
+        if source == "old_logp_forward":
+
+            def answer(input_ids, attention_mask, logits_to_keep, forward_kwargs):
+                # TRL's old-log-prob forward of the rollout policy: the rule's statistics come out of it
+                taken["stats"] = sources.ride_old_logp_forward(
+                    self._rows_statistics, self.model_needs(), input_ids, attention_mask, logits_to_keep, forward_kwargs
+                )
+                return taken["stats"]["logp"]
+
+            return trl_internals.old_logp_forward_answered(self, answer)
+        return nullcontext()
 
     @contextmanager
-    def _statistics_taken(self, source: str):
-        """For the parent's one `_generate_and_score_completions` call, arm the TRL call the statistics come
-        from; yields a dict that holds afterwards "record" (the generation recording) or "stats" (taken from
-        TRL's old-log-prob forward), or nothing."""
-        taken: dict = {}
-        if source == "generation":
-
-            def recorded(generate):
-                # JS at generation time only in one process: the pass's JS of groups split over ranks is a collective
-                one_process = self.accelerator.num_processes == 1
-
-                def call(*args, **kwargs):
-                    with record_generation(
-                        self.model,
-                        generation_needs(self),
-                        temperature=self.temperature,
-                        attn_layers=self.rule.attn_layers,
-                        chunk_queries=self.attn_chunk_queries,
-                        js_group=self.num_generations if one_process else None,
-                        eos_ids=self.eos_token_ids,
-                    ) as rec:
-                        result = generate(*args, **kwargs)
-                    taken["record"] = rec
-                    return result
-
-                return call
-
-            with trl_loss.shadowed(self, "_generate_single_turn", recorded):
-                yield taken
-        elif source == "old_logp_forward":
-
-            def ridden(forward):
-                def call(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-                    if "stats" in taken or model is not self.model or torch.is_grad_enabled():
-                        return forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-                    # TRL's old-log-prob forward of the rollout policy: the rule's statistics come out of it
-                    taken["stats"] = ride_old_logp_forward(
-                        self._rows_statistics, model_needs(self), input_ids, attention_mask, logits_to_keep, kwargs
-                    )
-                    return taken["stats"]["logp"], None, None
-
-                return call
-
-            with trl_loss.shadowed(self, "_get_per_token_logps_and_entropies", ridden):
-                yield taken
-        else:
-            yield taken
+    def _recording(self, taken: dict):
+        """One transformers generate call recorded (signals/generation.py); JS at generation time only in one
+        process: the pass's JS of groups split over ranks is a collective."""
+        one_process = self.accelerator.num_processes == 1
+        needs = sources.generation_needs(self.batch_needs, trl_internals.makes_old_logp_forward(self))
+        with record_generation(
+            self.model,
+            needs,
+            temperature=self.temperature,
+            attn_layers=self.rule.attn_layers,
+            chunk_queries=self.attn_chunk_queries,
+            js_group=self.num_generations if one_process else None,
+            eos_ids=self.eos_token_ids,
+        ) as rec:
+            yield
+        taken["record"] = rec
 
     def _rows_statistics(self, batch: dict, needs: frozenset[str]) -> dict[str, torch.Tensor]:
         """The statistics pass over `batch`, whose rows are this rank's rows of the generation batch."""
@@ -357,7 +383,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         valid = applied.stats.mask
         n = valid.sum().clamp(min=1)
         w = applied.weights[valid > 0]
-        m = self._metrics[mode]
+        m = self._metric_rows(mode)
         m["tokens/selected_frac"].append((applied.selected.float().sum() / n).item())
         m["tokens/weight_mean"].append(w.mean().item() if w.numel() else 0.0)
         m["tokens/weight_std"].append(w.std().item() if w.numel() > 1 else 0.0)
@@ -369,53 +395,55 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
     def _iteration(self) -> int:
         """Which of TRL's `num_iterations` passes over the buffered generation batch this micro-batch is
         in (TRL's `_prepare_inputs` reuses a batch for steps_per_generation × num_iterations micro-batches;
-        `_step` counts micro-batches and is advanced after the loss); 0 in evaluation."""
+        `trl_internals.micro_batches_done` counts micro-batches, advanced after the loss); 0 in evaluation."""
         if not self.model.training:
             return 0
-        return (self._step // self.args.steps_per_generation) % self.num_iterations
+        return (trl_internals.micro_batches_done(self) // self.args.steps_per_generation) % self.num_iterations
 
     # ---- loss -------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        """TRL's own loss with the rule's weights in its per-token mask slot (objective.trainer_loss), and
-        the terms of a rule that changes the loss added (trl_loss.surrogate_change)."""
+        """One micro-batch's loss: TRL's own loss with the rule's weights in its per-token mask slot
+        (objective.trainer_loss), the terms of a rule that changes the loss added (trl_loss.surrogate_change),
+        then the metrics. A rule that runs in the loss, or changes it, chooses in TRL's slot, right after TRL's
+        forward (`_in_loss_slot`): TRL calls it, and what it chose comes back in `chosen`."""
         mode = "train" if self.model.training else "eval"
-        seen = {}
-        weights = None
-        changed: dict = {}
-        forward: dict = {}
-        if self.selects_in_loss or self.rule.changes_loss:
-
-            def weights(logp, entropies):  # TRL's slot, right after its forward: this micro-batch's weights
-                forward.update(logp=logp.detach(), entropy=entropies.detach())
-                aggregation = "trl"
-                if self.selects_in_loss:
-                    inputs.update(self._microbatch_weights(inputs, entropies, logp))
-                    aggregation = "trl" if per_token_scope(self.rule) else self.microbatch_aggregation
-                normalize = NORMALIZE[int(inputs["token_normalize"])]
-                slot = trl_loss.loss_weights(self, inputs, normalize, aggregation)
-                if self.rule.changes_loss:
-                    terms = self.rule.loss_terms(self._loss_batch(inputs, logp, entropies))
-                    changed.update(terms=terms, change=trl_loss.surrogate_change(self, inputs, logp, slot, terms))
-                return slot
-
+        seen: dict = {}  # the training forward's entropies and mask, for the metrics
+        chosen: dict = {}  # what the slot chose: loss inputs, forward, loss terms
+        in_loss = self.selects_in_loss or self.rule.changes_loss
         loss = objective.trainer_loss(
             self,
             model,
             inputs,
-            weights,
+            (lambda logp, entropies: self._in_loss_slot(inputs, logp, entropies, chosen)) if in_loss else None,
             on_entropies=lambda entropies, mask: seen.update(entropies=entropies.detach(), mask=mask),
         )
-        if changed:
-            loss = loss + trl_loss.trl_aggregate(self, changed["change"], inputs)
-            loss = loss + trl_loss.own_term(self, changed["terms"])
-            self._log_loss_terms(mode, changed["terms"].metrics)
+        inputs.update(chosen.get("inputs", {}))  # the micro-batch's weights join its batch, as generation's do
+        terms = chosen.get("terms")
+        if terms is not None:
+            loss = loss + trl_loss.trl_aggregate(self, chosen["change"], inputs) + trl_loss.own_term(self, terms)
+            self._log_loss_terms(mode, terms.metrics)
         if mode == "train" and self._geometry_due():
             self._log_gradient_geometry(model, inputs, loss)
-        touched = changed["terms"].touched if changed else {}
+        touched = terms.touched if terms is not None else {}
         self._log_loss_metrics(mode, seen["entropies"], seen["mask"], inputs, touched)
-        if self._loss_record is not None and mode == "train" and forward:
-            self._record_loss(inputs, forward, touched, changed["terms"].metrics if changed else {})
+        if self._loss_record is not None and mode == "train" and "forward" in chosen:
+            self._record_loss(inputs, chosen["forward"], touched, terms.metrics if terms is not None else {})
         return loss
+
+    def _in_loss_slot(self, inputs: dict, logp: torch.Tensor, entropies: torch.Tensor, chosen: dict) -> torch.Tensor:
+        """TRL's slot, right after its forward: this micro-batch's weights [B, T] (scope "microbatch" or
+        "token": the rule on the forward's statistics) and a loss-changing rule's terms, into `chosen`."""
+        chosen["forward"] = {"logp": logp.detach(), "entropy": entropies.detach()}
+        batch, aggregation = inputs, "trl"
+        if self.selects_in_loss:
+            chosen["inputs"] = self._microbatch_weights(inputs, entropies, logp)
+            batch = {**inputs, **chosen["inputs"]}
+            aggregation = "trl" if per_token_scope(self.rule) else self.microbatch_aggregation
+        slot = trl_loss.loss_weights(self, batch, NORMALIZE[int(batch["token_normalize"])], aggregation)
+        if self.rule.changes_loss:
+            terms = self.rule.loss_terms(self._loss_batch(batch, logp, entropies))
+            chosen.update(terms=terms, change=trl_loss.surrogate_change(self, batch, logp, slot, terms))
+        return slot
 
     def _record_loss(self, inputs: dict, forward: dict, touched: dict, loss_metrics: dict) -> None:
         """This micro-batch into the kept batch's loss record, when it is one of that batch's rows."""
@@ -452,19 +480,20 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes > 1:
             values = self.accelerator.reduce(values, reduction="mean")
         for k, v in zip(keys, values.tolist(), strict=True):
-            self._metrics[mode][k].append(v)
+            self._metric_rows(mode)[k].append(v)
 
     def _geometry_due(self) -> bool:
         n = self.grad_geometry_every
-        first_micro_batch = self._step % self.current_gradient_accumulation_steps == 0
+        first_micro_batch = trl_internals.micro_batches_done(self) % self.current_gradient_accumulation_steps == 0
         return n > 0 and first_micro_batch and self.state.global_step % n == 0
 
     def _log_gradient_geometry(self, model, inputs, loss) -> None:
         """Cosine and norm ratio of the weighted gradient against the full-token gradient on this micro-batch
         (TRL's loss a second time with the completion mask in the slot; its side effects undone)."""
         cosine, norm_ratio = trl_loss.gradient_geometry(self, model, inputs, loss)
-        self._metrics["train"]["geometry/cosine"].append(cosine)
-        self._metrics["train"]["geometry/norm_ratio"].append(norm_ratio)
+        rows = self._metric_rows("train")
+        rows["geometry/cosine"].append(cosine)
+        rows["geometry/norm_ratio"].append(norm_ratio)
 
     def _log_loss_metrics(self, mode, entropies, mask, inputs, touched: dict[str, torch.Tensor]) -> None:
         """TRL logs entropy, clip ratios, KL, aux loss; ours, per micro-batch over every rank's rows: the
@@ -483,7 +512,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
             ),
             reduction="sum",
         )
-        m = self._metrics[mode]
+        m = self._metric_rows(mode)
         m["tokens/entropy_selected"].append((totals[0] / totals[1].clamp(min=1.0)).item())
         m["tokens/trained_frac"].append((totals[2] / totals[4].clamp(min=1.0)).item())
         m["tokens/touched_frac"].append((totals[3] / totals[4].clamp(min=1.0)).item())

@@ -1,9 +1,13 @@
-"""Token weights composed with TRL's own GRPO loss (TRL 1.16), never a copy of it.
+"""Token weights composed with TRL's own GRPO loss (TRL 1.16), never a copy of it: the tensors that go
+into TRL's loss and the terms added to it.
 
-`TokenRuleGRPOTrainer._compute_loss` calls `GRPOTrainer._compute_loss` itself and injects the
-rule's weights through TRL's per-token mask slot: when `top_entropy_quantile < 1`, TRL multiplies
-`per_token_loss` by `self.get_high_entropy_mask(entropies, mask, threshold)`. `weight_slot` arms
-that slot for one call with a function returning the weights, so every loss TRL computes (the
+The trainer's loss is `GRPOTrainer._compute_loss` itself with the rule's weights in TRL's per-token mask
+slot: when `top_entropy_quantile < 1`, TRL multiplies `per_token_loss` by
+`self.get_high_entropy_mask(entropies, mask, threshold)`. `trl_internals.weight_slot` arms that slot
+for one call (the only place that touches TRL's private methods, with the inventory of every such
+place and the test that notices a TRL change); this module computes what goes into it: the weights
+rescaled for the rule's normalisation (`loss_weights`) and, for a loss-changing rule, the per-token
+term added to TRL's loss (`surrogate_change`, `trl_aggregate`, `own_term`). So every loss TRL computes (the
 clipped surrogate, cispo, sapo, luspo, vespo, sequence-level importance sampling, the off-policy
 mask, the vLLM importance-sampling ratio, β·KL, the entropy bonus, the MoE router aux loss, the
 multimodal forward) is TRL's own, and a TRL upgrade changes ours with it.
@@ -25,13 +29,11 @@ weights (per generation batch, micro-batch or row, depending on the loss type).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
+from stare_lab import trl_internals
 from stare_lab.loss_types import (
     GENERATION_BATCH_DENOMINATOR,
     MICRO_BATCH_DENOMINATOR,
@@ -109,99 +111,6 @@ def verl_scale(trainer: GRPOTrainer, weights: Tensor, mask: Tensor, num_items: T
     return torch.where(d > 0, trl_denominator / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
 
 
-# A callable gets (logp, entropies) of TRL's own forward inside `_compute_loss` (both [B, T], logp with grad)
-# and is evaluated when TRL reaches the slot: a rule of scope "microbatch" selects from that forward.
-Weights = Tensor | Callable[[Tensor, Tensor], Tensor]
-
-
-@contextmanager
-def shadowed(obj: object, name: str, make: Callable[[Callable], Callable]) -> Iterator[None]:
-    """`obj.<name>` is `make(current obj.<name>)` inside the block, an instance attribute restored on exit.
-
-    How the trainer reaches into one call of a TRL method that has no hook (the loss slot, the rollout's
-    generation, TRL's old-log-prob forward) without overriding it for good or keeping state on the trainer.
-    """
-    had, before = name in vars(obj), vars(obj).get(name)
-    setattr(obj, name, make(getattr(obj, name)))
-    try:
-        yield
-    finally:
-        if had:
-            setattr(obj, name, before)
-        else:
-            delattr(obj, name)
-
-
-@contextmanager
-def weight_slot(
-    trainer: GRPOTrainer, weights: Weights, on_entropies: Callable[[Tensor, Tensor], None] | None = None
-) -> Iterator[None]:
-    """For the calls inside, TRL's per-token mask slot returns `weights` [B, T].
-
-    The instance attribute shadows `get_high_entropy_mask` and `top_entropy_quantile` < 1 arms the
-    slot; both are restored on exit. A callable `weights` also sees the first forward's log-probs
-    (`_get_per_token_logps_and_entropies`, shadowed for the block). `on_entropies(entropies, mask)`
-    sees the training forward's per-token entropies (for metrics) without a second forward.
-    """
-    if "get_high_entropy_mask" in vars(trainer):
-        raise RuntimeError("the token-weight slot is already armed (nested weight_slot)")
-    forward: dict[str, Tensor] = {}
-
-    def slot(entropies: Tensor, mask: Tensor, threshold: float) -> Tensor:
-        if on_entropies is not None:
-            on_entropies(entropies, mask)
-        return weights(forward["logp"], entropies) if callable(weights) else weights
-
-    def capture(original: Callable) -> Callable:
-        def call(*args, **kwargs):
-            out = original(*args, **kwargs)
-            forward.setdefault("logp", out[0])  # the policy forward is _compute_loss's first
-            return out
-
-        return call
-
-    quantile = trainer.top_entropy_quantile
-    trainer.top_entropy_quantile = 0.0
-    try:
-        with shadowed(trainer, "get_high_entropy_mask", lambda _: slot):
-            if callable(weights):
-                with shadowed(trainer, "_get_per_token_logps_and_entropies", capture):
-                    yield
-            else:
-                yield
-    finally:
-        trainer.top_entropy_quantile = quantile
-
-
-def trl_loss(
-    trainer: GRPOTrainer,
-    model,
-    inputs: dict,
-    weights: Weights,
-    on_entropies: Callable[[Tensor, Tensor], None] | None = None,
-) -> Tensor:
-    """TRL's `_compute_loss` on `inputs` with `weights` [B, T] multiplying its per-token loss."""
-    with weight_slot(trainer, weights, on_entropies):
-        return GRPOTrainer._compute_loss(trainer, model, inputs)
-
-
-@contextmanager
-def side_effects_undone(trainer: GRPOTrainer) -> Iterator[None]:
-    """An extra loss call (gradient geometry) leaves no metric rows and no entropy-controller update behind."""
-    lengths = {mode: {k: len(v) for k, v in rows.items()} for mode, rows in trainer._metrics.items()}
-    controller = (trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats)
-    try:
-        yield
-    finally:
-        for mode, rows in trainer._metrics.items():
-            for k in list(rows):
-                if k not in lengths[mode]:
-                    del rows[k]
-                else:
-                    del rows[k][lengths[mode][k] :]
-        trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = controller
-
-
 def gradient_geometry(trainer: GRPOTrainer, model, inputs: dict, weighted_loss: Tensor) -> tuple[float, float]:
     """Cosine and norm ratio of the weighted loss's gradient against plain TRL's on the same micro-batch.
 
@@ -210,8 +119,8 @@ def gradient_geometry(trainer: GRPOTrainer, model, inputs: dict, weighted_loss: 
     loss (β·KL, the entropy bonus, the MoE aux loss).
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    with side_effects_undone(trainer):
-        full_loss = trl_loss(trainer, model, inputs, inputs["completion_mask"])
+    with trl_internals.loss_side_effects_undone(trainer):
+        full_loss = trl_internals.weighted_trl_loss(trainer, model, inputs, inputs["completion_mask"])
     g_w = torch.autograd.grad(weighted_loss, params, retain_graph=True, allow_unused=True)
     g_f = torch.autograd.grad(full_loss, params, allow_unused=True)
     # float64: a float32 cosine of two equal million-entry vectors is off by ~1e-4

@@ -15,7 +15,8 @@ do, which this module does, in one place (docs/vllm.md):
    attribute 'weight_loader'`). `vllm._custom_ops._supports_onednn = False` before the engine is
    built makes it use `F.linear` on the live weights.
 
-(1) and (2) go through `engine_factory`, installed as the `LLM` TRL's module calls. `engine_weights`
+(1) and (2) go through `engine_factory`, installed as the `LLM` TRL's module calls
+(`trl_internals.install_engine_factory`). `engine_weights`
 and `expected_engine_weights` read the engine's weights out of vLLM's model runner and put the
 policy's into vLLM's fused layout, so a test checks a sync against the engine itself.
 """
@@ -78,14 +79,14 @@ def grpo_vllm_args(trainer: Mapping[str, Any], model_dtype: str, seed: int) -> d
 def prepare(dtype: str, seed: int = 0, cpu: bool = True) -> None:
     """Make the next engine TRL builds in this process use `dtype` and `seed` (+ TRL's process offset);
     on CPU, switch oneDNN repacking off first. Idempotent."""
-    import trl.generation.vllm_generation as trl_vllm
+    from stare_lab import trl_internals
 
     _ENGINE.update(dtype=dtype, seed=int(seed))
     if cpu:
         import vllm._custom_ops as ops
 
         ops._supports_onednn = False
-    trl_vllm.LLM = engine_factory
+    trl_internals.install_engine_factory(engine_factory)  # the `LLM` TRL's module calls (trl_internals, reach 11)
 
 
 def engine_factory(*args, **kwargs):

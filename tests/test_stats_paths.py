@@ -26,7 +26,6 @@ from stare_lab.methods import RuleState, get_method, list_methods
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
 from stare_lab.signals import token_statistics
 from stare_lab.signals.generation import record_generation
-from stare_lab.signals.sources import model_needs
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
 
@@ -109,7 +108,7 @@ def _generate(trainer, rule, path_setup):
     out = trainer._generate_and_score_completions(_rows(trainer))
     path = trainer.stats_source()
     if path in ("generation", "old_logp_forward"):  # the statistics really came from that source
-        assert "logp" in seen["given"] and model_needs(trainer) <= set(seen["given"]), seen
+        assert "logp" in seen["given"] and trainer.model_needs() <= set(seen["given"]), seen
     return out, path
 
 

@@ -13,6 +13,9 @@
   recorded while sampling (signals/generation.py); with several processes JS takes the pass.
 - "pass": one no-grad forward after generation (signals.statistics.token_statistics).
 docs/pitfalls_signals.md, "Statistics sources", has the table per rule and configuration.
+
+The functions here take values, not the trainer: what TRL does (its old-log-prob forward, which
+generator samples) is read off TRL by `stare_lab.trl_internals` and passed in by the trainer.
 """
 
 from __future__ import annotations
@@ -29,48 +32,44 @@ from .statistics import MULTIMODAL_KEYS
 MODEL_SOURCES = ("vocab", "group", "attention")
 
 
-def trl_makes_old_logp_forward(trainer) -> bool:
-    """TRL 1.16's own condition (GRPOTrainer._generate_and_score_completions) for its old-log-prob forward."""
-    a = trainer.args
-    generate_every = a.steps_per_generation * trainer.num_iterations
-    return a.gradient_accumulation_steps % generate_every != 0 or bool(
-        trainer.use_vllm and trainer.vllm_importance_sampling_correction
-    )
-
-
-def model_needs(trainer) -> frozenset[str]:
-    """The statistics of the generation batch (`trainer.batch_needs`: the rule's, or for scope "microbatch"
-    those it reads once per step) that need a forward of the rollout policy (logp stands in for an on-policy
-    old_logp)."""
-    needs = trainer.batch_needs
+def model_needs(needs: frozenset[str], old_logp_forward: bool) -> frozenset[str]:
+    """Of the generation batch's statistics `needs` (the rule's, or for scope "microbatch" those it reads
+    once per step), those that need a forward of the rollout policy; logp stands in for an on-policy old_logp
+    when TRL makes no old-log-prob forward (`old_logp_forward`: `trl_internals.makes_old_logp_forward`)."""
     out = {n for n in needs if STATISTICS[n].source in MODEL_SOURCES}
-    if "old_logp" in needs and not trl_makes_old_logp_forward(trainer):
+    if "old_logp" in needs and not old_logp_forward:
         out.add("logp")  # on-policy: π_old is the rollout policy
     return frozenset(out)
 
 
-def transformers_generation(trainer) -> bool:
-    return not (
-        trainer.use_vllm
-        or getattr(trainer, "use_transformers_continuous_batching", False)
-        or getattr(trainer, "rollout_func", None) is not None
-        or getattr(trainer, "tools", None)
-    )
+def generation_needs(needs: frozenset[str], old_logp_forward: bool) -> frozenset[str]:
+    """What of `model_needs` can be recorded while transformers generates."""
+    return frozenset(model_needs(needs, old_logp_forward) & GENERATION_STATISTICS)
 
 
-def generation_needs(trainer) -> frozenset[str]:
-    return frozenset(model_needs(trainer) & GENERATION_STATISTICS)
+def stats_source(
+    needs: frozenset[str],
+    *,
+    selects_in_loss: bool,
+    old_logp_forward: bool,
+    transformers_generates: bool,
+    at_generation: bool,
+) -> str:
+    """The source of a generation batch's statistics, one of the module docstring's list.
 
-
-def stats_source(trainer) -> str:
-    """The source of this trainer's statistics, one of the module docstring's list."""
-    if trainer.selects_in_loss and not model_needs(trainer):
+    needs: the statistics of the generation batch; selects_in_loss: the rule runs in the loss (scope
+    "microbatch" or "token"); old_logp_forward: TRL makes its no-grad old-log-prob forward;
+    transformers_generates: TRL samples with transformers' generate (`trl_internals.generates_with_transformers`);
+    at_generation: recording while generating is allowed (`trainer.stats_at_generation`).
+    """
+    model = model_needs(needs, old_logp_forward)
+    if selects_in_loss and not model:
         return "microbatch"
-    if not model_needs(trainer):
+    if not model:
         return "none"
-    if trl_makes_old_logp_forward(trainer):
+    if old_logp_forward:
         return "old_logp_forward"
-    if trainer.stats_at_generation and transformers_generation(trainer) and generation_needs(trainer):
+    if at_generation and transformers_generates and generation_needs(needs, old_logp_forward):
         return "generation"
     return "pass"
 
