@@ -1,6 +1,23 @@
-"""Shared test settings: no network, quiet libraries, deterministic threads."""
+"""Shared test settings (no network, quiet libraries, deterministic threads) and the shared fixtures.
 
+The fixtures build what a trainer test needs from tests/fixtures_trainer.py (read it for the values):
+
+- `tiny_lm`: (tokenizer, tiny random Qwen2), built once per test module; copy the model before training it.
+- `builtin_lm`: (tokenizer, the shipped trained built-in model), once per test module.
+- `grpo_args(**overrides)`: GRPOConfig for a 2-step CPU run writing into the test's tmp_path.
+- `make_trainer(rule, dataset, **overrides)`: TokenRuleGRPOTrainer on a copy of `tiny_lm`'s model.
+
+Tests that need the plain functions (a worker process, a module-level helper) import fixtures_trainer.
+It is imported inside the fixtures, not here, so that test files which train nothing do not load
+torch and TRL at collection.
+"""
+
+from __future__ import annotations
+
+import copy
 import os
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -8,3 +25,47 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.pop("WANDB_API_KEY", None)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    """(tokenizer, tiny random Qwen2 seeded with 0), shared by the tests of one module."""
+    import fixtures_trainer
+
+    return fixtures_trainer.tiny_lm()
+
+
+@pytest.fixture(scope="module")
+def builtin_lm():
+    """(tokenizer, the shipped trained built-in model), shared by the tests of one module."""
+    import fixtures_trainer
+
+    return fixtures_trainer.builtin_lm()
+
+
+@pytest.fixture
+def grpo_args(tmp_path):
+    """grpo_args(**overrides) -> GRPOConfig of the short CPU run (fixtures_trainer.SHORT_RUN) in tmp_path."""
+    import fixtures_trainer
+
+    def make(**overrides):
+        return fixtures_trainer.grpo_config(tmp_path, **overrides)
+
+    return make
+
+
+@pytest.fixture
+def make_trainer(tiny_lm, grpo_args):
+    """make_trainer(rule, dataset, reward=length_reward, trainer_kw=None, **overrides): our trainer on a copy
+    of the tiny model, with grpo_args(**overrides); trainer_kw go to TokenRuleGRPOTrainer itself."""
+    import fixtures_trainer
+
+    tok, model = tiny_lm
+
+    def make(rule, dataset, reward=fixtures_trainer.length_reward, trainer_kw=None, **overrides):
+        args = grpo_args(**overrides)
+        return fixtures_trainer.rule_trainer(
+            tok, copy.deepcopy(model), args, dataset, rule, reward, **(trainer_kw or {})
+        )
+
+    return make

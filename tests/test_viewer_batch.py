@@ -4,18 +4,14 @@ run's own rule gives exactly the weights the trainer trained with."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+from fixtures_trainer import length_reward
 from synthetic_batch import random_batch_tensors
-from trl import GRPOConfig
 
 from stare_lab.methods import get_method, list_methods
-from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.stats import TokenStats
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import TokenRuleGRPOTrainer
 from stare_lab.viewer import collect_for_trainer, kept_steps, load_batch, save_batch
 from stare_lab.viewer.batch import BatchError
 from stare_lab.viewer.collect import needed_statistics, stats_for_all_rules
@@ -58,45 +54,9 @@ def test_loading_something_else_is_a_batch_error(tmp_path):
         load_batch(tmp_path / "x.safetensors")
 
 
-def length_reward(completions, **kwargs):
-    return [float(len(c) % 3) for c in completions]
-
-
 @pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    return tok, model, ArithmeticTask(train_size=32, heldout_size=8)
-
-
-def _trainer(setup, tmp_path, rule):
-    tok, model, task = setup
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=G,
-        gradient_accumulation_steps=1,
-        max_completion_length=12,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        epsilon_high=0.28,
-    )
-    return TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
-        rule=rule,
-    )
+def task():
+    return ArithmeticTask(train_size=32, heldout_size=8)
 
 
 def _plain_forward(model, batch):
@@ -116,9 +76,9 @@ def _plain_forward(model, batch):
     [("stare", {"H_tgt": 10.0, "W": 1.25}), ("anchor", {"layers": 0}), ("full", {})],
     ids=["stare", "anchor-layer0", "full"],
 )
-def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(setup, tmp_path, rule):
+def test_trainer_hook_keeps_every_statistic_and_reproduces_training_weights(make_trainer, task, tmp_path, rule):
     name, params = rule
-    trainer = _trainer(setup, tmp_path, get_method(name, **params))
+    trainer = make_trainer(get_method(name, **params), task.train_dataset())
     ds = trainer.train_dataset
     trainer.model.train()
     state_before = trainer.rule_state.to_dict()
@@ -204,10 +164,10 @@ def test_applying_a_rule_the_batch_can_not_feed_names_what_is_missing(tmp_path):
     assert apply_rule(batch, "nope").reason.startswith("not computable: unknown token rule 'nope'")
 
 
-def test_hook_inside_training_keeps_the_due_steps_and_each_reproduces_its_weights(setup, tmp_path):
+def test_hook_inside_training_keeps_the_due_steps_and_each_reproduces_its_weights(make_trainer, task, tmp_path):
     """The wiring the trainer gets, emulated around `_generate_and_score_completions`: state before the
     rule, the hook after it. `random` draws from (seed, step): reproducing it proves the kept state."""
-    trainer = _trainer(setup, tmp_path, get_method("random", rho=0.3))
+    trainer = make_trainer(get_method("random", rho=0.3), task.train_dataset())
     trainer.args.max_steps = 5
     generate, trained = trainer._generate_and_score_completions, {}
 
