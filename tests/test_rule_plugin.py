@@ -63,43 +63,12 @@ def test_plugin_example_is_registered_last_and_validated():
         get_method(PLUGIN, rho=0.2)
 
 
-def test_plugin_example_trains_two_steps(tmp_path):
+def test_plugin_example_trains_two_steps(make_trainer):
     """A real 2-step run on the tiny built-in model: weights reach the loss and the parameters move."""
     _registered()
-    from trl import GRPOConfig
-
-    from stare_lab.models.builtin import build_model, build_tokenizer
     from stare_lab.tasks.arithmetic import ArithmeticTask
-    from stare_lab.trainer import TokenRuleGRPOTrainer
 
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        gradient_accumulation_steps=1,
-        max_completion_length=12,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        epsilon_high=0.28,
-    )
-    trainer = TokenRuleGRPOTrainer(
-        model=model,
-        reward_funcs=[lambda completions, **kw: [float(len(c) % 3) for c in completions]],
-        args=args,
-        train_dataset=ArithmeticTask(train_size=32, heldout_size=8).train_dataset(),
-        processing_class=tok,
-        rule=get_method(PLUGIN),
-    )
+    trainer = make_trainer(get_method(PLUGIN), ArithmeticTask(train_size=32, heldout_size=8).train_dataset())
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     assert trainer.state.global_step == 2
@@ -108,11 +77,4 @@ def test_plugin_example_trains_two_steps(tmp_path):
     assert len(logs) == 2 and all(0 < h["tokens/selected_frac"] < 1 for h in logs)
     assert all(h["tokens/weight_mean"] > 0 for h in logs)
     with pytest.raises(ValueError, match="eps_high=0.2 but trainer.epsilon_high=0.28"):
-        TokenRuleGRPOTrainer(
-            model=model,
-            reward_funcs=trainer.reward_funcs,
-            args=args,
-            train_dataset=trainer.train_dataset,
-            processing_class=tok,
-            rule=get_method(PLUGIN, eps_high=0.2),
-        )
+        make_trainer(get_method(PLUGIN, eps_high=0.2), trainer.train_dataset)
