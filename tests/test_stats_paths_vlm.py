@@ -13,14 +13,12 @@ import copy
 
 import pytest
 import torch
+from fixtures_trainer import cpu_config, rule_trainer
 from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
-from trl import GRPOConfig
 
-from stare_lab.methods import get_method
 from stare_lab.models.builtin import build_tokenizer
 from stare_lab.signals import token_statistics
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import TokenRuleGRPOTrainer
 
 B, T, G = 4, 6, 2
 
@@ -51,23 +49,20 @@ def vlm_batch(seed=0):
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     torch.manual_seed(0)
-    args = GRPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("vlm")),
+    args = cpu_config(
+        tmp_path_factory.mktemp("vlm"),
         per_device_train_batch_size=4,
         num_generations=G,
         max_completion_length=T,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
         temperature=0.7,
     )
-    t = TokenRuleGRPOTrainer(
-        model=tiny_qwen2_vl(),
-        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
-        args=args,
-        train_dataset=ArithmeticTask(train_size=8, heldout_size=4).train_dataset(),
-        processing_class=build_tokenizer(),
-        rule=get_method("top_entropy"),
+    t = rule_trainer(
+        build_tokenizer(),
+        tiny_qwen2_vl(),
+        args,
+        ArithmeticTask(train_size=8, heldout_size=4).train_dataset(),
+        "top_entropy",
+        reward=lambda completions, **kw: [0.0] * len(completions),
     )
     t.model.eval()
     return t
