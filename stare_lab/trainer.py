@@ -1,8 +1,8 @@
 """TokenRuleGRPOTrainer: TRL's GRPOTrainer with per-token weights from a token rule.
 
 Glue on TRL's extension points; the class docstring lists each method it overrides and why. One step
-reads top-down: `_generate_and_score_completions` (generate → statistics → rule → metrics) and
-`_compute_loss` (TRL's loss with the weights → a loss-changing rule's terms → metrics). The statistics
+reads top-down: `generation_batch` (generate → statistics → rule → metrics) and `micro_batch_loss`
+(TRL's loss with the weights → a loss-changing rule's terms → metrics). The statistics
 the rule declares come from the cheapest exact source (`signals/sources.py`), the rule runs through
 `token_weights.apply_rule`, and the loss is `objective.trainer_loss`: TRL's own `_compute_loss` with
 the weights in its per-token mask slot (docs/trl_parity.md). Every reach into TRL's private code (the
@@ -19,7 +19,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from stare_lab import distributed, objective, trl_internals, trl_loss
@@ -46,27 +45,30 @@ from stare_lab.token_weights import (
 from stare_lab.utils import atomic_write_json
 
 
-class TokenRuleGRPOTrainer(GRPOTrainer):
+class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
     """TRL 1.16's GRPOTrainer with a token rule's weights in the loss.
 
-    Methods of TRL it overrides, each because TRL offers no hook there:
-    - `_generate_and_score_completions`: after the parent generates, scores and computes advantages,
-      the rule's statistics (`_token_stats`) and weights (`token_weights.apply_rule`) join the batch
-      dict TRL returns, which TRL shuffles and splits with the rest (so weights never depend on the
-      micro-batch split). For the parent's one call it arms, when the statistics come from there,
-      TRL's `_generate_single_turn` (recording during transformers generation) or its no-grad
-      old-log-prob forward (the statistics pass rides it): `_statistics_armed`, through
-      `trl_internals.around_generation` / `old_logp_forward_answered`, the values returned in a local dict.
-    - `_compute_loss`: `objective.trainer_loss`, TRL's own loss with the weights in its per-token mask
-      slot; a rule of scope "microbatch" or "token" chooses its weights in that slot from the training
-      forward (`_in_loss_slot`, which TRL calls; what it chose is returned in a local dict and joins the
-      micro-batch's inputs after the loss); a rule that changes the loss (`Rule.changes_loss`) adds its terms there
-      (`trl_loss.surrogate_change`: its policy term in place of TRL's clipped surrogate).
-    - `log`: every train-step log names the step that generated its batch (`generation_step`), and a step
-      that trained on an earlier step's batch carries that generation's metrics (TRL logs rewards and
-      completion lengths only where it generated), so metrics.jsonl has one complete row per step.
-    - `_save_checkpoint`: the rule state goes into each checkpoint before transformers marks the
-      checkpoint complete (a callback's `on_save` runs only after that), so a resumed run continues it.
+    The steps it defines (`trl_internals.GRPOSteps` maps TRL's private methods onto them, because TRL
+    offers no hook there):
+    - `generation_batch` (TRL's `_generate_and_score_completions`): after TRL generates, scores and
+      computes advantages, the rule's statistics (`_token_stats`) and weights (`token_weights.apply_rule`)
+      join the batch dict TRL returns, which TRL shuffles and splits with the rest (so weights never depend
+      on the micro-batch split). For TRL's one call it arms, when the statistics come from there, TRL's
+      `_generate_single_turn` (recording during transformers generation) or its no-grad old-log-prob
+      forward (the statistics pass rides it): `_statistics_armed`, through `trl_internals`, the values
+      returned in a local dict.
+    - `micro_batch_loss` (TRL's `_compute_loss`): `objective.trainer_loss`, TRL's own loss with the weights
+      in its per-token mask slot; a rule of scope "microbatch" or "token" chooses its weights in that slot
+      from the training forward (`_in_loss_slot`, which TRL calls; what it chose comes back in a local dict
+      and joins the micro-batch's inputs after the loss); a rule that changes the loss
+      (`Rule.changes_loss`) adds its terms (`trl_loss.surrogate_change`: its policy term in place of TRL's
+      clipped surrogate).
+    - `log` (public): every train-step log names the step that generated its batch (`generation_step`), and
+      a step that trained on an earlier step's batch carries that generation's metrics (TRL logs rewards
+      and completion lengths only where it generated), so metrics.jsonl has one complete row per step.
+    - `before_checkpoint` (transformers' `_save_checkpoint`): the rule state goes into each checkpoint
+      before transformers marks it complete (a callback's `on_save` runs only after that), so a resumed
+      run continues it.
     """
 
     def __init__(
@@ -141,7 +143,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         return self.rule.step_needs_for(values) if self.selects_in_loss else self.rule.needs_for(values)
 
     # ---- one generation batch: generate → statistics → rule → metrics ----------------------------
-    def _generate_and_score_completions(self, inputs):
+    def generation_batch(self, inputs):
         """TRL generates, scores and computes advantages (with the statistics source armed on its one call);
         then the rule's statistics, the rule, and its metrics; the weights join the batch dict TRL returns,
         which TRL shuffles and splits with the rest (so weights never depend on the micro-batch split)."""
@@ -149,7 +151,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         before = {k: (id(v), len(v)) for k, v in self._metric_rows("train").items()} if training else None
         taken: dict = {}  # what the armed source took from TRL's call: "record" or "stats"
         with self._statistics_armed(self.stats_source(), taken):
-            out = super()._generate_and_score_completions(inputs)
+            out = self.trl_generation_batch(inputs)
         given = self._given_statistics(taken, out)
         self._step_into_rule_state()
         if self.selects_in_loss:
@@ -236,7 +238,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         reads, the rule state before the rule ran and, for a rule choosing its weights here, the weights it
         trained with. A rule that chooses its tokens in the loss or changes the loss gets the loss's record
         too (`viewer.collect.LossRecord`: the training forward's statistics, weights, selected and touched
-        tokens of every micro-batch of every pass), filled by `_compute_loss`."""
+        tokens of every micro-batch of every pass), filled by `micro_batch_loss`."""
         from stare_lab.viewer.batch import batch_path, save_batch
         from stare_lab.viewer.collect import KEPT_ROW, LossRecord, kept_batch_fields
 
@@ -316,7 +318,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         return sources.model_needs(self.batch_needs, trl_internals.makes_old_logp_forward(self))
 
     def _statistics_armed(self, source: str, taken: dict) -> AbstractContextManager:
-        """For the parent's one `_generate_and_score_completions` call, arm the TRL call the statistics come
+        """For TRL's one generation call (`trl_generation_batch`), arm the TRL call the statistics come
         from (trl_internals): `taken` holds afterwards "record" (the generation recording) or "stats" (taken
         from TRL's old-log-prob forward), or nothing."""
         if source == "generation":
@@ -401,7 +403,7 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         return (trl_internals.micro_batches_done(self) // self.args.steps_per_generation) % self.num_iterations
 
     # ---- loss -------------------------------------------------------------------------------
-    def _compute_loss(self, model, inputs):
+    def micro_batch_loss(self, model, inputs):
         """One micro-batch's loss: TRL's own loss with the rule's weights in its per-token mask slot
         (objective.trainer_loss), the terms of a rule that changes the loss added (trl_loss.surrogate_change),
         then the metrics. A rule that runs in the loss, or changes it, chooses in TRL's slot, right after TRL's
@@ -518,17 +520,14 @@ class TokenRuleGRPOTrainer(GRPOTrainer):
         m["tokens/touched_frac"].append((totals[3] / totals[4].clamp(min=1.0)).item())
 
     # ---- rule state in checkpoints ----------------------------------------------------------
-    def _save_checkpoint(self, model, trial):
-        """Write rule_state.json into the checkpoint folder first, then let TRL/transformers save.
+    def before_checkpoint(self, folder: Path) -> None:
+        """Write rule_state.json into the checkpoint folder before transformers writes the checkpoint.
 
         A checkpoint counts as complete once transformers has written trainer_state.json, near the
         end of `Trainer._save_checkpoint` (transformers 5.24); a callback's `on_save` runs only
         after that, so a crash in between left a "complete" checkpoint without rule state.
         """
-        if self.args.should_save:
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            atomic_write_json(folder / RULE_STATE_FILE, self.rule_state.to_dict())
-        super()._save_checkpoint(model, trial)
+        atomic_write_json(folder / RULE_STATE_FILE, self.rule_state.to_dict())
 
     def load_rule_state(self, checkpoint_dir: str | Path) -> None:
         """Continue the rule state saved in `checkpoint_dir`; a checkpoint without one is refused."""

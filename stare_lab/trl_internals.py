@@ -10,6 +10,7 @@ of this module do it, for one call, and restore it on exit (also after an error)
 
  #  what                                            how          read from (its source hash)
  1  GRPOTrainer._generate_and_score_completions     override     itself: the batch dict it returns
+                                                    (GRPOSteps)
  2  GRPOTrainer._compute_loss                       override,    itself: the per-token mask slot, the order
                                                     called       of its factors, its denominators (trl_loss)
  3  GRPOTrainer.get_high_entropy_mask               replaced     _compute_loss: the slot the weights use
@@ -31,7 +32,8 @@ of this module do it, for one call, and restore it on exit (also after an error)
 11  trl.generation.vllm_generation.LLM              replaced     VLLMGeneration._init_vllm: the engine
                                                     (module)     TRL builds (vllm_engine: dtype, seed)
 12  transformers Trainer._save_checkpoint,          override,    Trainer._save_checkpoint (transformers
-    _get_output_dir                                 called       TRANSFORMERS_VERSION)
+    _get_output_dir                                 called       TRANSFORMERS_VERSION): the folder, and
+                                                    (GRPOSteps)  trainer_state.json written last
 """
 
 from __future__ import annotations
@@ -42,13 +44,54 @@ import inspect
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 TRL_VERSION = "1.16.0"
 TRANSFORMERS_VERSION = "5.24.0"
+
+
+class GRPOSteps(GRPOTrainer):
+    """TRL's GRPOTrainer with the private methods a token rule overrides mapped onto named steps
+    (reaches 1, 2, 12), so that the trainer (stare_lab/trainer.py) names none of TRL's private methods.
+
+    TRL calls `_generate_and_score_completions` once per generation batch (from `_prepare_inputs`) and
+    `_compute_loss` once per micro-batch (from `compute_loss`); transformers calls `_save_checkpoint`.
+    A subclass defines `generation_batch`, `micro_batch_loss` and `before_checkpoint`; by default each is
+    TRL's own. `trl_generation_batch` is TRL's generation, scoring and advantages.
+    """
+
+    def _generate_and_score_completions(self, inputs):  # reach 1
+        return self.generation_batch(inputs)
+
+    def _compute_loss(self, model, inputs):  # reach 2
+        return self.micro_batch_loss(model, inputs)
+
+    def _save_checkpoint(self, model, trial):  # reach 12
+        if self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            self.before_checkpoint(folder)
+        super()._save_checkpoint(model, trial)
+
+    def trl_generation_batch(self, inputs) -> dict:
+        """TRL's generation batch: generate, score, group advantages (and old/ref log-probs when TRL needs them)."""
+        return super()._generate_and_score_completions(inputs)
+
+    def generation_batch(self, inputs) -> dict:
+        """One generation batch, the dict TRL shuffles and splits into micro-batches."""
+        return self.trl_generation_batch(inputs)
+
+    def micro_batch_loss(self, model, inputs) -> Tensor:
+        """The loss one micro-batch back-propagates."""
+        return super()._compute_loss(model, inputs)
+
+    def before_checkpoint(self, folder: Path) -> None:
+        """Called with the checkpoint folder on the saving process, before transformers writes the checkpoint
+        (and marks it complete by writing trainer_state.json, near the end of `Trainer._save_checkpoint`)."""
 
 
 @dataclass(frozen=True)

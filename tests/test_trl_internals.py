@@ -13,11 +13,22 @@ from pathlib import Path
 import pytest
 import transformers
 import trl
+from trl import GRPOTrainer
 
 from stare_lab import trl_internals
 from stare_lab.trl_internals import REACHES, TRL_VERSION, resolve, source_hash
 
 PACKAGE = Path(__file__).resolve().parents[1] / "stare_lab"
+# The modules of the training layer besides trl_internals: the trainer, the loss, the statistics, the engine.
+TRAINER_LAYER = [
+    "trainer.py",
+    "trl_loss.py",
+    "objective.py",
+    "token_weights.py",
+    "distributed.py",
+    "vllm_engine.py",
+    *sorted(f"signals/{p.name}" for p in (PACKAGE / "signals").glob("*.py")),
+]
 
 
 def test_the_installed_versions_are_those_the_inventory_was_read_from():
@@ -71,12 +82,32 @@ NOT_TRL = {"vllm_engine.py: ops._supports_onednn"}
 def test_no_other_module_replaces_a_method_of_trl_or_torch_at_run_time():
     """Outside trl_internals no module of the trainer's layer (trainer, loss, statistics, vLLM engine)
     assigns an attribute of another object, nor calls setattr on one."""
-    modules = ["trainer.py", "trl_loss.py", "objective.py", "token_weights.py", "distributed.py", "vllm_engine.py"]
-    modules += [f"signals/{p.name}" for p in (PACKAGE / "signals").glob("*.py")]
     found = []
-    for name in modules:
+    for name in TRAINER_LAYER:
         tree = ast.parse((PACKAGE / name).read_text())
         for line, text in _assigned_attributes(tree):
             if not OWN.match(text) and f"{name}: {text}" not in NOT_TRL:
                 found.append(f"{name}:{line}: {text}")
+    assert found == [], found
+
+
+def _trl_private_names() -> set[str]:
+    """Private methods and attributes of GRPOTrainer and the transformers Trainer it extends."""
+    names = {n for n in dir(GRPOTrainer) if n.startswith("_") and not n.startswith("__")}
+    for cls in GRPOTrainer.__mro__:
+        if cls.__module__.startswith(("trl", "transformers")):
+            names |= set(re.findall(r"self\.(_[a-z]\w*)", inspect.getsource(cls)))
+    return names
+
+
+def test_no_other_module_names_a_private_method_or_attribute_of_trl():
+    """The trainer layer reaches TRL's private code only through trl_internals: no attribute access
+    `x._name` where `_name` is private to TRL's (or transformers') trainer, outside that module."""
+    private = _trl_private_names()
+    assert {"_compute_loss", "_metrics", "_step", "_generate_single_turn"} <= private
+    found = []
+    for name in TRAINER_LAYER:
+        for node in ast.walk(ast.parse((PACKAGE / name).read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                found.append(f"{name}:{node.lineno}: .{node.attr}")
     assert found == [], found
