@@ -7,7 +7,8 @@ and `_generate_and_score_completions` gathers rewards in rank order and keeps
 
     global row = process_index · B_local + i,    group = global row // G,
 
-and a prompt's G rollouts sit on several ranks whenever B_local is not a multiple of G.
+and a prompt's G rollouts sit on several ranks whenever B_local is not a multiple of G
+(trl_internals, reach 13: a test notices when TRL changes this layout).
 
 `global_token_stats` gathers every tensor field of a rank's `TokenStats` (only the statistics
 the trainer computed, i.e. those the rule declared) to every rank, so all ranks hold the same

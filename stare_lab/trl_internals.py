@@ -34,6 +34,15 @@ of this module do it, for one call, and restore it on exit (also after an error)
 12  transformers Trainer._save_checkpoint,          override,    Trainer._save_checkpoint (transformers
     _get_output_dir                                 called       TRANSFORMERS_VERSION): the folder, and
                                                     (GRPOSteps)  trainer_state.json written last
+13  a generation batch's rows over ranks            mirrored     RepeatSampler, _get_train_sampler and
+    (distributed.py: global row = rank·B + i)                    _generate_and_score_completions'
+                                                                 process_slice
+14  the multimodal inputs of a forward, cut per     mirrored     _get_per_token_logps_and_entropies
+    row range (signals/statistics.py)
+
+Rows 13 and 14 touch no private member: stare_lab computes what TRL's private code does, so a change
+there would change our numbers silently; their hashes make it loud. Public attributes of GRPOTrainer
+(epsilon_low, beta, num_generations, temperature, eos_token_ids, use_vllm, ...) are not listed.
 """
 
 from __future__ import annotations
@@ -128,6 +137,10 @@ REACHES: tuple[Reach, ...] = (
     ),
     Reach(11, "trl.generation.vllm_generation:VLLMGeneration._init_vllm", "0e584002e0f6a9c0", ("LLM(",)),
     Reach(12, "transformers:Trainer._save_checkpoint", "a9111e30faa99339", ("self._get_output_dir(",)),
+    Reach(13, "trl.trainer.utils:RepeatSampler", "ba139f4a43eeecd4"),
+    Reach(13, "trl:GRPOTrainer._get_train_sampler", "36497afb4d311dc9"),
+    Reach(13, "trl:GRPOTrainer._generate_and_score_completions", "1fa48922792dcd5c", ("process_slice",)),
+    Reach(14, "trl:GRPOTrainer._get_per_token_logps_and_entropies", "ea73c3909275851d", ("num_images",)),
 )
 
 

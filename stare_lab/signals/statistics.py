@@ -150,7 +150,8 @@ MULTIMODAL_KEYS = (
 
 def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
     """The multimodal inputs of rows [start, end), cut exactly as TRL 1.16 cuts them for a forward of those
-    rows (`GRPOTrainer._get_per_token_logps_and_entropies`: per image, per tile or per row by model family)."""
+    rows (`GRPOTrainer._get_per_token_logps_and_entropies`: per image, per tile or per row by model family;
+    trl_internals, reach 14)."""
     b = {k: batch.get(k) for k in MULTIMODAL_KEYS}
     pixel_values, grid, num_images, num_tiles = b["pixel_values"], b["image_grid_thw"], b["num_images"], b["num_tiles"]
     out: dict = {}
