@@ -16,6 +16,7 @@ User mistakes print one line on stderr and exit 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -237,6 +238,18 @@ def _check_eval_settings(s: dict) -> None:
         raise UserError(f"--{bad[0].replace('_', '-')} {s[bad[0]]}: expected a value {ranges[bad[0]]}")
 
 
+def _release_torch() -> None:
+    """A reading command needs no torch once its plan is read: take torch's unloaded stand-in
+    (stare_lab.deferred) out of sys.modules. Else scipy.stats, which tells a torch tensor by
+    `sys.modules["torch"].Tensor`, imports the real torch by reading it (~1.3 s of CPU, most of
+    `table`'s start). The rule modules that imported the stand-in keep it; an `import torch` later
+    imports the real module."""
+    from stare_lab.deferred import is_loaded
+
+    if "torch" in sys.modules and not is_loaded("torch"):
+        del sys.modules["torch"]
+
+
 def _sweep_root(path: Path) -> Path:
     """A sweep YAML (or a packaged sweep's name) → its run folder (<output>/<name>); a folder is taken as is."""
     return _sweep_runs(path, all_runs=True)[0]
@@ -311,15 +324,16 @@ def cmd_table(argv: list[str]) -> int:
         raise UserError(f"--confidence {a.confidence:g}: expected a value in (0, 1)")
     if a.seeds_needed is not None and not a.seeds_needed > 0:
         raise UserError(f"--seeds-needed {a.seeds_needed:g}: expected a difference in points > 0")
-    from stare_lab.analysis import collect_problems, collect_runs, passk_table, results_table, run_states
-    from stare_lab.analysis.collect import SettingsMismatch
-    from stare_lab.analysis.compare import ComparisonError
-
     where = dict(w.split("=", 1) for w in a.where if "=" in w)
     if len(where) != len(a.where):
         raise UserError(f"--where: expected KEY=VALUE, got {a.where}")
     baseline = None if a.baseline.lower() == "none" else a.baseline
     root, runs = _sweep_runs(a.sweep, a.all_runs)
+    _release_torch()
+    from stare_lab.analysis import collect_problems, collect_runs, passk_table, results_table, run_states
+    from stare_lab.analysis.collect import SettingsMismatch
+    from stare_lab.analysis.compare import ComparisonError
+
     df = collect_runs(runs)
     if df.empty:
         raise UserError(f"no evaluation results under {root} yet")
@@ -408,13 +422,17 @@ def cmd_plot(argv: list[str]) -> int:
     p.add_argument("--all-runs", action="store_true", help="also runs not in the sweep's current plan")
     a = _parse(p, argv)
     root, runs = _sweep_runs(a.sweep, a.all_runs)
+    _release_torch()  # the selection figures import the real torch when a run kept batches
     _plot(runs, a.out or root / "figures", a.baseline)
     return 0
 
 
-def _plot(root: Path | list[Path], out: Path, baseline: str, reuse_run_figures: bool = False) -> None:
+def _plot(root: Path | list[Path], out: Path, baseline: str, reuse_run_figures: bool = True) -> None:
     """Training, pass@k and selection figures of the runs (a folder or a list of run dirs) into
-    `out`; prints one line per kind of figure. `reuse_run_figures`: see `_selection_figures`."""
+    `out`; prints one line per kind of figure. A figure whose stamp says it was drawn from the same
+    records by the same code is kept, not drawn again (stare_lab.figure_stamps); the runs' own
+    selection figures are reused the same way (`_selection_figures`; `reuse_run_figures` is kept for
+    callers: reuse is always on, as it can only give the same bytes)."""
     from stare_lab.analysis import collect_runs, collect_training, plot_passk, plot_training
 
     paths = []
@@ -425,7 +443,7 @@ def _plot(root: Path | list[Path], out: Path, baseline: str, reuse_run_figures: 
     if not evals.empty:
         paths += plot_passk(evals, out, baseline=baseline)
         paths += _forest(root, evals, out, baseline)
-    paths += _selection_figures(root, out, reuse_run_figures)
+    paths += _selection_figures(root, out)
     if not paths:
         raise UserError(f"nothing to plot under {root if isinstance(root, Path) else 'the current plan'}")
     for line in _output_lines(paths):
@@ -480,41 +498,14 @@ def _forest(root: Path | list[Path], evals, out: Path, baseline: str) -> list[Pa
     return plot_forest(table.comparison, out, baseline=baseline, metric=table.metric, confidence=table.confidence)
 
 
-def _selection_figures(root: Path | list[Path], out: Path, reuse_run_figures: bool) -> list[Path]:
-    """The selection figures of the runs that kept generation batches (trainer.keep_batches_every).
-
-    `reuse_run_figures` (the demo): a run's own figures, which its evaluation step drew from the
-    same kept batches with the same code, are copied where they are newer than those batches, and
-    only the other runs are drawn; drawing the demo's 52 figures again took ~30 s of its tail.
-    """
-    import shutil
-
+def _selection_figures(root: Path | list[Path], out: Path) -> list[Path]:
+    """The selection figures of the runs that kept generation batches (trainer.keep_batches_every):
+    a run's figures already in `out`, or its own (<run>/figures/, drawn when it published its token
+    page), are kept or copied when their stamp says they were drawn from its current batches by the
+    current code; the others are drawn, in parallel (stare_lab.viewer.figures)."""
     from stare_lab.viewer import plot_selection
-    from stare_lab.viewer.figures import find_runs
 
-    if not reuse_run_figures:
-        return plot_selection(root, out)
-    copied, draw = [], []
-    for run_dir in find_runs(root):
-        own = _current_run_figures(run_dir)
-        if own:
-            out.mkdir(parents=True, exist_ok=True)
-            copied += [Path(shutil.copyfile(fig, out / fig.name)) for fig in own]
-        else:
-            draw.append(run_dir)
-    return copied + (plot_selection(draw, out) if draw else [])
-
-
-def _current_run_figures(run_dir: Path) -> list[Path]:
-    """<run_dir>/figures/selection-{quadrant,steps}-<run>.png when both exist and are newer than every
-    kept batch of the run; else [] (missing, or drawn before a batch was kept again)."""
-    from stare_lab.viewer.batch import batch_path, kept_steps
-
-    figures = [run_dir / "figures" / f"selection-{kind}-{run_dir.name}.png" for kind in ("quadrant", "steps")]
-    if not all(f.is_file() for f in figures):
-        return []
-    newest_batch = max(batch_path(run_dir, step).stat().st_mtime for step in kept_steps(run_dir))
-    return figures if min(f.stat().st_mtime for f in figures) >= newest_batch else []
+    return plot_selection(root, out)
 
 
 def cmd_demo(argv: list[str]) -> int:
@@ -531,16 +522,51 @@ def cmd_demo(argv: list[str]) -> int:
     cmd_table([str(a.sweep), "--out", str(a.out)])
     print(f"\noutputs under {a.out}/:")
     print("\n".join(_output_lines(sorted(a.out.glob("results.*")) + sorted(a.out.glob("passk_*.md")))))
-    _plot(_sweep_root(a.sweep), a.out / "figures", "full", reuse_run_figures=True)
+    _plot(_sweep_root(a.sweep), a.out / "figures", "full")
     _demo_token_page(a.sweep, a.out)
     return rc
 
 
 def cmd_view(argv: list[str]) -> int:
-    """The token page of a run's (or a sweep's) kept generation batch: one self-contained HTML file."""
+    """The token page of a run's (or a sweep's) kept generation batch: one self-contained HTML file.
+    What can be refused without reading a batch is refused first (`_view_refusal`), before the viewer
+    and torch are imported."""
+    _view_refusal(argv)
     from stare_lab.viewer import main_view
 
     return main_view(argv)
+
+
+_KEPT = re.compile(r"^step-(\d+)\.safetensors$")  # stare_lab.viewer.batch's kept batch files
+
+
+def _view_refusal(argv: list[str]) -> None:
+    """UserError (one line, the viewer's own words) for a target that is neither a run directory nor
+    a sweep YAML, a sweep file that does not load, or a step the run did not keep; else nothing (bad
+    options, and what needs the batches, are left to the viewer)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("target", nargs="?")
+    p.add_argument("--step", type=int, default=None)
+    try:
+        known, _ = p.parse_known_args(argv)
+    except SystemExit:
+        return
+    if known.target is None:
+        return
+    target = Path(known.target)
+    if target.suffix in (".yaml", ".yml") and target.is_file():
+        from stare_lab.sweep.schema import load_sweep
+
+        load_sweep(target)  # a SweepError names the file once
+    elif target.is_dir():
+        folder = target / "batches"
+        files = folder.iterdir() if folder.is_dir() else ()
+        steps = sorted(int(m.group(1)) for f in files if (m := _KEPT.match(f.name)))
+        if steps and known.step is not None and known.step not in steps:
+            kept = ", ".join(map(str, steps))
+            raise UserError(f"step {known.step} was not kept in run {target}; kept steps: {kept}")
+    else:
+        raise UserError(f"{target} is neither a run directory nor a sweep YAML")
 
 
 def _demo_token_page(sweep: Path, out: Path) -> None:

@@ -4,6 +4,9 @@ Every figure is FIGSIZE at DPI (640 × 400 px): one line per arm (mean over seed
 over seeds (min..max by default, or mean ± std), the baseline drawn black and dashed so it reads
 the same in every figure. A forest plot draws each arm's difference to the baseline with its
 per-comparison interval (compare.compare_arms), coloured by the verdict after Holm, with a legend.
+
+Each PNG carries a stamp of the rows it plots, its options and this module's code
+(stare_lab.figure_stamps): a figure already in the folder with the same stamp is kept, not drawn again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from stare_lab.analysis.collect import select_settings
+from stare_lab.figure_stamps import code_stamp, current, digest, frame_stamp, metadata
 
 FIGSIZE = (6.4, 4.0)  # inches
 DPI = 100  # → 640 × 400 px
@@ -68,11 +72,16 @@ def _band(ax, x, wide: pd.DataFrame, style: dict, label: str, band: str) -> None
     ax.fill_between(x, lo, hi, where=counts >= 2, color=style["color"], alpha=0.18, linewidth=0, interpolate=False)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _save(fig: Figure, path: Path, stamp: str | None = None) -> Path:
     FigureCanvasAgg(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, format="png")
+    fig.savefig(path, dpi=DPI, format="png", metadata=metadata(stamp))
     return path
+
+
+def _stamp(rows: pd.DataFrame, path: Path, *options) -> str:
+    """The stamp of the figure at `path`: the rows it plots, its options and this module's code."""
+    return digest(path.name, frame_stamp(rows), options, code_stamp(__file__))
 
 
 def _new_axes(title: str, xlabel: str, ylabel: str):
@@ -111,13 +120,18 @@ def plot_training(
     out, paths = Path(out_dir), []
     for metric in metrics:
         rows = train_df[train_df["metric"] == metric]
+        path = out / f"train_{file_stem(metric)}.png"
+        stamp = _stamp(rows, path, sorted(styles), baseline, band)
+        if current(path, stamp):
+            paths.append(path)
+            continue
         fig, ax = _new_axes(f"Training: {metric}", "optimizer step", _LABELS.get(metric, metric))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 0.5 ticks on a short run
         for arm, group in sorted(rows.groupby(rows[arm_col].astype(str)), key=lambda kv: (kv[0] != baseline, kv[0])):
             wide = group.pivot_table(index="step", columns="run", values="value", aggfunc="last").sort_index()
             _band(ax, wide.index.to_numpy(), wide, styles[arm], arm, band)
         ax.legend(fontsize=8, loc="best")
-        paths.append(_save(fig, out / f"train_{file_stem(metric)}.png"))
+        paths.append(_save(fig, path, stamp))
     return paths
 
 
@@ -144,6 +158,11 @@ def plot_passk(
     out, paths = Path(out_dir), []
     for bench in benchmarks:
         sub = rows[rows["benchmark"] == bench]
+        path = out / f"passk_{file_stem(bench)}.png"
+        stamp = _stamp(sub, path, sorted(styles), baseline, band)
+        if current(path, stamp):
+            paths.append(path)
+            continue
         fig, ax = _new_axes(f"pass@k on {bench}", "k (samples)", "pass@k (%)")
         for arm, group in sorted(sub.groupby(sub[arm_col].astype(str)), key=lambda kv: (kv[0] != baseline, kv[0])):
             wide = group.pivot_table(index="k", columns="run", values="value", aggfunc="last").sort_index() * 100
@@ -153,7 +172,7 @@ def plot_passk(
         if ks:
             ax.set_xticks(ks, [str(k) for k in ks])
         ax.legend(fontsize=8, loc="lower right")
-        paths.append(_save(fig, out / f"passk_{file_stem(bench)}.png"))
+        paths.append(_save(fig, path, stamp))
     return paths
 
 
@@ -231,6 +250,11 @@ def plot_forest(
     out, paths = Path(out_dir), []
     for bench, rows in comparison.groupby("benchmark", sort=True):
         arms = int(rows["p_value"].notna().sum())  # the tests Holm corrected over
+        path = out / f"forest_{file_stem(str(bench)).strip('.')}.png"
+        stamp = _stamp(rows, path, baseline, metric, confidence)
+        if current(path, stamp):
+            paths.append(path)
+            continue
         fig = forest_figure(forest_rows(rows), str(bench), baseline, metric, confidence, arms)
-        paths.append(_save(fig, out / f"forest_{file_stem(str(bench)).strip('.')}.png"))
+        paths.append(_save(fig, path, stamp))
     return paths

@@ -9,20 +9,35 @@
 The run's own rule is the one it trained with: for a rule choosing its tokens in the loss or changing
 it, its first recorded pass of the loss over the batch (selection.own_views). A run without a kept
 batch gets no figure and one line on stderr naming it and why (`batch.why_no_batch`).
+
+Only what changed is drawn: each PNG carries the stamp of what it was drawn from (the run's kept
+batch files and config.yaml, by name, size and modification time; the drawing code; matplotlib's
+version: `run_stamp`, stare_lab.figure_stamps). A run whose figures in the output folder bear its
+current stamp is left as it is; one whose own figures (<run>/figures/, drawn when the run published
+its token page) bear it has them copied; the others are drawn, in parallel over the cores this process
+may use (forked processes, one thread each).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import re
+import shutil
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from stare_lab.figure_stamps import code_stamp, current, digest, files_stamp, metadata  # noqa: E402
 from stare_lab.record import CONFIG_FILE, run_label  # noqa: E402
 from stare_lab.viewer.batch import (  # noqa: E402
     BATCH_DIR,
@@ -78,8 +93,14 @@ def _is_run(d: Path) -> bool:
     return (d / BATCH_DIR).is_dir() or (d / CONFIG_FILE).is_file()
 
 
-def quadrant_figure(batch: Batch, views: list[RuleView], path: Path, title: str) -> Path | None:
-    """Selected tokens of each computable rule in the (entropy, surprisal) plane, split by advantage sign."""
+def quadrant_figure(
+    batch: Batch, views: list[RuleView], path: Path, title: str, stamp: str | None = None
+) -> Path | None:
+    """Selected tokens of each computable rule in the (entropy, surprisal) plane, split by advantage sign.
+
+    Every panel has the same limits (those of the batch), so only the outer panels carry tick labels;
+    limits, ticks and title positions are set, not searched for (a grid of 21 panels otherwise spent
+    most of its ~2 s of CPU laying out shared axes)."""
     if "entropy" not in batch.stats:
         return None
     shown = [v for v in views if v.computable]
@@ -88,28 +109,55 @@ def quadrant_figure(batch: Batch, views: list[RuleView], path: Path, title: str)
     adv = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None].expand_as(batch.mask)
     a = adv[valid].numpy()
     cols = 4
-    rows = (len(shown) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), sharex=True, sharey=True, squeeze=False)
+    rows = max(1, (len(shown) + cols - 1) // cols)
+    width, height = 3.2 * cols, 2.8 * rows
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(  # margins in inches, whatever the number of rows
+        rows, cols, left=0.75 / width, right=1 - 0.2 / width, bottom=0.55 / height, top=1 - 0.75 / height,
+        wspace=0.08, hspace=0.3,
+    )  # fmt: skip
+    (x_lo, x_hi), (y_lo, y_hi) = _limits(H), _limits(s)
+    x_ticks, y_ticks = _ticks(x_lo, x_hi), _ticks(y_lo, y_hi)
     h_mid, s_mid = float(_median(H)), float(_median(s))
-    for ax, view in zip(axes.flat, shown, strict=False):  # the grid may have more axes than views
+    colour = np.array([COLOURS["A < 0"], COLOURS["A = 0"], COLOURS["A > 0"]])[np.sign(a).astype(int) + 1]
+    for i, view in enumerate(shown):
+        row, col = divmod(i, cols)
+        ax = fig.add_subplot(grid[row, col])
         sel = view.selected[valid].numpy()
-        ax.scatter(H, s, s=3, c="#d0d0d0", linewidths=0, rasterized=True)
-        for label, keep in (("A > 0", a > 0), ("A < 0", a < 0), ("A = 0", a == 0)):
-            m = sel & keep
-            ax.scatter(H[m], s[m], s=5, c=COLOURS[label], linewidths=0, label=label, rasterized=True)
+        ax.scatter(H, s, s=3, c="#d0d0d0", linewidths=0)
+        ax.scatter(H[sel], s[sel], s=5, c=colour[sel], linewidths=0)
         ax.axvline(h_mid, ls="--", lw=0.7, c="#555")
         ax.axhline(s_mid, ls="--", lw=0.7, c="#555")
-        ax.set_title(f"{view.label}: {selected_fraction(view, batch.mask):.0%}", fontsize=9)
-    for ax in axes.flat[len(shown) :]:
-        ax.axis("off")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("surprisal −log π")
-    for ax in axes[-1, :]:
-        ax.set_xlabel("entropy H")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right", fontsize=8, markerscale=3)
+        ax.set(xlim=(x_lo, x_hi), ylim=(y_lo, y_hi))
+        ax.set_xticks(x_ticks)
+        ax.set_yticks(y_ticks)
+        ax.set_title(f"{view.label}: {selected_fraction(view, batch.mask):.0%}", fontsize=9, y=1.0, pad=3)
+        if col == 0:
+            ax.set_ylabel("surprisal −log π")
+        else:
+            ax.tick_params(labelleft=False)
+        if i + cols >= len(shown):  # nothing below it: the bottom of its column
+            ax.set_xlabel("entropy H")
+        else:
+            ax.tick_params(labelbottom=False)
+    handles = [Line2D([], [], ls="", marker="o", ms=4, color=c) for c in COLOURS.values()]
+    fig.legend(handles, list(COLOURS), loc="upper right", fontsize=8)
     fig.suptitle(f"{title}: selected tokens at step {batch.step} (dashed: batch medians)", fontsize=10)
-    return _save(fig, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format="png", metadata=metadata(stamp))
+    return path
+
+
+def _limits(x) -> tuple[float, float]:
+    """The data range with 5 % margins (matplotlib's own autoscale margins)."""
+    lo, hi = (float(np.min(x)), float(np.max(x))) if len(x) else (0.0, 1.0)
+    pad = 0.05 * (hi - lo) if hi > lo else 0.5
+    return lo - pad, hi + pad
+
+
+def _ticks(lo: float, hi: float) -> list[float]:
+    return [float(t) for t in MaxNLocator(5).tick_values(lo, hi) if lo <= t <= hi]
 
 
 def _median(x):
@@ -118,7 +166,7 @@ def _median(x):
     return np.median(x) if len(x) else 0.0
 
 
-def selection_over_steps(run_dir: Path, path: Path, title: str) -> Path | None:
+def selection_over_steps(run_dir: Path, path: Path, title: str, stamp: str | None = None) -> Path | None:
     """Trained and touched fractions of each rule and the Jaccard overlap of its selected set with the
     run's rule (as it trained) over the kept steps."""
     steps: list[int] = []
@@ -158,13 +206,13 @@ def selection_over_steps(run_dir: Path, path: Path, title: str) -> Path | None:
     ax3.set(title=f"Jaccard of the selected sets with {own.label}", xlabel="step", ylabel="Jaccard", ylim=(0, 1.05))
     ax3.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.suptitle(f"{title}: kept batches", fontsize=10)
-    return _save(fig, path)
+    return _save(fig, path, stamp)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, stamp: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, format="png", metadata=metadata(stamp))
     plt.close(fig)
     return path
 
@@ -173,32 +221,97 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+# What a selection figure is drawn from besides the run's files: these modules' code (and the rules').
+_DRAWING_CODE = ("figures.py", "selection.py", "batch.py")
+
+
+def run_stamp(run_dir: Path) -> str:
+    """The stamp of a run's two selection figures: its kept batch files and config.yaml (the label,
+    the rule), the code that draws them and applies every rule, and matplotlib's version."""
+    here = Path(__file__).parent
+    code = code_stamp(*(str(here / name) for name in _DRAWING_CODE), str(here.parent / "methods"))
+    inputs = files_stamp([*(run_dir / BATCH_DIR).glob("*.safetensors"), run_dir / CONFIG_FILE])
+    return digest("selection", inputs, code)
+
+
+def figure_paths(run_dir: Path, out_dir: Path) -> list[Path]:
+    stem = _stem(run_dir)
+    return [out_dir / f"selection-{kind}-{stem}.png" for kind in ("quadrant", "steps")]
+
+
 def plot_selection(
-    run_dir_or_runs: Path | str | Iterable[Path | str], out_dir: Path | str, say: Callable[[str], None] = _say
+    run_dir_or_runs: Path | str | Iterable[Path | str],
+    out_dir: Path | str,
+    say: Callable[[str], None] = _say,
+    processes: int | None = None,
 ) -> list[Path]:
     """Both figures for every run with kept batches (a run dir, a folder of runs, or a list); the PNG paths.
-    Every other run is named, with the reason it has no figure, in one line through `say` (stderr)."""
+    Every other run is named, with the reason it has no figure, in one line through `say` (stderr).
+    Figures already current (in `out_dir`, or the run's own) are kept or copied, not drawn again; the
+    others are drawn by `processes` processes at once (default: the cores this process may use)."""
     out_dir = Path(out_dir)
-    paths = []
-    with one_thread():
-        for run_dir in all_runs(run_dir_or_runs):
-            drawn = _run_figures(run_dir, out_dir) if kept_steps(run_dir) else []
-            if not drawn:
-                reason = why_no_batch(run_dir) if not kept_steps(run_dir) else "none of its kept batches is readable"
-                say(f"stare-lab plot: no selection figures for {run_label(run_dir)} ({run_dir}): {reason}")
-            paths += drawn
-    return paths
+    runs = all_runs(run_dir_or_runs)
+    found: dict[Path, list[Path]] = {}
+    draw: list[tuple[Path, str]] = []
+    for run_dir in runs:
+        if not kept_steps(run_dir):
+            say(f"stare-lab plot: no selection figures for {run_label(run_dir)} ({run_dir}): {why_no_batch(run_dir)}")
+            continue
+        stamp = run_stamp(run_dir)
+        kept = _current_figures(run_dir, out_dir, stamp)
+        if kept is None:
+            draw.append((run_dir, stamp))
+        else:
+            found[run_dir] = kept
+    for (run_dir, _), drawn in zip(draw, _draw_runs(draw, out_dir, processes), strict=True):
+        if not drawn:
+            reason = "none of its kept batches is readable"
+            say(f"stare-lab plot: no selection figures for {run_label(run_dir)} ({run_dir}): {reason}")
+        found[run_dir] = drawn
+    return [p for run_dir in runs for p in found.get(run_dir, [])]
 
 
-def _run_figures(run_dir: Path, out_dir: Path) -> list[Path]:
-    stem, label = _stem(run_dir), run_label(run_dir)  # files named by run id, figures titled by label
+def _current_figures(run_dir: Path, out_dir: Path, stamp: str) -> list[Path] | None:
+    """The run's two figures in `out_dir` when both bear `stamp` there, or once copied from the run's
+    own figures folder where both bear it; None: they are to be drawn."""
+    wanted = figure_paths(run_dir, out_dir)
+    if all(current(p, stamp) for p in wanted):
+        return wanted
+    own = figure_paths(run_dir, run_dir / "figures")
+    if own != wanted and all(current(p, stamp) for p in own):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return [Path(shutil.copyfile(src, dst)) for src, dst in zip(own, wanted, strict=True)]
+    return None
+
+
+def _draw_runs(draw: list[tuple[Path, str]], out_dir: Path, processes: int | None) -> list[list[Path]]:
+    """`_run_figures` of each (run, stamp), in order: in forked processes when there are several runs and
+    cores (Linux), else here."""
+    from stare_lab.sweep.threads import usable_cpus
+
+    n = min(len(draw), processes or usable_cpus())
+    if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        with one_thread():
+            return [_run_figures(run_dir, out_dir, stamp) for run_dir, stamp in draw]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        return pool.starmap(_draw_forked, [(run_dir, out_dir, stamp) for run_dir, stamp in draw], chunksize=1)
+
+
+def _draw_forked(run_dir: Path, out_dir: Path, stamp: str) -> list[Path]:
+    with one_thread():  # n processes on n cores: one thread each
+        return _run_figures(run_dir, out_dir, stamp)
+
+
+def _run_figures(run_dir: Path, out_dir: Path, stamp: str | None = None) -> list[Path]:
+    quadrant, steps = figure_paths(run_dir, out_dir)
+    label = run_label(run_dir)  # files named by run id, figures titled by label
     written: list[Path | None] = []
     try:
         batch = load_run_batch(run_dir)
-        written.append(
-            quadrant_figure(batch, apply_all_rules(batch), out_dir / f"selection-quadrant-{stem}.png", label)
-        )
+        written.append(quadrant_figure(batch, apply_all_rules(batch), quadrant, label, stamp))
     except BatchError:
         pass  # the last kept batch is unreadable: the over-steps figure still shows the others
-    written.append(selection_over_steps(run_dir, out_dir / f"selection-steps-{stem}.png", label))
+    written.append(selection_over_steps(run_dir, steps, label, stamp))
     return [p for p in written if p is not None]

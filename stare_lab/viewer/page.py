@@ -252,7 +252,8 @@ def sweep_runs(sweep_yaml: Path | str, all_runs: bool = False) -> list[tuple[str
         spec = load_sweep(sweep_yaml)
         runs = [(r.label, Path(r.run_dir)) for r in expand_sweep(spec)]
     except (SweepError, ValueError, OSError) as err:
-        raise ViewError(f"{sweep_yaml}: {str(err).splitlines()[0]}") from None
+        line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ViewError(line if line.startswith(str(sweep_yaml)) else f"{sweep_yaml}: {line}") from None
     if all_runs:
         planned = {d for _, d in runs}
         runs += [(run_label(d), d) for d in find_run_dirs(Path(spec.output) / spec.name) if d not in planned]
