@@ -330,12 +330,9 @@ PROMPT_LEN = 5
 
 
 def _tiny_model():
-    from stare_lab.models.builtin import build_model, build_tokenizer
+    from fixtures_trainer import tiny_lm
 
-    torch.manual_seed(0)
-    return build_model(
-        build_tokenizer(), hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
-    )
+    return tiny_lm()[1]
 
 
 def _token_logp(model, prompt, completion, mask):

@@ -39,15 +39,14 @@ def train(rule: str | None, out_dir: Path, world_size: int, **rule_params) -> li
     """Parameters after STEPS optimizer steps; rule None = plain TRL GRPOTrainer."""
     import os
 
-    from transformers import Qwen2ForCausalLM
-    from trl import GRPOConfig, GRPOTrainer
+    from fixtures_trainer import builtin_lm, grpo_config, trainer_kwargs
+    from trl import GRPOTrainer
 
-    from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
     from stare_lab.tasks.arithmetic import ArithmeticTask
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    args = GRPOConfig(
-        output_dir=str(out_dir / f"run-{rule}"),
+    args = grpo_config(
+        out_dir / f"run-{rule}",
         per_device_train_batch_size=ROWS // world_size // 2,
         gradient_accumulation_steps=2,
         num_generations=G,
@@ -56,28 +55,13 @@ def train(rule: str | None, out_dir: Path, world_size: int, **rule_params) -> li
         learning_rate=LR,
         optim="sgd",
         lr_scheduler_type="constant",
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        save_strategy="no",
-        disable_tqdm=True,
-        logging_steps=1,
-        epsilon_high=0.28,
     )
     torch.manual_seed(0)
-    tok = build_tokenizer()
     # the shipped, trained model: its next-token entropies vary from token to token, so a top-k by
     # entropy has no near-ties that float noise between the two layouts could flip
-    model = Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR)
-    kwargs = dict(
-        model=model,
-        reward_funcs=[completion_reward],
-        args=args,
-        processing_class=tok,
-        train_dataset=ArithmeticTask(train_size=48, heldout_size=4).train_dataset(),
-        rollout_func=rollout_func,
-    )
+    tok, model = builtin_lm()
+    dataset = ArithmeticTask(train_size=48, heldout_size=4).train_dataset()
+    kwargs = dict(**trainer_kwargs(tok, model, args, dataset, completion_reward), rollout_func=rollout_func)
     if rule is None:
         trainer = GRPOTrainer(**kwargs)
     else:

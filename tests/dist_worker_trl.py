@@ -52,10 +52,10 @@ def completion_reward(completions, **kwargs):
 
 def trl_layout_worker(rank: int, world_size: int, out_dir: Path) -> None:
     import torch.distributed as dist
-    from trl import GRPOConfig, GRPOTrainer
+    from fixtures_trainer import TRL_DEFAULT, grpo_config, tiny_lm, trainer_kwargs
+    from trl import GRPOTrainer
 
     from stare_lab.distributed import global_token_stats
-    from stare_lab.models.builtin import build_model, build_tokenizer
     from stare_lab.stats import TokenStats
     from stare_lab.tasks.arithmetic import ArithmeticTask
 
@@ -88,32 +88,16 @@ def trl_layout_worker(rank: int, world_size: int, out_dir: Path) -> None:
             )
             return out
 
-    args = GRPOConfig(
-        output_dir=str(out_dir / "trl"),
+    args = grpo_config(
+        out_dir / "trl",
         per_device_train_batch_size=B_LOCAL,
         num_generations=G,
-        gradient_accumulation_steps=1,
         max_completion_length=6,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        save_strategy="no",
-        disable_tqdm=True,
-        logging_steps=1,
+        epsilon_high=TRL_DEFAULT,
     )
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    trainer = Recording(
-        model=model,
-        reward_funcs=[completion_reward],
-        args=args,
-        train_dataset=ArithmeticTask(train_size=48, heldout_size=4).train_dataset(),
-        processing_class=tok,
-    )
+    tok, model = tiny_lm()
+    dataset = ArithmeticTask(train_size=48, heldout_size=4).train_dataset()
+    trainer = Recording(**trainer_kwargs(tok, model, args, dataset, completion_reward))
     trainer.train()
     torch.save(records, out_dir / f"trl_rank{rank}.pt")
     dist.barrier()

@@ -17,14 +17,20 @@ processes of the distributed tests (dist_worker_*.py) import them directly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from trl import GRPOConfig
 
 from stare_lab.methods import Rule, get_method
 from stare_lab.models.builtin import BUILTIN_DIR, build_model, build_tokenizer
-from stare_lab.trainer import TokenRuleGRPOTrainer
+
+if TYPE_CHECKING:
+    from trl import GRPOConfig
+
+    from stare_lab.trainer import TokenRuleGRPOTrainer
+
+# TRL and the trainer are imported in the functions that build them, so that a worker process that
+# only wants the tiny model (dist_worker_stats.py) does not load TRL.
 
 TINY_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 
@@ -58,6 +64,8 @@ TRL_DEFAULT: Any = _TrlDefault()  # grpo_config(..., key=TRL_DEFAULT): leave the
 
 def cpu_config(output_dir: str | Path, **overrides: Any) -> GRPOConfig:
     """GRPOConfig with `CPU` and the given values; every other key at GRPOConfig's default."""
+    from trl import GRPOConfig
+
     values = {"output_dir": str(output_dir), **CPU, **overrides}
     return GRPOConfig(**{k: v for k, v in values.items() if v is not TRL_DEFAULT})
 
@@ -102,6 +110,8 @@ def rule_trainer(
 ) -> TokenRuleGRPOTrainer:
     """TokenRuleGRPOTrainer on `model` itself (copy it first to keep the original); a rule's name is
     looked up with its default parameters; `trainer_kw` are our trainer's own (keep_batches_every, …)."""
+    from stare_lab.trainer import TokenRuleGRPOTrainer
+
     return TokenRuleGRPOTrainer(
         rule=get_method(rule) if isinstance(rule, str) else rule,
         **trainer_kwargs(tok, model, args, dataset, reward),

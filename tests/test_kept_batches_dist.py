@@ -32,18 +32,15 @@ def train(name: str, out_dir: Path) -> list[dict]:
     """Two optimizer steps on one generation batch (num_iterations 2), keeping it; rank 0's log history."""
     import os
 
-    from transformers import Qwen2ForCausalLM
-    from trl import GRPOConfig
+    from fixtures_trainer import builtin_lm, grpo_config, rule_trainer
 
     from stare_lab.methods import get_method
-    from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
     from stare_lab.tasks.arithmetic import ArithmeticTask
-    from stare_lab.trainer import TokenRuleGRPOTrainer
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     params, ranks = CASES[name]
-    args = GRPOConfig(
-        output_dir=str(out_dir / f"out-{name}"),
+    args = grpo_config(
+        out_dir / f"out-{name}",
         per_device_train_batch_size=ROWS // WORLD // 2,
         gradient_accumulation_steps=2,
         num_generations=G,
@@ -52,24 +49,17 @@ def train(name: str, out_dir: Path) -> list[dict]:
         max_steps=STEPS,
         learning_rate=0.05,
         optim="sgd",
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        save_strategy="no",
-        disable_tqdm=True,
-        logging_steps=1,
-        epsilon_high=0.28,
     )
     torch.manual_seed(0)
-    trainer = TokenRuleGRPOTrainer(
-        model=Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR),
-        reward_funcs=[completion_reward],
-        args=args,
-        processing_class=build_tokenizer(),
-        train_dataset=ArithmeticTask(train_size=48, heldout_size=4).train_dataset(),
+    tok, model = builtin_lm()
+    trainer = rule_trainer(
+        tok,
+        model,
+        args,
+        ArithmeticTask(train_size=48, heldout_size=4).train_dataset(),
+        get_method(name, **params),
+        completion_reward,
         rollout_func=rollout_func,
-        rule=get_method(name, **params),
         keep_batches_every=1,
         run_dir=out_dir / name,
         microbatch_ranks=ranks,
