@@ -1,0 +1,149 @@
+"""Figures drawn only when what they were drawn from changed (issue 30.2): the stamp in each PNG, kept
+figures left untouched (same bytes, same modification time), a changed run or metric redrawn alone, a
+run's own figures copied, and drawing in parallel giving the bytes drawing here gives."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+from synthetic_batch import write_random_batch
+
+from stare_lab.analysis.plots import plot_training
+from stare_lab.cli import main
+from stare_lab.figure_stamps import STAMP_KEY, current, read_stamp
+from stare_lab.viewer.batch import batch_path
+from stare_lab.viewer.figures import plot_selection, run_stamp
+
+RUNS = ("aaa", "bbb", "ccc")
+
+
+def _runs(root: Path) -> list[Path]:
+    for k, name in enumerate(RUNS):
+        for step in (0, 5):
+            write_random_batch(root / name, step, B=8, T=12, seed=k)
+    return [root / name for name in RUNS]
+
+
+def _state(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """name -> (modification time in ns, bytes) of every file in `folder`."""
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.iterdir())}
+
+
+def test_the_stamp_is_a_text_chunk_of_the_png(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    fig = Figure(figsize=(1, 1))
+    FigureCanvasAgg(fig)
+    fig.savefig(tmp_path / "a.png", format="png", metadata={STAMP_KEY: "abc123"})
+    fig.savefig(tmp_path / "b.png", format="png")
+    assert Image.open(tmp_path / "a.png").text[STAMP_KEY] == "abc123"  # PIL reads the same chunk
+    assert read_stamp(tmp_path / "a.png") == "abc123" and current(tmp_path / "a.png", "abc123")
+    assert read_stamp(tmp_path / "b.png") is None and not current(tmp_path / "b.png", None)
+    (tmp_path / "c.png").write_bytes(b"not a png")
+    assert read_stamp(tmp_path / "c.png") is None and read_stamp(tmp_path / "missing.png") is None
+    with open(tmp_path / "a.png", "ab") as f:  # bytes after the image do not hide it
+        f.write(b"appended")
+    assert read_stamp(tmp_path / "a.png") == "abc123"
+
+
+def test_selection_figures_are_drawn_once_and_again_only_for_the_run_that_changed(tmp_path):
+    root = tmp_path / "runs" / "sweep"
+    runs = _runs(root)
+    out = tmp_path / "figs"
+    first = plot_selection(root, out)
+    names = sorted(f"selection-{kind}-{run}.png" for run in RUNS for kind in ("quadrant", "steps"))
+    assert sorted(p.name for p in first) == names
+    for p in first:
+        assert read_stamp(p) == run_stamp(root / p.stem.split("-", 2)[2])
+    before = _state(out)
+
+    assert plot_selection(root, out) == first  # nothing changed: every figure kept as it is
+    assert _state(out) == before
+
+    later = batch_path(runs[1], 5).stat().st_mtime_ns + 10**9
+    os.utime(batch_path(runs[1], 5), ns=(later, later))  # bbb's batch rewritten (same bytes, newer)
+    assert plot_selection(root, out) == first
+    after = _state(out)
+    changed = sorted(name for name in after if after[name][0] != before[name][0])
+    assert changed == ["selection-quadrant-bbb.png", "selection-steps-bbb.png"]
+    new, other = read_stamp(out / "selection-steps-bbb.png"), read_stamp(out / "selection-steps-aaa.png")
+    assert new == run_stamp(runs[1]) != other
+
+
+def test_a_figure_without_its_stamp_or_with_another_is_drawn_again(tmp_path):
+    root = tmp_path / "runs" / "sweep"
+    _runs(root)
+    out = tmp_path / "figs"
+    plot_selection(root, out)
+    good = (out / "selection-steps-aaa.png").read_bytes()
+    (out / "selection-steps-aaa.png").write_bytes(b"garbage")
+    shutil.copyfile(out / "selection-quadrant-ccc.png", out / "selection-quadrant-bbb.png")  # ccc's stamp
+    plot_selection(root, out)
+    assert (out / "selection-steps-aaa.png").read_bytes() == good
+    assert read_stamp(out / "selection-quadrant-bbb.png") == run_stamp(root / "bbb")
+
+
+def test_a_runs_own_current_figures_are_copied_not_drawn(tmp_path):
+    root = tmp_path / "runs" / "sweep"
+    runs = _runs(root)
+    for run in runs:
+        plot_selection(run, run / "figures")  # what a run's publishing step draws
+    marked = runs[0] / "figures" / "selection-steps-aaa.png"
+    marked.write_bytes(marked.read_bytes() + b"copied")  # a copy is byte for byte the run's own
+    stale = runs[2] / "figures" / "selection-quadrant-ccc.png"
+    later = batch_path(runs[2], 5).stat().st_mtime_ns + 10**9
+    os.utime(batch_path(runs[2], 5), ns=(later, later))  # ccc kept a batch again after drawing its own
+    out = tmp_path / "figs"
+    plot_selection(root, out)
+    assert (out / "selection-steps-aaa.png").read_bytes() == marked.read_bytes()
+    assert read_stamp(out / "selection-quadrant-ccc.png") == run_stamp(runs[2]) != read_stamp(stale)
+
+
+def test_drawing_in_parallel_gives_the_bytes_of_drawing_here(tmp_path):
+    root = tmp_path / "runs" / "sweep"
+    _runs(root)
+    parallel = plot_selection(root, tmp_path / "par", processes=2)
+    serial = plot_selection(root, tmp_path / "ser", processes=1)
+    assert [p.name for p in parallel] == [p.name for p in serial] and len(parallel) == 6
+    for a, b in zip(parallel, serial, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def _training_frame(value_of_b: float = 0.5) -> pd.DataFrame:
+    rows = []
+    for run, arm in (("r1", "full"), ("r2", "stare")):
+        for step in (1, 2, 3):
+            for metric in ("reward", "entropy"):
+                value = value_of_b if (run, metric, step) == ("r2", "entropy", 2) else step * 0.1
+                rows.append(dict(run=run, arm=arm, rule=arm, seed=0, step=step, metric=metric, value=value))
+    return pd.DataFrame(rows)
+
+
+def test_training_figures_redraw_only_the_metric_whose_rows_changed(tmp_path):
+    out = tmp_path / "figs"
+    paths = plot_training(_training_frame(), out)
+    assert [p.name for p in paths] == ["train_reward.png", "train_entropy.png"]
+    before = _state(out)
+    assert plot_training(_training_frame(), out) == paths and _state(out) == before
+    plot_training(_training_frame(value_of_b=0.9), out)
+    after = _state(out)
+    assert after["train_reward.png"] == before["train_reward.png"]
+    assert after["train_entropy.png"][1] != before["train_entropy.png"][1]
+    plot_training(_training_frame(value_of_b=0.9), out, band="std")  # another option: drawn again
+    assert _state(out)["train_reward.png"][1] != after["train_reward.png"][1]
+
+
+def test_plot_command_twice_rewrites_nothing(tmp_path, capsys):
+    root = tmp_path / "runs" / "sweep"
+    _runs(root)
+    out = tmp_path / "figs"
+    assert main(["plot", str(root), "--out", str(out)]) == 0
+    first = capsys.readouterr().out
+    before = _state(out)
+    assert main(["plot", str(root), "--out", str(out)]) == 0
+    assert capsys.readouterr().out == first and _state(out) == before
