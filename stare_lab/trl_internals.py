@@ -253,7 +253,7 @@ def loss_side_effects_undone(trainer: GRPOTrainer) -> Iterator[None]:
 # ---- 4, 5, 6, 7: where a generation batch's statistics come from -----------------------------------
 def makes_old_logp_forward(trainer: GRPOTrainer) -> bool:
     """TRL's own condition (reach 6) for its no-grad old-log-prob forward in `_generate_and_score_completions`."""
-    a = trainer.args
+    a: Any = trainer.args  # a GRPOConfig (typed TrainingArguments by transformers)
     generate_every = a.steps_per_generation * trainer.num_iterations
     return a.gradient_accumulation_steps % generate_every != 0 or bool(
         trainer.use_vllm and trainer.vllm_importance_sampling_correction
