@@ -12,7 +12,9 @@ of this module do it, for one call, and restore it on exit (also after an error)
  1  GRPOTrainer._generate_and_score_completions     override     itself: the batch dict it returns
                                                     (GRPOSteps)
  2  GRPOTrainer._compute_loss                       override,    itself: the per-token mask slot, the order
-                                                    called       of its factors, its denominators (trl_loss)
+                                                    called,      of its factors, its denominators (computed
+                                                    mirrored     the same way by trl_loss: selected_scale,
+                                                                 verl_scale, surrogate_change, trl_aggregate)
  3  GRPOTrainer.get_high_entropy_mask               replaced     _compute_loss: the slot the weights use
     + top_entropy_quantile (set to 0)               per call
  4  GRPOTrainer._get_per_token_logps_and_entropies  replaced     itself (signature) and _compute_loss (its

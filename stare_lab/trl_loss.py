@@ -25,6 +25,13 @@ Because the weights multiply the per-token loss before aggregation, normalize="v
 "loss_type") is TRL's aggregation unchanged. normalize="selected" replaces token counts by weight
 sums in the loss type's denominator; `selected_scale` expresses that as a constant factor on the
 weights (per generation batch, micro-batch or row, depending on the loss type).
+
+This module touches no private member of TRL, but its factors and denominators (`selected_scale`,
+`verl_scale`, `surrogate_change`, `trl_aggregate`) are computed as TRL 1.16's `_compute_loss` computes
+them: that is row 2 of `trl_internals`' inventory, whose source hash tells when TRL changes them.
+A loss-changing rule needs this (TRL has no slot for a per-token term of its own): the rule's term
+minus PPO's, weighted and aggregated as TRL's, is added to TRL's loss, and the two PPO terms cancel to
+float rounding (tests/test_loss_rules.py).
 """
 
 from __future__ import annotations
