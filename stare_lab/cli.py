@@ -6,7 +6,7 @@
     stare-lab sweep status sweeps/X.yaml
     stare-lab eval runs/X/<run-id> [--n 32] [--import MODULE]
     stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
-    stare-lab plot sweeps/X.yaml
+    stare-lab plot sweeps/X.yaml [--no-selection]
     stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
     stare-lab dashboard sweeps/X.yaml [--offline] [--name NAME] [--out FILE]
 
@@ -420,19 +420,30 @@ def cmd_plot(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--baseline", default="full", help="the arm of the forest plot's differences")
     p.add_argument("--all-runs", action="store_true", help="also runs not in the sweep's current plan")
+    p.add_argument(
+        "--no-selection",
+        action="store_true",
+        help="leave out the per-run selection figures (two per run that kept batches)",
+    )
     a = _parse(p, argv)
     root, runs = _sweep_runs(a.sweep, a.all_runs)
     _release_torch()  # the selection figures import the real torch when a run kept batches
-    _plot(runs, a.out or root / "figures", a.baseline)
+    _plot(runs, a.out or root / "figures", a.baseline, selection=not a.no_selection)
     return 0
 
 
-def _plot(root: Path | list[Path], out: Path, baseline: str, reuse_run_figures: bool = True) -> None:
+def _plot(
+    root: Path | list[Path], out: Path, baseline: str, reuse_run_figures: bool = True, selection: bool = True
+) -> None:
     """Training, pass@k and selection figures of the runs (a folder or a list of run dirs) into
     `out`; prints one line per kind of figure. A figure whose stamp says it was drawn from the same
     records by the same code is kept, not drawn again (stare_lab.figure_stamps); the runs' own
-    selection figures are reused the same way (`_selection_figures`; `reuse_run_figures` is kept for
-    callers: reuse is always on, as it can only give the same bytes)."""
+    selection figures are reused the same way (`reuse_run_figures` is kept for callers: reuse is
+    always on, as it can only give the same bytes). The selection figures to draw are started first,
+    in forked processes, and drawn while this process draws the others. `selection`: draw them."""
+    from stare_lab.viewer.figures import start_selection
+
+    selection_figures = start_selection(root, out) if selection else list
     from stare_lab.analysis import collect_runs, collect_training, plot_passk, plot_training
 
     paths = []
@@ -443,7 +454,7 @@ def _plot(root: Path | list[Path], out: Path, baseline: str, reuse_run_figures: 
     if not evals.empty:
         paths += plot_passk(evals, out, baseline=baseline)
         paths += _forest(root, evals, out, baseline)
-    paths += _selection_figures(root, out)
+    paths += selection_figures()
     if not paths:
         raise UserError(f"nothing to plot under {root if isinstance(root, Path) else 'the current plan'}")
     for line in _output_lines(paths):
@@ -496,16 +507,6 @@ def _forest(root: Path | list[Path], evals, out: Path, baseline: str) -> list[Pa
     if table.comparison is None:
         return []
     return plot_forest(table.comparison, out, baseline=baseline, metric=table.metric, confidence=table.confidence)
-
-
-def _selection_figures(root: Path | list[Path], out: Path) -> list[Path]:
-    """The selection figures of the runs that kept generation batches (trainer.keep_batches_every):
-    a run's figures already in `out`, or its own (<run>/figures/, drawn when it published its token
-    page), are kept or copied when their stamp says they were drawn from its current batches by the
-    current code; the others are drawn, in parallel (stare_lab.viewer.figures)."""
-    from stare_lab.viewer import plot_selection
-
-    return plot_selection(root, out)
 
 
 def cmd_demo(argv: list[str]) -> int:

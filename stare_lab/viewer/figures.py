@@ -248,7 +248,20 @@ def plot_selection(
     """Both figures for every run with kept batches (a run dir, a folder of runs, or a list); the PNG paths.
     Every other run is named, with the reason it has no figure, in one line through `say` (stderr).
     Figures already current (in `out_dir`, or the run's own) are kept or copied, not drawn again; the
-    others are drawn by `processes` processes at once (default: the cores this process may use)."""
+    others are drawn by `processes` processes at once (default: the usable cores other processes leave
+    free)."""
+    return start_selection(run_dir_or_runs, out_dir, say, processes)()
+
+
+def start_selection(
+    run_dir_or_runs: Path | str | Iterable[Path | str],
+    out_dir: Path | str,
+    say: Callable[[str], None] = _say,
+    processes: int | None = None,
+) -> Callable[[], list[Path]]:
+    """`plot_selection` begun: the figures to keep or copy are settled and those to draw are being drawn
+    by forked processes when this returns, so the caller can draw others meanwhile; the function it
+    returns waits for them and gives `plot_selection`'s answer."""
     out_dir = Path(out_dir)
     runs = all_runs(run_dir_or_runs)
     found: dict[Path, list[Path]] = {}
@@ -263,12 +276,17 @@ def plot_selection(
             draw.append((run_dir, stamp))
         else:
             found[run_dir] = kept
-    for (run_dir, _), drawn in zip(draw, _draw_runs(draw, out_dir, processes), strict=True):
-        if not drawn:
-            reason = "none of its kept batches is readable"
-            say(f"stare-lab plot: no selection figures for {run_label(run_dir)} ({run_dir}): {reason}")
-        found[run_dir] = drawn
-    return [p for run_dir in runs for p in found.get(run_dir, [])]
+    drawing = _draw_runs(draw, out_dir, processes)
+
+    def finish() -> list[Path]:
+        for (run_dir, _), drawn in zip(draw, drawing(), strict=True):
+            if not drawn:
+                reason = "none of its kept batches is readable"
+                say(f"stare-lab plot: no selection figures for {run_label(run_dir)} ({run_dir}): {reason}")
+            found[run_dir] = drawn
+        return [p for run_dir in runs for p in found.get(run_dir, [])]
+
+    return finish
 
 
 def _current_figures(run_dir: Path, out_dir: Path, stamp: str) -> list[Path] | None:
@@ -284,19 +302,35 @@ def _current_figures(run_dir: Path, out_dir: Path, stamp: str) -> list[Path] | N
     return None
 
 
-def _draw_runs(draw: list[tuple[Path, str]], out_dir: Path, processes: int | None) -> list[list[Path]]:
-    """`_run_figures` of each (run, stamp), in order: in forked processes when there are several runs and
-    cores (Linux), else here."""
-    from stare_lab.sweep.threads import usable_cpus
+def _draw_runs(draw: list[tuple[Path, str]], out_dir: Path, processes: int | None) -> Callable[[], list[list[Path]]]:
+    """`_run_figures` of each (run, stamp), in order, from the function returned: started now in forked
+    processes when there are several runs and free cores (Linux: the usable cores other processes
+    leave free, stare_lab.sweep.threads), else drawn here when it is called."""
+    from stare_lab.sweep.threads import busy_elsewhere, decide_threads, usable_cpus
 
-    n = min(len(draw), processes or usable_cpus())
+    if processes is None and len(draw) > 1 and usable_cpus() > 1:
+        processes = decide_threads(None, {}, usable_cpus(), 1, busy_elsewhere()).threads
+    n = min(len(draw), processes or 1)
     if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        with one_thread():
-            return [_run_figures(run_dir, out_dir, stamp) for run_dir, stamp in draw]
+
+        def here() -> list[list[Path]]:
+            with one_thread():
+                return [_run_figures(run_dir, out_dir, stamp) for run_dir, stamp in draw]
+
+        return here
     sys.stdout.flush()
     sys.stderr.flush()
-    with multiprocessing.get_context("fork").Pool(n) as pool:
-        return pool.starmap(_draw_forked, [(run_dir, out_dir, stamp) for run_dir, stamp in draw], chunksize=1)
+    pool = multiprocessing.get_context("fork").Pool(n)
+    pending = pool.starmap_async(_draw_forked, [(run_dir, out_dir, stamp) for run_dir, stamp in draw], chunksize=1)
+
+    def wait() -> list[list[Path]]:
+        try:
+            return pending.get()
+        finally:
+            pool.terminate()
+            pool.join()
+
+    return wait
 
 
 def _draw_forked(run_dir: Path, out_dir: Path, stamp: str) -> list[Path]:
