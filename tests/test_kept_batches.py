@@ -11,10 +11,9 @@ import copy
 import numpy as np
 import pytest
 import torch
-from test_trainer import _args, length_reward
+from fixtures_trainer import grpo_config, length_reward
 
 from stare_lab.methods import get_method
-from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.token_weights import token_fractions
 from stare_lab.trainer import TokenRuleGRPOTrainer
@@ -26,10 +25,8 @@ from stare_lab.viewer.wandb_export import page_data
 
 
 @pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+def setup(tiny_lm):
+    tok, model = tiny_lm
     return tok, model, ArithmeticTask(train_size=64, heldout_size=16)
 
 
@@ -40,7 +37,15 @@ def _train(setup, tmp_path, rule, *, steps=3, every=1, **kw):
     trainer = TokenRuleGRPOTrainer(
         model=copy.deepcopy(model),
         reward_funcs=[length_reward],
-        args=_args(tmp_path, max_steps=steps, learning_rate=3e-2, **kw),
+        args=grpo_config(
+            tmp_path,
+            **{
+                "gradient_accumulation_steps": 2,
+                "max_steps": steps,
+                "learning_rate": 3e-2,
+                **kw,
+            },
+        ),
         train_dataset=task.train_dataset(),
         processing_class=tok,
         rule=rule,

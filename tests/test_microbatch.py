@@ -16,14 +16,11 @@ import zlib
 
 import pytest
 import torch
-from transformers import Qwen2ForCausalLM
-from trl import GRPOConfig
+from fixtures_trainer import builtin_lm, grpo_config, rule_trainer
 
 from stare_lab.methods import RuleState, get_method
-from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
 from stare_lab.stats import TokenStats
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import TokenRuleGRPOTrainer
 
 G, TAU = 4, 0.8
 
@@ -35,42 +32,23 @@ def length_reward(completions, **kwargs):
 
 @pytest.fixture(scope="module")
 def setup():
-    return (
-        build_tokenizer(),
-        Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR),
-        ArithmeticTask(train_size=64, heldout_size=8),
-    )
+    return (*builtin_lm(), ArithmeticTask(train_size=64, heldout_size=8))
 
 
 def _trainer(setup, tmp_path, rule, **kw):
     tok, model, task = setup
-    args = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=G,
-        gradient_accumulation_steps=2,
-        max_completion_length=16,
-        max_steps=2,
-        learning_rate=1e-2,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        epsilon_high=0.28,
-        temperature=TAU,
+    args = grpo_config(
+        tmp_path,
+        **{
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "max_completion_length": 16,
+            "learning_rate": 1e-2,
+            "temperature": TAU,
+            **kw,
+        },
     )
-    args.update(kw)
-    return TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=GRPOConfig(**args),
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
-        rule=rule,
-    )
+    return rule_trainer(tok, copy.deepcopy(model), args, task.train_dataset(), rule, length_reward)
 
 
 def _plain_entropy(model, inputs):

@@ -11,12 +11,10 @@ import copy
 import math
 
 import pytest
-import torch
-from test_trainer import _args, length_reward
+from fixtures_trainer import grpo_config, length_reward
 
 from stare_lab.learning_signal import no_signal_warning
 from stare_lab.methods import get_method
-from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.record import read_metrics
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.tracking import GENERATION_STEP, MetricsLogger, is_train_log
@@ -29,10 +27,8 @@ LOSS_KEYS = ("loss", "grad_norm", "learning_rate", "entropy", "clip_ratio/region
 
 
 @pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+def setup(tiny_lm):
+    tok, model = tiny_lm
     return tok, model, ArithmeticTask(train_size=64, heldout_size=16)
 
 
@@ -43,7 +39,7 @@ def _train(setup, tmp_path, rule="full", **kw):
     trainer = TokenRuleGRPOTrainer(
         model=copy.deepcopy(model),
         reward_funcs=[length_reward],
-        args=_args(tmp_path, learning_rate=3e-2, **kw),
+        args=grpo_config(tmp_path, **{"gradient_accumulation_steps": 2, "learning_rate": 3e-2, **kw}),
         train_dataset=task.train_dataset(),
         processing_class=tok,
         rule=get_method(rule),

@@ -19,11 +19,9 @@ import zlib
 
 import pytest
 import torch
-from transformers import Qwen2ForCausalLM
-from trl import GRPOConfig
+from fixtures_trainer import builtin_lm, grpo_config, rule_trainer
 
 from stare_lab.methods import RuleState, get_method, list_methods
-from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
 from stare_lab.signals import token_statistics
 from stare_lab.signals.generation import record_generation
 from stare_lab.tasks.arithmetic import ArithmeticTask
@@ -39,50 +37,22 @@ def length_reward(completions, **kwargs):
 
 
 def _args(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=G,
-        gradient_accumulation_steps=2,
-        max_completion_length=16,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        epsilon_high=0.28,
-        temperature=0.8,
+    return grpo_config(
+        tmp_path, **{"gradient_accumulation_steps": 2, "max_completion_length": 16, "temperature": 0.8, **kw}
     )
-    base.update(kw)
-    return GRPOConfig(**base)
 
 
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
-    return (
-        build_tokenizer(),
-        Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR),
-        ArithmeticTask(train_size=64, heldout_size=8),
-    )
+    return (*builtin_lm(), ArithmeticTask(train_size=64, heldout_size=8))
 
 
 def _trainer(setup, tmp_path, rule="full", **kw):
     tok, model, task = setup
     extra = {k: kw.pop(k) for k in ("stats_at_generation",) if k in kw}
-    return TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=_args(tmp_path, **kw),
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
-        rule=get_method(rule) if isinstance(rule, str) else rule,
-        **extra,
-    )
+    args = _args(tmp_path, **kw)
+    return rule_trainer(tok, copy.deepcopy(model), args, task.train_dataset(), rule, length_reward, **extra)
 
 
 def _rows(trainer, n_prompts=4):

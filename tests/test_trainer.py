@@ -8,51 +8,25 @@ import json
 
 import pytest
 import torch
+from fixtures_trainer import grpo_config, length_reward
 from transformers import TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from stare_lab.methods import get_method
-from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
 
 G = 4
 
 
-def length_reward(completions, **kwargs):
-    """A reward that varies within every group on an untrained model, so advantages are non-zero."""
-    return [float(len(c) % 3) for c in completions]
-
-
 def _args(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=G,
-        gradient_accumulation_steps=2,
-        max_completion_length=12,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        epsilon_high=0.28,
-    )
-    base.update(kw)
-    return GRPOConfig(**base)
+    return grpo_config(tmp_path, **{"gradient_accumulation_steps": 2, **kw})
 
 
 @pytest.fixture(scope="module")
-def setup():
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    model = build_model(tok, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-    task = ArithmeticTask(train_size=64, heldout_size=16)
-    return tok, model, task
+def setup(tiny_lm):
+    tok, model = tiny_lm
+    return tok, model, ArithmeticTask(train_size=64, heldout_size=16)
 
 
 def _pair(setup, tmp_path, rule="full", **kw):
