@@ -270,9 +270,8 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Path | list[P
     if all_runs or spec.search is not None or not root.is_dir():  # a search's trials are its plan
         return root, root
     from stare_lab.analysis.collect import find_run_dirs
-    from stare_lab.sweep.expand import expand_sweep
 
-    planned = {r.run_dir.name for r in expand_sweep(spec)}
+    planned = _planned_ids(spec, root)
     present = find_run_dirs(root)
     others = [d for d in present if d.name not in planned]
     if others:
@@ -282,6 +281,20 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Path | list[P
             file=sys.stderr,
         )
     return root, [d for d in present if d.name in planned]
+
+
+def _planned_ids(spec, root: Path) -> set[str]:
+    """The run ids of the sweep's plan: those its last `sweep run` wrote in the folder's manifest when
+    the sweep file has not changed since (the manifest keeps the file's digest; `sweep status` lists
+    the same runs), else the file expanded again (Hydra composes every run: ~0.3 s of a table's start)."""
+    from stare_lab.sweep.liveness import read_manifest
+
+    manifest = read_manifest(root) or {}
+    if manifest.get("digest") and manifest.get("digest") == spec.digest and manifest.get("runs"):
+        return {str(r["id"]) for r in manifest["runs"]}
+    from stare_lab.sweep.expand import expand_sweep
+
+    return {r.run_dir.name for r in expand_sweep(spec)}
 
 
 def cmd_table(argv: list[str]) -> int:
