@@ -1,4 +1,4 @@
-"""stare-lab: the command line (DESIGN.md §6).
+"""stare-lab: the command line (docs/design.md, "Command line").
 
     stare-lab demo
     stare-lab train [--import MODULE] method=stare seed=1 ...
@@ -147,7 +147,15 @@ def _print_last_metrics(run_dir: Path) -> None:
     rows = read_metrics(run_dir)
     if rows:
         last = rows[-1]
-        keys = ["step", "reward", "accuracy", "entropy", "tokens/selected_frac", "tokens/weight_mean"]
+        keys = [
+            "step",
+            "reward",
+            "accuracy",
+            "entropy",
+            "tokens/trained_frac",
+            "tokens/touched_frac",
+            "tokens/weight_mean",
+        ]
         keys += sorted(k for k in last if k.startswith("rule/"))
         print("  ".join(f"{k}={last[k]:.4g}" if isinstance(last.get(k), float) else f"{k}={last.get(k)}" for k in keys))
     for result in read_eval_results(run_dir):
