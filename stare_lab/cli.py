@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from stare_lab.deferred import defer
@@ -462,9 +463,11 @@ def _plot(
     selection figures are reused the same way (`reuse_run_figures` is kept for callers: reuse is
     always on, as it can only give the same bytes). The selection figures to draw are started first,
     in forked processes, and drawn while this process draws the others. `selection`: draw them."""
-    from stare_lab.viewer.figures import start_selection
+    selection_figures: Callable[[], list[Path]] = list
+    if selection:  # the viewer imports torch
+        from stare_lab.viewer.figures import start_selection
 
-    selection_figures = start_selection(root, out) if selection else list
+        selection_figures = start_selection(root, out)
     from stare_lab.analysis import collect_runs, collect_training, plot_passk, plot_training
 
     paths = []

@@ -147,3 +147,12 @@ def test_plot_command_twice_rewrites_nothing(tmp_path, capsys):
     before = _state(out)
     assert main(["plot", str(root), "--out", str(out)]) == 0
     assert capsys.readouterr().out == first and _state(out) == before
+
+
+def test_no_selection_draws_no_selection_figure(tmp_path, capsys):
+    root = tmp_path / "runs" / "sweep"
+    _runs(root)  # runs with kept batches and nothing else to plot
+    out = tmp_path / "figs"
+    assert main(["plot", str(root), "--out", str(out), "--no-selection"]) == 2
+    assert capsys.readouterr().err.strip() == f"stare-lab: error: nothing to plot under {root}"
+    assert not out.exists()
