@@ -3,7 +3,7 @@
 One 6-run local sweep (3 rules × 2 seeds of the built-in model, --steps optimizer steps, no
 evaluation, `workers: 1` as in the issue) is run four times, each into a fresh folder:
 
-- `now`: this checkout (threads decided by stare_lab.sweep.threads, idle threads spinning ≤ 0.1 ms);
+- `now`: this checkout (threads decided by stare_lab.sweep.threads, idle threads spinning ≤ 0.3 ms);
 - `today`: the code before threads were decided (the parent of the commit that added
   stare_lab/sweep/threads.py, extracted with `git archive`): `torch.set_num_threads(cores // workers)`
   and OpenMP's default wait policy (spin, then sleep);

@@ -107,14 +107,14 @@ def test_omp_num_threads_reads_what_openmp_reads():
 
 
 def test_spawn_env_keeps_a_policy_the_user_set():
-    assert spawn_env({}) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
+    assert spawn_env({}) == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "30000"}
     assert spawn_env({"OMP_WAIT_POLICY": "active"}) == {}
     assert spawn_env({"GOMP_SPINCOUNT": "0"}) == {}
 
 
 def test_policy_text():
     assert policy_text({}) == UNSET_POLICY
-    assert policy_text({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "10000"}) == "PASSIVE, GOMP_SPINCOUNT=10000"
+    assert policy_text({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "30000"}) == "PASSIVE, GOMP_SPINCOUNT=30000"
     assert policy_text({"OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
     assert policy_text({"GOMP_SPINCOUNT": "5"}) == "GOMP_SPINCOUNT=5"
 
@@ -164,7 +164,7 @@ def test_the_slurm_job_script_sets_the_policy_unless_the_job_sets_one(tmp_path):
     setup = next(i for i, x in enumerate(lines) if "OMP_WAIT_POLICY" in x)
     assert setup < lines.index("module load x") < next(i for i, x in enumerate(lines) if x.startswith("srun"))
     for given, expect in (
-        ({}, "PASSIVE 10000"),
+        ({}, "PASSIVE 30000"),
         ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE "),
         ({"GOMP_SPINCOUNT": "7"}, " 7"),
     ):
@@ -236,8 +236,8 @@ def report_threads(threads: WorkerThreads) -> dict:
     }
 
 
-OURS = "PASSIVE, GOMP_SPINCOUNT=10000"  # what a worker starts with when the user set no policy
-SPIN = {OURS: "10000", "ACTIVE": "30000000000"}  # what libgomp then reads
+OURS = "PASSIVE, GOMP_SPINCOUNT=30000"  # what a worker starts with when the user set no policy
+SPIN = {OURS: "30000", "ACTIVE": "30000000000"}  # what libgomp then reads
 
 
 def _spincount(log: str) -> str:
@@ -336,7 +336,7 @@ def test_a_real_sweep_run_records_its_threads_and_policy(tmp_path):
     assert threads["from"].startswith(f"{cpus} usable cores / 2 workers") and threads["omp_wait_policy"] == OURS
     assert _decided(max(1, cpus // 2), threads["from"], threads["torch"]), threads
     logs = [p.read_text() for p in (tmp_path / "runs" / "thr").rglob("*_log.err")]
-    assert [_spincount(log) for log in logs if "GOMP_SPINCOUNT" in log] == ["10000"], logs
+    assert [_spincount(log) for log in logs if "GOMP_SPINCOUNT" in log] == ["30000"], logs
 
 
 def test_a_process_that_loaded_openmp_without_a_policy_records_it_unset():

@@ -19,12 +19,12 @@ that two other jobs keep busy wait on each other at every parallel region (a 6-r
 8.6× their idle time, one thread's 1.6×: benchmarks/shared_node.py).
 
 Idle OpenMP threads do not spin for long: a worker's environment holds `OMP_WAIT_POLICY=PASSIVE` and,
-for GNU libgomp (torch's OpenMP on Linux), `GOMP_SPINCOUNT=10000` (about 0.1 ms of spinning before a
+for GNU libgomp (torch's OpenMP on Linux), `GOMP_SPINCOUNT=30000` (about 0.3 ms of spinning before a
 thread sleeps, against libgomp's default 300,000; PASSIVE alone is 0), unless the user's environment
 sets either. With libgomp's default, a thread that finishes its share of a parallel region spins
 ~3 ms, taking the time slices the other threads of the region need on cores other jobs use; with no
 spin at all, the many short regions of a small model's step each pay a wake-up (the built-in model's
-step took 2.1× its spinning time on idle cores), where 0.1 ms of spinning keeps today's idle speed.
+step took 2.1× its spinning time on idle cores), where 0.3 ms of spinning keeps today's idle speed.
 Both are read once, when the OpenMP runtime loads (with torch), so they are in the environment the
 worker starts with (the launchers: `spawn_env`) and, for a process that has not loaded torch yet,
 set in its own environment before it does (`apply_wait_policy`).
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 WAIT_POLICY = "OMP_WAIT_POLICY"
 SPIN_COUNT = "GOMP_SPINCOUNT"  # GNU libgomp's own: spins before an idle thread sleeps
 PASSIVE = "PASSIVE"
-SHORT_SPIN = "10000"  # about 0.1 ms (libgomp counts ~100,000 spins per ms)
+SHORT_SPIN = "30000"  # about 0.3 ms (libgomp counts ~100,000 spins per ms), a tenth of its default
 # What a run records when neither was in its environment when OpenMP loaded.
 UNSET_POLICY = "unset (OpenMP's default: spin, then sleep)"
 # How long `busy_elsewhere` watches the cores.
@@ -165,7 +165,7 @@ def _user_policy(environ: Mapping[str, str]) -> bool:
 
 def spawn_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """What a launcher adds to the environment its workers start with: OMP_WAIT_POLICY=PASSIVE and
-    GOMP_SPINCOUNT=10000, unless `environ` (default: this process's) sets either."""
+    GOMP_SPINCOUNT=30000, unless `environ` (default: this process's) sets either."""
     environ = os.environ if environ is None else environ
     return {} if _user_policy(environ) else {WAIT_POLICY: PASSIVE, SPIN_COUNT: SHORT_SPIN}
 
@@ -182,7 +182,7 @@ def openmp_loaded() -> bool:
 
 
 def policy_text(environ: Mapping[str, str]) -> str:
-    """The wait policy in a record's words: `PASSIVE`, `PASSIVE, GOMP_SPINCOUNT=10000`, or UNSET_POLICY."""
+    """The wait policy in a record's words: `PASSIVE`, `PASSIVE, GOMP_SPINCOUNT=30000`, or UNSET_POLICY."""
     policy, spin = (environ.get(WAIT_POLICY) or "").strip().upper(), (environ.get(SPIN_COUNT) or "").strip()
     if not policy and not spin:
         return UNSET_POLICY

@@ -74,13 +74,13 @@ _PLAN: list[WorkerThreads] = [WorkerThreads()]  # what the launcher said (start_
 
 def start_worker(threads: WorkerThreads | int | None = None, decide: bool = True) -> dict[str, Any]:
     """Process-wide settings of a worker: OpenMP's wait policy (stare_lab.sweep.threads: PASSIVE with
-    a 0.1 ms spin unless the environment says, set before torch loads OpenMP when it has not yet),
+    a 0.3 ms spin unless the environment says, set before torch loads OpenMP when it has not yet),
     torch threads (`run_threads`; `decide=False`: at the start of each run instead) and warnings.
     `threads`: the launcher's WorkerThreads, or an int: `threads_per_worker`. Returns what it set:
     {"torch", "from", "omp_wait_policy"}."""
     _PLAN[0] = threads if isinstance(threads, WorkerThreads) else WorkerThreads(per_worker=threads or None)
     policy = apply_wait_policy()  # before the first real `import torch` of this process
-    import torch  # noqa: F401 - OpenMP loads here, under that policy
+    import torch  # noqa: F401 - OpenMP loads with it (here, or at first use under the command line's deferral)
 
     # TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")

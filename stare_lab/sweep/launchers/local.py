@@ -9,8 +9,8 @@ once. An interrupted run (Ctrl-C, a killed driver) resumes from its last checkpo
 Threads: each worker process decides its own torch threads when it starts (stare_lab.sweep.threads:
 `threads_per_worker`, else the user's OMP_NUM_THREADS, else the process's usable cores shared by
 the `workers` × `processes` processes running at once and left free by other jobs), and starts
-with OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=10000 in its environment unless the user's sets
-either (`executor`): idle OpenMP threads spin 0.1 ms at most, not ~3 ms, on cores other jobs share.
+with OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=30000 in its environment unless the user's sets
+either (`executor`): idle OpenMP threads spin 0.3 ms at most, not ~3 ms, on cores other jobs share.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class LocalLauncher(Launcher):
     def executor(self, folder: Path, job_name: str):
         import submitit
 
-        # each task starts as `env OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000 python ...`: set before OpenMP loads
+        # each task starts as `env OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=30000 python ...`: set before OpenMP loads
         env = [f"{k}={v}" for k, v in spawn_env().items()]
         python = shlex.join(["env", *env, sys.executable]) if env else None
         ex = submitit.LocalExecutor(folder=folder, python=python)

@@ -8,7 +8,7 @@ running: `sweep run` again watches them. Job states come from one batched `sacct
 (stare_lab.sweep.liveness.slurm_states, submitit's own query), never from submitit's per-job polling.
 Threads: a task's worker takes `threads_per_worker`, else OMP_NUM_THREADS, else its usable cores
 (its affinity, at most SLURM_CPUS_PER_TASK: `cpus_per_task`); the job script exports
-OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=10000 before the tasks start unless the job's environment
+OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=30000 before the tasks start unless the job's environment
 sets either (stare_lab.sweep.threads).
 """
 
@@ -35,7 +35,7 @@ REQUEUE_GRACE_S = 30.0
 MAX_UNANSWERED = 30
 # A job still live this long after its worker recorded the run's end is cancelled (see SlurmWatch).
 LINGER_S = 20.0
-# The job script's first line: idle OpenMP threads spin 0.1 ms at most unless the job's environment says.
+# The job script's first line: idle OpenMP threads spin 0.3 ms at most unless the job's environment says.
 WAIT_POLICY_SETUP = (
     f'if [ -z "${{{WAIT_POLICY}}}${{{SPIN_COUNT}}}" ]; '
     f"then export {WAIT_POLICY}={PASSIVE} {SPIN_COUNT}={SHORT_SPIN}; fi",
