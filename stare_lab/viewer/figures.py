@@ -166,19 +166,29 @@ def _median(x):
     return np.median(x) if len(x) else 0.0
 
 
-def selection_over_steps(run_dir: Path, path: Path, title: str, stamp: str | None = None) -> Path | None:
+def selection_over_steps(
+    run_dir: Path,
+    path: Path,
+    title: str,
+    stamp: str | None = None,
+    known: dict[int, tuple[Batch, list[RuleView]]] | None = None,
+) -> Path | None:
     """Trained and touched fractions of each rule and the Jaccard overlap of its selected set with the
-    run's rule (as it trained) over the kept steps."""
+    run's rule (as it trained) over the kept steps. `known`: {step: (batch, views)} already computed
+    (the quadrant view's last step), not computed again."""
     steps: list[int] = []
     trained: dict[str, list[float]] = {}
     touched: dict[str, list[float]] = {}
     overlap: dict[str, list[float]] = {}
     for step in kept_steps(run_dir):
-        try:
-            batch = load_run_batch(run_dir, step)
-        except BatchError:
-            continue  # a torn file does not hide the other steps; `stare-lab view` names it
-        views = apply_all_rules(batch)
+        if known and step in known:
+            batch, views = known[step]
+        else:
+            try:
+                batch = load_run_batch(run_dir, step)
+            except BatchError:
+                continue  # a torn file does not hide the other steps; `stare-lab view` names it
+            views = apply_all_rules(batch)
         own = views[0]
         steps.append(step)
         for v in views:
@@ -342,10 +352,12 @@ def _run_figures(run_dir: Path, out_dir: Path, stamp: str | None = None) -> list
     quadrant, steps = figure_paths(run_dir, out_dir)
     label = run_label(run_dir)  # files named by run id, figures titled by label
     written: list[Path | None] = []
+    known: dict[int, tuple[Batch, list[RuleView]]] = {}
     try:
         batch = load_run_batch(run_dir)
-        written.append(quadrant_figure(batch, apply_all_rules(batch), quadrant, label, stamp))
+        known[batch.step] = (batch, apply_all_rules(batch))
+        written.append(quadrant_figure(batch, known[batch.step][1], quadrant, label, stamp))
     except BatchError:
         pass  # the last kept batch is unreadable: the over-steps figure still shows the others
-    written.append(selection_over_steps(run_dir, steps, label, stamp))
+    written.append(selection_over_steps(run_dir, steps, label, stamp, known))
     return [p for p in written if p is not None]
