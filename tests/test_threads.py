@@ -156,13 +156,20 @@ def test_launchers_tell_their_workers_the_key_and_who_shares_the_cores():
     assert parse_launcher({"name": "slurm"}, {}, fail).worker_threads() == WorkerThreads(None, 1)
 
 
-def test_the_slurm_job_script_sets_the_policy_unless_the_job_sets_one(tmp_path):
+def test_the_slurm_job_script_sets_the_policy_unless_the_job_or_its_setup_sets_one(tmp_path):
     slurm = parse_launcher({"name": "slurm", "setup": ["module load x"]}, {}, _raise)
     ex = slurm.executor(tmp_path, "t")
     script = ex._make_submission_file_text("python -u -m submitit.core._submit x", "uid")
     lines = script.splitlines()
     setup = next(i for i, x in enumerate(lines) if "OMP_WAIT_POLICY" in x)
-    assert setup < lines.index("module load x") < next(i for i, x in enumerate(lines) if x.startswith("srun"))
+    assert lines.index("module load x") < setup < next(i for i, x in enumerate(lines) if x.startswith("srun"))
+    user_setup = subprocess.run(  # the user's own setup line, then ours
+        ["bash", "-c", f'export OMP_WAIT_POLICY=ACTIVE\n{lines[setup]}\necho "$OMP_WAIT_POLICY $GOMP_SPINCOUNT"'],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert user_setup.stdout.rstrip("\n") == "ACTIVE "
     for given, expect in (
         ({}, "PASSIVE 30000"),
         ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE "),

@@ -8,8 +8,8 @@ running: `sweep run` again watches them. Job states come from one batched `sacct
 (stare_lab.sweep.liveness.slurm_states, submitit's own query), never from submitit's per-job polling.
 Threads: a task's worker takes `threads_per_worker`, else OMP_NUM_THREADS, else its usable cores
 (its affinity, at most SLURM_CPUS_PER_TASK: `cpus_per_task`); the job script exports
-OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=30000 before the tasks start unless the job's environment
-sets either (stare_lab.sweep.threads).
+OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=30000 after the `setup` lines, before the tasks start,
+unless the job's environment or those lines set either (stare_lab.sweep.threads).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ REQUEUE_GRACE_S = 30.0
 MAX_UNANSWERED = 30
 # A job still live this long after its worker recorded the run's end is cancelled (see SlurmWatch).
 LINGER_S = 20.0
-# The job script's first line: idle OpenMP threads spin 0.3 ms at most unless the job's environment says.
+# The job script's line after `setup`: idle OpenMP threads spin 0.3 ms at most unless the job's environment says.
 WAIT_POLICY_SETUP = (
     f'if [ -z "${{{WAIT_POLICY}}}${{{SPIN_COUNT}}}" ]; '
     f"then export {WAIT_POLICY}={PASSIVE} {SPIN_COUNT}={SHORT_SPIN}; fi",
@@ -114,7 +114,7 @@ class SlurmLauncher(Launcher):
             nodes=self.nodes,
             ntasks_per_node=self.run_tasks_per_node,
             signal_delay_s=self.signal_delay_s,
-            setup=[*WAIT_POLICY_SETUP, *self.setup],
+            setup=[*self.setup, *WAIT_POLICY_SETUP],  # after the user's lines: a policy they export stays
             additional_parameters={"requeue": True, **self.additional},
         )
         if self.gpus_per_node:
