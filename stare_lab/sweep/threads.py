@@ -16,7 +16,7 @@ so a worker that started on idle cores takes one thread for a run that starts be
 Torch's own default (one thread per core of the machine, whatever else runs) is what (3) replaces:
 N local workers each taking every core oversubscribe them N times, and two threads on two cores
 that two other jobs keep busy wait on each other at every parallel region (a 6-run sweep's steps took
-8.6× their idle time, one thread's 1.6×: benchmarks/shared_node.py).
+6-8× their idle time; deciding as above, 2.0×: benchmarks/shared_node.py, docs/performance.md).
 
 Idle OpenMP threads do not spin for long: a worker's environment holds `OMP_WAIT_POLICY=PASSIVE` and,
 for GNU libgomp (torch's OpenMP on Linux), `GOMP_SPINCOUNT=30000` (about 0.3 ms of spinning before a
