@@ -48,7 +48,7 @@ def test_a_rank_on_another_node_is_dead_once_its_heartbeat_stops(tmp_path, monke
     toucher.start()
     t0 = time.time()
     assert zero.peer_failure(wait_s=0.2) is None  # alive and quiet: not dead, waited for STALE_S to tell
-    assert 1.0 <= time.time() - t0 < 3
+    assert time.time() - t0 >= 1.0  # it waited for the heartbeat window (no upper bound: load-dependent)
     stop.set()
     toucher.join()
     line = zero.peer_failure(wait_s=0.2)
