@@ -251,6 +251,21 @@ def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0, only:
     _write_eval(run_dir / "eval", cfg, value)
 
 
+def standin_after_meeting(run_dir: Path, meet_dir: str, workers: int = 2, timeout: float = 120.0) -> None:
+    """standin_execute, but a worker process's first run waits (up to `timeout` s) until `workers`
+    processes have each begun a run: a test of sharing then does not depend on how fast the second
+    worker starts on a loaded machine (one worker could otherwise drain the queue first)."""
+    meet = Path(meet_dir)
+    meet.mkdir(parents=True, exist_ok=True)
+    mine = meet / str(os.getpid())
+    if not mine.exists():
+        mine.touch()
+        deadline = time.monotonic() + timeout
+        while len(list(meet.iterdir())) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
+    standin_execute(run_dir)
+
+
 class FailAt:
     """A TrainerCallback for the real runner: raise at optimizer step N, like a crashing job."""
 

@@ -16,6 +16,7 @@ from sweep_fixtures import (
     crash_method_random,
     metric_steps,
     run_dirs,
+    standin_after_meeting,
     standin_execute,
     use_runner,
     wait_until,
@@ -33,7 +34,7 @@ FOUR = {"method": ["full", "random", "top_entropy", "stare"]}
 
 def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_env, monkeypatch):  # noqa: F811
     path = write_sweep(tmp_path, "queue", grid=FOUR, seeds=[0, 1], launcher={"name": "local", "workers": 2})
-    use_runner(functools.partial(standin_execute, step_s=0.05), monkeypatch.setattr)
+    use_runner(functools.partial(standin_after_meeting, meet_dir=str(tmp_path / "met")), monkeypatch.setattr)
     assert main(["sweep", "run", str(path)]) == 0
     statuses = [read_status(d) for d in run_dirs(tmp_path, "queue")]
     assert len(statuses) == 8 and all(s["state"] == "finished" and s["attempts"] == 1 for s in statuses)
