@@ -86,13 +86,22 @@ def _open_wandb(cfg: DictConfig, run_dir: Path):
 
 
 def evaluate(cfg: DictConfig, run_dir: Path, wandb_run=None) -> None:
-    """Evaluate final/ (every rank) and publish the results and the token page into the run's
-    W&B record (rank 0, into `wandb_run`, left open)."""
+    """Evaluate final/ (every rank); on rank 0, draw the run's selection figures into
+    <run_dir>/figures/ when it kept batches (so that `stare-lab plot` copies them rather than drawing
+    every run's at once), and publish the results and the token page into the run's W&B record (into
+    `wandb_run`, left open)."""
     from stare_lab.eval_run import evaluate_run
 
     if process_count() > 1:
         join_processes(cfg)
     evaluate_run(run_dir, cfg)
+    if process_rank() == 0:
+        from stare_lab.viewer.batch import kept_steps
+
+        if kept_steps(run_dir):  # ~1 s of CPU per run; W&B's token page logs the same files
+            from stare_lab.viewer.figures import plot_selection
+
+            plot_selection(run_dir, run_dir / "figures", processes=1)
     if wandb_run is not None:
         from stare_lab.viewer.wandb_export import publish_run
 
