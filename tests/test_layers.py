@@ -1,0 +1,137 @@
+"""Dependencies point one way: every stare_lab module belongs to one layer, and imports (function
+level included; `if TYPE_CHECKING:` ones, which never run, left out) only from its own layer or the
+layers below it. The three readers of the run record (viewer, analysis, dashboard) share a layer and
+do not import one another, except what sits in a lower layer under their names (the kept-batch file
+format, the trainer's batch hook, the record reader of analysis).
+
+The layers, bottom up (docs/design.md, "Layers"):
+
+0. core types and the record: the token rules and their types, the statistics, the loss types and
+   surrogate, the run record's files, the tasks, the kept-batch file format;
+1. configuration and plans: a run's config, its checks, the built-in model's loading, what a sweep
+   file means (its schema, grid and plan) and the sweep's record on disk, the records read as tables;
+2. training: the statistics of a batch, the trainer and TRL's internals, the evaluation, vLLM,
+   W&B tracking;
+3. readers of records: the token page and figures, the tables and plots, the W&B dashboard;
+4. one run: the runner (train, evaluate, draw, publish);
+5. sweeps: launchers, workers, the driver, search, the server task;
+6. the command line.
+"""
+
+from __future__ import annotations
+
+from test_import_cycles import import_graph
+
+LAYERS: dict[int, tuple[str, ...]] = {
+    0: (
+        "stare_lab.utils",
+        "stare_lab.stats",
+        "stare_lab.loss_types",
+        "stare_lab.surrogate",
+        "stare_lab.record",
+        "stare_lab.figure_stamps",
+        "stare_lab.rule_imports",
+        "stare_lab.methods",
+        "stare_lab.tasks",
+        "stare_lab.viewer.batch",
+    ),
+    1: (
+        "stare_lab.config_schema",
+        "stare_lab.config",
+        "stare_lab.inputs",
+        "stare_lab.models",
+        "stare_lab.sweep.errors",
+        "stare_lab.sweep.keys",
+        "stare_lab.sweep.schema",
+        "stare_lab.sweep.search_spec",
+        "stare_lab.sweep.expand",
+        "stare_lab.sweep.plan",
+        "stare_lab.sweep.records",
+        "stare_lab.sweep.status",
+        "stare_lab.sweep.threads",
+        "stare_lab.sweep.liveness",
+        "stare_lab.sweep.lock",
+        "stare_lab.analysis.collect",
+    ),
+    2: (
+        "stare_lab.signals",
+        "stare_lab.token_weights",
+        "stare_lab.objective",
+        "stare_lab.learning_signal",
+        "stare_lab.distributed",
+        "stare_lab.trl_internals",
+        "stare_lab.trl_loss",
+        "stare_lab.trainer",
+        "stare_lab.evaluation",
+        "stare_lab.vllm_engine",
+        "stare_lab.vllm_server",
+        "stare_lab.tracking",
+        "stare_lab.eval_run",
+        "stare_lab.viewer.collect",
+    ),
+    3: ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard"),
+    4: ("stare_lab.runner",),
+    5: ("stare_lab.sweep",),
+    6: ("stare_lab.cli", "stare_lab.deferred", "stare_lab"),
+}
+READERS = ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard")
+
+# Imports that go up today, each to be removed by the change that moves the code; empty it then.
+KNOWN: set[tuple[str, str]] = {
+    ("stare_lab.config_schema", "stare_lab.vllm_engine"),
+    ("stare_lab.runner", "stare_lab.sweep.server_task"),
+    ("stare_lab.sweep.expand", "stare_lab.sweep.server_task"),
+    ("stare_lab.sweep.schema", "stare_lab.sweep.launchers"),
+}
+
+
+def home(module: str) -> tuple[int, str]:
+    """(layer, the longest prefix of LAYERS that names `module`)."""
+    found = [
+        (len(p), layer, p) for layer, ps in LAYERS.items() for p in ps if module == p or module.startswith(p + ".")
+    ]
+    assert found, f"{module} is in no layer: add it to LAYERS"
+    _, layer, prefix = max(found)
+    return layer, prefix
+
+
+def _reader(prefix: str) -> str | None:
+    return next((r for r in READERS if prefix == r), None)
+
+
+def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importer, imported) pairs that go to a higher layer, or across readers."""
+    found = set()
+    for module, deps in graph.items():
+        layer, prefix = home(module)
+        for dep in deps:
+            if dep == "stare_lab":
+                continue
+            dep_layer, dep_prefix = home(dep)
+            across = _reader(prefix) and _reader(dep_prefix) and _reader(prefix) != _reader(dep_prefix)
+            if dep_layer > layer or across:
+                found.add((module, dep))
+    return found
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        home(module)
+
+
+def test_the_layer_check_sees_an_upward_import_and_one_across_readers():
+    graph = {
+        "stare_lab.trainer": {"stare_lab.runner", "stare_lab.methods"},
+        "stare_lab.viewer.page": {"stare_lab.analysis.plots"},
+    }
+    assert upward(graph) == {
+        ("stare_lab.trainer", "stare_lab.runner"),
+        ("stare_lab.viewer.page", "stare_lab.analysis.plots"),
+    }
+    assert upward({"stare_lab.viewer.page": {"stare_lab.analysis.collect", "stare_lab.viewer.batch"}}) == set()
+
+
+def test_imports_point_down():
+    found = upward(import_graph())
+    assert found <= KNOWN, f"imports to a higher layer: {sorted(found - KNOWN)}"
+    assert not KNOWN - found, f"KNOWN lists imports that are gone; remove them: {sorted(KNOWN - found)}"
