@@ -6,16 +6,16 @@ format, the trainer's batch hook, the record reader of analysis).
 
 The layers, bottom up (docs/design.md, "Layers"):
 
-0. core types and the record: the token rules and their types, the statistics, the loss types and
+1. core types and the record: the token rules and their types, the statistics, the loss types and
    surrogate, the run record's files, the tasks, the kept-batch file format;
-1. configuration and plans: a run's config, its checks, the built-in model's loading, what a sweep
+2. configuration and plans: a run's config, its checks, the built-in model's loading, what a sweep
    file means (its schema, grid and plan) and the sweep's record on disk, the records read as tables;
-2. training: the statistics of a batch, the trainer and TRL's internals, the evaluation, vLLM,
+3. training: the statistics of a batch, the trainer and TRL's internals, the evaluation, vLLM,
    W&B tracking;
-3. readers of records: the token page and figures, the tables and plots, the W&B dashboard;
-4. one run: the runner (train, evaluate, draw, publish);
-5. sweeps: launchers, workers, the driver, search, the server task;
-6. the command line.
+4. readers of records: the token page and figures, the tables and plots, the W&B dashboard;
+5. one run: the runner (train, evaluate, draw, publish);
+6. sweeps: launchers, workers, the driver, search, the server task;
+7. the command line.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from test_import_cycles import import_graph
 
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: (
+    1: (
         "stare_lab.utils",
         "stare_lab.stats",
         "stare_lab.loss_types",
@@ -35,7 +35,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "stare_lab.tasks",
         "stare_lab.viewer.batch",
     ),
-    1: (
+    2: (
         "stare_lab.config_schema",
         "stare_lab.config",
         "stare_lab.inputs",
@@ -53,7 +53,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "stare_lab.sweep.lock",
         "stare_lab.analysis.collect",
     ),
-    2: (
+    3: (
         "stare_lab.signals",
         "stare_lab.token_weights",
         "stare_lab.objective",
@@ -69,10 +69,10 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "stare_lab.eval_run",
         "stare_lab.viewer.collect",
     ),
-    3: ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard"),
-    4: ("stare_lab.runner",),
-    5: ("stare_lab.sweep",),
-    6: ("stare_lab.cli", "stare_lab.deferred", "stare_lab"),
+    4: ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard"),
+    5: ("stare_lab.runner",),
+    6: ("stare_lab.sweep",),
+    7: ("stare_lab.cli", "stare_lab.deferred", "stare_lab"),
 }
 READERS = ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard")
 
