@@ -9,9 +9,11 @@ Two sweeps are trained once into --dir and reused:
 
 Each command is a fresh `stare-lab ...` process, timed over --reps runs (median wall-clock seconds,
 and the CPU seconds of that run); the baseline, measured in the same run, is a process that only
-imports torch. `plot` is timed three ways: every figure drawn (an empty output folder), nothing
-changed since the last `plot` (every figure kept by its stamp), and the runs' own selection figures
-present (what a run with W&B on draws when it publishes its token page: copied). Last, evaluation
+imports torch. `plot` is timed three ways: a fresh sweep (an empty output folder; each run drew its
+two selection figures at its end, as the runner does for a run that kept batches, and `plot` copies
+them), nothing changed since the last `plot` (every figure kept by its stamp), and runs without
+figures of their own (records written before runs drew them: every figure drawn). A run's own
+drawing is timed too. Last, evaluation
 throughput of the built-in model at eval.batch_size 64, 256 and 1,024 (avg@32 on its 200 held-out
 problems, one thread and the usable cores). Targets (issue 30): `plot` of the 6 × 3 sweep ≤ 10 s,
 `table` ≤ 1.0 s, `view`'s refusals ≤ 0.5 s, on the 2-core machine.
@@ -166,21 +168,29 @@ def main() -> None:
         for cfg in runs:
             shutil.rmtree(cfg.parent / "figures", ignore_errors=True)
 
-    wall, cpu = timed_cpu(plot, a.dir, a.reps, 0, before=empty)
-    drawn = len(list(figures.glob("*.png")))
-    line(f"plot 6 × 3, all {drawn} figures drawn", wall, cpu, base, 10.0)
-    wall, cpu = timed_cpu(plot, a.dir, a.reps, 0)
-    line("plot 6 × 3, nothing changed (all kept)", wall, cpu, base, 10.0)
+    from stare_lab.viewer.figures import plot_selection
 
     def runs_drew_their_own() -> None:
-        empty()
-        from stare_lab.viewer.figures import plot_selection
-
+        shutil.rmtree(figures, ignore_errors=True)
         for cfg in runs:
-            plot_selection(cfg.parent, cfg.parent / "figures")
+            plot_selection(cfg.parent, cfg.parent / "figures", processes=1)
+
+    own = []  # what a run that kept batches does at its end (stare_lab.runner.evaluate): its two figures
+    for cfg in runs[: a.reps]:
+        shutil.rmtree(cfg.parent / "figures", ignore_errors=True)
+        t0 = time.perf_counter()
+        plot_selection(cfg.parent, cfg.parent / "figures", processes=1)
+        own.append(time.perf_counter() - t0)
+    median = sorted(own)[len(own) // 2]
+    print(f"a run's own selection figures, drawn at its end: {median:.2f} s (median of {len(own)} runs)")
 
     wall, cpu = timed_cpu(plot, a.dir, a.reps, 0, before=runs_drew_their_own)
-    line("plot 6 × 3, the runs' own figures copied", wall, cpu, base, 10.0)
+    line("plot 6 × 3, a fresh sweep (the runs' own figures copied)", wall, cpu, base, 10.0)
+    wall, cpu = timed_cpu(plot, a.dir, a.reps, 0)
+    line("plot 6 × 3, nothing changed (all kept)", wall, cpu, base, 10.0)
+    wall, cpu = timed_cpu(plot, a.dir, a.reps, 0, before=empty)
+    drawn = len(list(figures.glob("*.png")))
+    line(f"plot 6 × 3, runs without figures of their own: all {drawn} drawn", wall, cpu, base, 10.0)
 
     if not a.skip_eval:
         run_dir = next((a.dir / "runs" / "startup").glob("*/final")).parent
