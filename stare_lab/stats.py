@@ -15,9 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-import torch
-
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: the command line checks rules, and the viewer refuses, before torch is imported
     from torch import Tensor
 
 # How the statistics pass obtains a statistic (signals/statistics.py dispatches on it):
@@ -139,5 +137,7 @@ def check_known(names: frozenset[str] | set[str], who: str = "") -> None:
 
 def positions(mask: Tensor) -> Tensor:
     """[B, T] long: index of each token within its completion (0-based)."""
+    import torch  # deferred: this module is read by refusals that must not import torch
+
     B, T = mask.shape
     return torch.arange(T, device=mask.device).expand(B, T)

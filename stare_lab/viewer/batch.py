@@ -38,12 +38,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from stare_lab.stats import TokenStats
+
+if TYPE_CHECKING:  # annotations only: the viewer's refusals (no batch kept) must not import torch
+    import torch
+    from torch import Tensor
 
 BATCH_DIR = "batches"
 FORMAT = "stare_lab.batch/1"
@@ -212,6 +213,7 @@ def save_batch(
     loss_record: dict[str, Any] | None = None,  # collect.LossRecord.payload(): the training loss's record
 ) -> Path:
     """Write one batch record atomically (temp file + rename); returns its path."""
+    import torch  # deferred: torch only when a batch is written or read, never for a refusal
     from safetensors.torch import save_file
 
     B, T = completion_ids.shape
@@ -264,6 +266,8 @@ def save_batch(
 
 def _loss_tensors(record: dict[str, Any], tensors: dict[str, Tensor], shape: tuple[int, int]) -> dict[str, Any]:
     """Put the loss record's tensors into `tensors` (module docstring); returns its header."""
+    import torch  # deferred: torch only when a batch is written
+
     B, T = shape
 
     def put(name: str, value: Tensor | None, dtype: torch.dtype, want: tuple[int, ...]) -> None:
@@ -320,9 +324,11 @@ def _loss_record(header: dict[str, Any], tensors: dict[str, Tensor]) -> list[Upd
 
 
 def _jsonable(value: Any) -> Any:
+    import torch  # deferred: called only by save_batch, which has imported torch already
+
     if isinstance(value, (tuple, set, frozenset)):
         return list(value)
-    if isinstance(value, Tensor):
+    if isinstance(value, torch.Tensor):
         return value.tolist()
     return str(value)
 
