@@ -1,6 +1,24 @@
 """Shared test settings (no network, quiet libraries, deterministic threads) and the shared fixtures.
 
-The fixtures build what a trainer test needs from tests/fixtures_trainer.py (read it for the values):
+The folders mirror the package (each on sys.path through pyproject's `pythonpath`, so a test module
+imports the helpers, and another test module, by its bare name; basenames stay unique):
+
+- tests/ (top level): the package as a whole: its layers, no import cycle, docs that stay inside, the wheel.
+- tests/methods/: the rules (stare_lab/methods): each against its references, invariants, rules kept outside.
+- tests/signals/: per-token statistics (stare_lab/signals) and where a rule's statistics come from.
+- tests/training/: the trainer, the loss and TRL parity, micro-batches, distributed training, kept batches.
+- tests/run/: one run: the command line, config, inputs, record, tracking, evaluation, the demo end to end.
+- tests/tasks/: the tasks and the built-in model (stare_lab/tasks, stare_lab/models).
+- tests/sweep/: sweeps (stare_lab/sweep): launchers, queue, search, liveness, reliability, threads.
+- tests/multinode/: runs over several processes and Slurm nodes (the slurm/multinode marks skip without a cluster).
+- tests/viewer/: the token page, kept batches on the command line, selection figures, W&B export.
+- tests/analysis/: tables, comparisons and plots over run folders (stare_lab/analysis).
+- tests/dashboard/: the sweep's W&B dashboard (stare_lab/dashboard).
+- tests/support/: helper modules shared by the tests and the processes they start (no tests), and
+  tests/support/official_field/ (official code of the field rules, ported for comparison).
+- tests/vllm_tests/: the vLLM tests, run by .venv-vllm; tests/trl_vendor/: TRL's own GRPO tests on our trainer.
+
+The fixtures build what a trainer test needs from tests/support/fixtures_trainer.py (read it for the values):
 
 - `tiny_lm`: (tokenizer, tiny random Qwen2), built once per test module; copy the model before training it.
 - `builtin_lm`: (tokenizer, the shipped trained built-in model), once per test module.

@@ -1,6 +1,6 @@
 """The vLLM tests run in the `vllm` extra's own environment (.venv-vllm, `make vllm-env`):
 `make test` runs them there with .venv-vllm/bin/python. In an environment without vLLM (the main
-.venv) this folder is not collected; tests/test_vllm_env.py says there whether the vllm env exists
+.venv) this folder is not collected; tests/run/test_vllm_env.py says there whether the vllm env exists
 (a skip naming `make vllm-env`, a failure under CI=1).
 
 One engine for the whole session: `vllm_engine.reuse_engines()` hands every trainer the engine the

@@ -1,0 +1,237 @@
+"""The trainer's loss equals `objective.token_loss` for every registered rule, and a rule that changes the
+loss composes with every TRL feature (issue 17; DESIGN.md §4).
+
+1. For each rule of `list_methods()` (seed rules and the field's): the loss `TokenRuleGRPOTrainer` back-
+   propagates for one micro-batch of a real (tiny) model, off-policy (old log-probs that differ from the
+   current ones, so ratios and clips bite), equals `token_loss(rule, stats, state, logp)` in value and in
+   gradient w.r.t. the model's parameters.
+2. A loss-changing rule whose policy term is PPO's clipped surrogate itself ("ppo twin") gives TRL's own
+   loss and gradient under every feature of tests/training/test_loss_compose.py (vLLM IS ratio, off-policy mask,
+   entropy bonus, KL with bias correction, two-sided clipping, every PPO loss type, MoE aux loss there):
+   the correction of `trl_loss.surrogate_change` cancels and everything else stays TRL's.
+3. Compositions that cannot be composed honestly are refused with one line, and Lopti's two passes
+   train each phase's tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from test_loss_compose import FEATURES, current_logps, generation_batch, length_reward, one_thread, setup  # noqa: F401
+from trl import GRPOConfig
+
+from stare_lab.methods import LossTerms, get_method, list_methods
+from stare_lab.methods.full import Params as FullParams
+from stare_lab.methods.registry import Rule, RuleOutput, _Entry
+from stare_lab.objective import clipped_surrogate, token_loss
+from stare_lab.token_weights import apply_rule, microbatch_stats
+from stare_lab.trainer import TokenRuleGRPOTrainer
+
+G = 4
+T_MAX = 12
+
+
+def make_trainer(setup, tmp_path, rule, **kw):
+    tok, model, saved, task = setup
+    ref = kw.pop("ref", False)
+    vllm = kw.pop("vllm", None)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=G,
+        gradient_accumulation_steps=1,
+        max_completion_length=T_MAX,
+        max_steps=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        save_strategy="no",
+        disable_tqdm=True,
+        **{"epsilon_high": 0.28, **kw},
+    )
+    ds = task.train_dataset()
+    trainer = TokenRuleGRPOTrainer(
+        model=saved if ref else copy.deepcopy(model),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        rule=rule if isinstance(rule, Rule) else get_method(rule),
+    )
+    batch = generation_batch(trainer, ds, vllm)  # off-policy old and sampling log-probs, IS ratios
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    if vllm:
+        trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+        trainer.vllm_importance_sampling_mode = vllm
+    return trainer, batch
+
+
+def grads(trainer, loss):
+    trainer.model.zero_grad()
+    loss.backward()
+    return [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+
+def logp_with_grad(trainer, batch):
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    am = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    return trainer._get_per_token_logps_and_entropies(
+        trainer.model, ids, am, batch["completion_ids"].size(1), compute_entropy=True
+    )[:2]
+
+
+def reference_stats(trainer, batch):
+    """The statistics the trainer's rule sees for this batch: the rollout pass (scope batch, group,
+    sequence), or the training forward's own, detached (scope microbatch and token), with the batch's
+    old log-probs; the current policy's entropy for a loss-changing rule's `loss` (token_loss reads it)."""
+    rule = trainer.rule
+    logp, entropies, _ = current_logps(trainer, batch)
+    if trainer.selects_in_loss:
+        stats = microbatch_stats(rule.needs_for(trainer.trainer_values), batch, entropies, logp, 0)
+    else:
+        stats, _ = trainer._token_stats(batch)
+    if rule.changes_loss:
+        stats = dataclasses.replace(stats, entropy=entropies.float())
+    if stats.old_logp is None:
+        stats = dataclasses.replace(stats, old_logp=batch["old_per_token_logps"])
+    if trainer.beta != 0.0:
+        stats = dataclasses.replace(stats, ref_logp=batch["ref_per_token_logps"])
+    return stats
+
+
+def assert_trainer_equals_token_loss(trainer, batch, iteration=0):
+    rule = trainer.rule
+    state = copy.deepcopy(trainer.rule_state)
+    state.iteration = iteration
+    if not trainer.selects_in_loss:  # the generation batch's weights, from the statistics with these old log-probs
+        stats, _ = trainer._token_stats(batch)
+        batch.update(apply_rule(rule, copy.deepcopy(state), stats, trainer.accelerator).inputs)
+    stats = reference_stats(trainer, batch)
+    loss = trainer._compute_loss(trainer.model, batch)
+    got = grads(trainer, loss)
+    logp, _ = logp_with_grad(trainer, batch)
+    want_loss = token_loss(rule, stats, state, logp, max_completion_length=T_MAX)
+    want = grads(trainer, want_loss)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=2e-5, abs=1e-7), rule.name
+    assert len(got) == len(want) and any(g.abs().sum() > 0 for g in got)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-4, atol=2e-7)
+    return loss
+
+
+@pytest.mark.parametrize("name", list_methods())
+def test_trainer_loss_equals_token_loss_for_every_rule(setup, tmp_path, name):
+    trainer, batch = make_trainer(setup, tmp_path, name, num_iterations=get_method(name).iterations)
+    assert_trainer_equals_token_loss(trainer, batch)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("name", ["kl_cov", "dppo", "ce_gppo", "archer", "clip_cov", "adv_reweight"])
+def test_loss_changing_rules_equal_token_loss_for_each_loss_type(setup, tmp_path, name, loss_type):
+    trainer, batch = make_trainer(setup, tmp_path, name, loss_type=loss_type)
+    assert_trainer_equals_token_loss(trainer, batch)
+
+
+def test_archer_replaces_trls_kl_with_its_own_means(setup, tmp_path):
+    """β > 0: Archer's KL means over its token sets replace TRL's β·k3 (value and gradient as token_loss)."""
+    trainer, batch = make_trainer(setup, tmp_path, "archer", beta=0.04, ref=True)
+    archer_loss = assert_trainer_equals_token_loss(trainer, batch)
+    # the same batch under plain TRL's KL differs by the KL terms: Archer's is not TRL's
+    full, _ = make_trainer(setup, tmp_path, "full", beta=0.04, ref=True)
+    assert abs(archer_loss.item() - full._compute_loss(full.model, batch).item()) > 1e-6
+    m = trainer._metrics["train"]
+    assert m["rule/widened_frac"][-1] + m["rule/penalised_frac"][-1] == pytest.approx(1.0)
+
+
+def test_lopti_second_pass_trains_the_other_phase(setup, tmp_path):
+    trainer, batch = make_trainer(setup, tmp_path, "lopti", num_iterations=2)
+    # the tiny model gives every token π_old < 0.5: η at the batch's median π_old splits it in halves
+    prob = batch["old_per_token_logps"].exp()[batch["completion_mask"] > 0]
+    trainer.rule = get_method("lopti", eta=float(prob.median()), alpha=0.3)  # AR+Lopti
+    first = dict(batch)
+    assert_trainer_equals_token_loss(trainer, first, iteration=0)
+    w0 = first["token_weights"].clone()
+    trainer._step = trainer.args.steps_per_generation  # TRL's second pass over the buffered batch
+    second = dict(batch)
+    assert_trainer_equals_token_loss(trainer, second, iteration=1)
+    w1 = second["token_weights"]
+    mask = batch["completion_mask"]
+    assert torch.equal((w0 > 0).float() + (w1 > 0).float(), mask) and 0 < w0.sum() < w1.sum() + w0.sum()
+    assert ((w0 + w1)[mask > 0] < 1).all() and ((w0 + w1)[mask > 0] >= 0.7).all()  # × adv_reweight's w ∈ [0.7, 1]
+    m = trainer._metrics["train"]
+    assert m["rule/phase"][-2:] == [1.0, 2.0]
+
+
+# ---- a loss-changing rule whose policy term is PPO's own surrogate: TRL's loss under every feature ----
+def ppo_twin(delta: float | None = None, scale: float = 1.0) -> Rule:
+    """A rule that changes the loss to `scale` × PPO's clipped surrogate, as TRL computes it."""
+
+    def weights(stats, state, p):
+        return RuleOutput(weights=stats.mask.clone(), normalize="loss_type")
+
+    def loss(batch, p):
+        t = batch.trainer
+        policy, _ = clipped_surrogate(
+            batch.logp, batch.old_logp, batch.advantages, t.epsilon_low, t.epsilon_high, delta
+        )
+        return LossTerms(policy=scale * policy)
+
+    return Rule(_Entry(f"ppo_twin_{scale}", FullParams, weights, frozenset(), None, loss=loss), FullParams())
+
+
+PPO_FEATURES = [f for f, kw in FEATURES.items() if kw.get("loss_type", "dapo") in ("grpo", "bnpo", "dr_grpo", "dapo")]
+PPO_FEATURES = [f for f in PPO_FEATURES if "sequence" not in str(FEATURES[f].get("importance_sampling_level"))]
+
+
+@pytest.mark.parametrize("feature", PPO_FEATURES)
+def test_a_rule_changing_the_surrogate_to_ppos_own_gives_trls_loss(setup, tmp_path, feature):
+    kw = dict(FEATURES[feature])
+    twin = ppo_twin(kw.get("delta"))
+    full, batch = make_trainer(setup, tmp_path, "full", **copy.deepcopy(kw))
+    ours, _ = make_trainer(setup, tmp_path, twin, **copy.deepcopy(kw))
+    if ours.use_adaptive_entropy:
+        full._last_world_entropy = ours._last_world_entropy = 0.0
+    want_loss = full._compute_loss(full.model, dict(batch))
+    want = grads(full, want_loss)
+    loss = ours._compute_loss(ours.model, dict(batch))
+    got = grads(ours, loss)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5, abs=1e-7)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    # and a rule whose policy differs changes the loss by exactly its aggregated difference
+    doubled = ppo_twin(kw.get("delta"), scale=2.0)
+    ours2, _ = make_trainer(setup, tmp_path, doubled, **copy.deepcopy(kw))
+    if ours2.use_adaptive_entropy:
+        ours2._last_world_entropy = 0.0
+    twice = ours2._compute_loss(ours2.model, dict(batch)).item()
+    no_policy = ppo_twin(kw.get("delta"), scale=0.0)
+    ours0, _ = make_trainer(setup, tmp_path, no_policy, **copy.deepcopy(kw))
+    if ours0.use_adaptive_entropy:
+        ours0._last_world_entropy = 0.0
+    rest = ours0._compute_loss(ours0.model, dict(batch)).item()  # KL, entropy bonus, aux loss only
+    assert twice - rest == pytest.approx(2 * (want_loss.item() - rest), rel=1e-4, abs=1e-6)
+
+
+# ---- refusals: one line, at construction (and at resolve time for what a config can set) -------------
+@pytest.mark.parametrize(
+    "name, kw, match",
+    [
+        ("dppo", {"loss_type": "cispo", "epsilon_high": 1.1}, "dppo.*replaces PPO's clipped surrogate.*cispo"),
+        ("archer", {"loss_type": "sapo"}, "archer.*sapo"),
+        ("ce_gppo", {"delta": 3.0}, "ce_gppo.*delta=3.0"),
+        ("kl_cov", {"importance_sampling_level": "sequence"}, "kl_cov.*per sequence"),
+        ("clip_cov", {"delta": 2.0}, "clip_cov.*no dual clip"),
+        ("adv_reweight", {"loss_type": "vespo"}, "adv_reweight.*vespo"),
+        ("lopti", {"num_iterations": 1}, "lopti.*num_iterations=1"),
+        ("lopti", {"num_iterations": 2, "beta": 0.04, "ref": True}, "lopti.*beta"),
+    ],
+)
+def test_compositions_that_do_not_compose_are_refused(setup, tmp_path, name, kw, match):
+    with pytest.raises(ValueError, match=match):
+        make_trainer(setup, tmp_path, name, **kw)
