@@ -19,7 +19,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from trl import GRPOTrainer
 
 from stare_lab import distributed, objective, trl_internals, trl_loss
 from stare_lab.loss_types import AGGREGATIONS, RANKS
@@ -43,6 +42,8 @@ from stare_lab.token_weights import (
     token_fractions,
 )
 from stare_lab.utils import atomic_write_json
+from stare_lab.viewer.batch import batch_path, save_batch
+from stare_lab.viewer.collect import KEPT_ROW, LossRecord, kept_batch_fields
 
 
 class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
@@ -128,7 +129,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         # selection per process (the official codes) or over the micro-batches of every rank
         self.microbatch_aggregation = check_choice("microbatch_aggregation", microbatch_aggregation, AGGREGATIONS)
         self.microbatch_ranks = check_choice("microbatch_ranks", microbatch_ranks, RANKS)
-        self._loss_record = None  # viewer.collect.LossRecord of the kept batch being trained on, if any
+        self._loss_record: LossRecord | None = None  # the loss's record of the kept batch being trained on, if any
         self._microbatch_metrics: dict[str, float] = {}  # the rule's metrics of the last micro-batch (scope microbatch)
         # the last generation's metrics, carried to the steps that train on its batch without generating (`log`)
         self._generation_values: dict[str, float] = {}
@@ -143,7 +144,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         return self.rule.step_needs_for(values) if self.selects_in_loss else self.rule.needs_for(values)
 
     # ---- one generation batch: generate → statistics → rule → metrics ----------------------------
-    def generation_batch(self, inputs):
+    def generation_batch(self, inputs: list[dict]) -> dict:
         """TRL generates, scores and computes advantages (with the statistics source armed on its one call);
         then the rule's statistics, the rule, and its metrics; the weights join the batch dict TRL returns,
         which TRL shuffles and splits with the rest (so weights never depend on the micro-batch split)."""
@@ -188,7 +189,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         state_before = self.rule_state.to_dict() if keep else None  # the rule updates its memory in place
         applied = apply_rule(self.rule, self.rule_state, local, self.accelerator)
         out.update(applied.inputs)
-        if keep:
+        if state_before is not None:
             self._keep_batch(out, applied.stats, state_before, applied.weights)
         entropy_mean = self._global_mean(rollout_entropy, local.mask) if rollout_entropy is not None else None
         self._log_rule_metrics("train" if self.model.training else "eval", applied, entropy_mean)
@@ -239,9 +240,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         trained with. A rule that chooses its tokens in the loss or changes the loss gets the loss's record
         too (`viewer.collect.LossRecord`: the training forward's statistics, weights, selected and touched
         tokens of every micro-batch of every pass), filled by `micro_batch_loss`."""
-        from stare_lab.viewer.batch import batch_path, save_batch
-        from stare_lab.viewer.collect import KEPT_ROW, LossRecord, kept_batch_fields
-
+        assert self.run_dir is not None, "__init__ refuses keep_batches_every > 0 without run_dir"
         step = self.state.global_step
         fields = kept_batch_fields(self, out, stats, rule_state=state_before, trained_weights=weights)
         path = batch_path(self.run_dir, step)
@@ -249,8 +248,8 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
             if fields is not None:
                 save_batch(path, step, **fields)
             return
-        self._loss_record = LossRecord(self, fields, path, step, out)
-        self._loss_record.save()
+        record = self._loss_record = LossRecord(self, fields, path, step, out)
+        record.save()
         ids = out["completion_ids"]
         out[KEPT_ROW] = torch.arange(ids.size(0), device=ids.device)
 
@@ -373,7 +372,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
             self.accelerator,
             gather=self.microbatch_ranks == "gathered" and not per_token_scope(self.rule),
             total_scale=microbatch_total_scale(
-                self.microbatch_ranks, self.accelerator.num_processes, self.args.steps_per_generation if training else 1
+                self.microbatch_ranks, self.accelerator.num_processes, self.steps_per_generation if training else 1
             ),
         )
         self._log_rule_metrics("train" if training else "eval", applied, None)
@@ -400,10 +399,10 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         `trl_internals.micro_batches_done` counts micro-batches, advanced after the loss); 0 in evaluation."""
         if not self.model.training:
             return 0
-        return (trl_internals.micro_batches_done(self) // self.args.steps_per_generation) % self.num_iterations
+        return (trl_internals.micro_batches_done(self) // self.steps_per_generation) % self.num_iterations
 
     # ---- loss -------------------------------------------------------------------------------
-    def micro_batch_loss(self, model, inputs):
+    def micro_batch_loss(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
         """One micro-batch's loss: TRL's own loss with the rule's weights in its per-token mask slot
         (objective.trainer_loss), the terms of a rule that changes the loss added (trl_loss.surrogate_change),
         then the metrics. A rule that runs in the loss, or changes it, chooses in TRL's slot, right after TRL's
@@ -449,12 +448,10 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
 
     def _record_loss(self, inputs: dict, forward: dict, touched: dict, loss_metrics: dict) -> None:
         """This micro-batch into the kept batch's loss record, when it is one of that batch's rows."""
-        from stare_lab.viewer.collect import KEPT_ROW
-
-        if KEPT_ROW not in inputs:
+        record = self._loss_record
+        if record is None or KEPT_ROW not in inputs:
             return
         metrics = {**(self._microbatch_metrics if self.selects_in_loss else {}), **loss_metrics}
-        record = self._loss_record
         record.add(inputs, forward["logp"], forward["entropy"], touched, metrics, self.state.global_step + 1)
         if record.done:
             self._loss_record = None
@@ -541,7 +538,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         self.rule_state.trainer = self.trainer_values
 
 
-def _check_supported(t: GRPOTrainer) -> None:
+def _check_supported(t: trl_internals.GRPOSteps) -> None:
     """Refuse the TRL features that do not compose with token weights, each with its reason (docs/trl_parity.md)."""
     problems = trl_loss.refusals(t)
     if problems:

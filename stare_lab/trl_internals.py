@@ -58,9 +58,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 TRL_VERSION = "1.16.0"
 TRANSFORMERS_VERSION = "5.24.0"
@@ -75,6 +75,22 @@ class GRPOSteps(GRPOTrainer):
     A subclass defines `generation_batch`, `micro_batch_loss` and `before_checkpoint`; by default each is
     TRL's own. `trl_generation_batch` is TRL's generation, scoring and advantages.
     """
+
+    # What TRL's __init__ sets, typed as a GRPO trainer has them: transformers types `args` as any Trainer's
+    # TrainingArguments and `model` as optional; GRPOConfig types num_generations and max_completion_length
+    # as optional, but TRL divides by the one and pads to the other, so a constructed trainer has both.
+    args: GRPOConfig
+    model: nn.Module
+    num_generations: int
+    max_completion_length: int
+
+    @property
+    def steps_per_generation(self) -> int:
+        """Micro-batches per generation batch on each process (GRPOConfig.__post_init__ resolves it from
+        generation_batch_size or gradient_accumulation_steps, so it is never None once the config exists)."""
+        steps = self.args.steps_per_generation
+        assert steps is not None, "GRPOConfig resolves steps_per_generation in __post_init__"
+        return steps
 
     def _generate_and_score_completions(self, inputs):  # reach 1
         return self.generation_batch(inputs)

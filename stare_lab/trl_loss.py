@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from trl import GRPOTrainer
 
 from stare_lab import trl_internals
 from stare_lab.loss_types import (
@@ -79,7 +78,7 @@ def selected_scale(loss_type: str, weights: Tensor, mask: Tensor, num_items: Ten
     return torch.where(sums > 0, counts / torch.where(sums > 0, sums, torch.ones_like(sums)), torch.zeros_like(sums))
 
 
-def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str, aggregation: str = "trl") -> Tensor:
+def loss_weights(trainer: trl_internals.GRPOSteps, inputs: dict, normalize: str, aggregation: str = "trl") -> Tensor:
     """The tensor to put in TRL's slot: the rule's weights, rescaled for normalize="selected", or for
     aggregation="verl" (scope microbatch: `verl_scale`). [B, T]"""
     weights = inputs["token_weights"]
@@ -95,7 +94,9 @@ def loss_weights(trainer: GRPOTrainer, inputs: dict, normalize: str, aggregation
     return weights * scale
 
 
-def verl_scale(trainer: GRPOTrainer, weights: Tensor, mask: Tensor, num_items: Tensor, normalize: str) -> Tensor:
+def verl_scale(
+    trainer: trl_internals.GRPOSteps, weights: Tensor, mask: Tensor, num_items: Tensor, normalize: str
+) -> Tensor:
     """Factor c with TRL's generation-batch denominator / c = verl's legacy dp_actor token-mean of this micro-batch.
 
     verl (`dp_actor.update_policy` with `agg_loss(..., "token-mean")`): each micro-batch's loss is
@@ -111,14 +112,14 @@ def verl_scale(trainer: GRPOTrainer, weights: Tensor, mask: Tensor, num_items: T
     d = (weights * m).sum() if normalize == "selected" else m.sum()
     trl_denominator = num_items.float().clamp(min=1.0) / trainer.accelerator.num_processes
     if trainer.model.training:
-        trl_denominator = (
-            trl_denominator * trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
-        )
+        trl_denominator = trl_denominator * trainer.current_gradient_accumulation_steps / trainer.steps_per_generation
         d = d * trainer.current_gradient_accumulation_steps
     return torch.where(d > 0, trl_denominator / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(d))
 
 
-def gradient_geometry(trainer: GRPOTrainer, model, inputs: dict, weighted_loss: Tensor) -> tuple[float, float]:
+def gradient_geometry(
+    trainer: trl_internals.GRPOSteps, model, inputs: dict, weighted_loss: Tensor
+) -> tuple[float, float]:
     """Cosine and norm ratio of the weighted loss's gradient against plain TRL's on the same micro-batch.
 
     The full-token loss is TRL's loss with the completion mask in the slot (a second forward, whose
@@ -144,7 +145,9 @@ def gradient_geometry(trainer: GRPOTrainer, model, inputs: dict, weighted_loss: 
 
 
 # ---- a rule that changes the loss (registry `loss=`): its terms added to TRL's own loss ---------------
-def surrogate_change(trainer: GRPOTrainer, inputs: dict, logp: Tensor, slot: Tensor, terms: LossTerms) -> Tensor:
+def surrogate_change(
+    trainer: trl_internals.GRPOSteps, inputs: dict, logp: Tensor, slot: Tensor, terms: LossTerms
+) -> Tensor:
     """[B, T] the per-token term whose TRL aggregation, added to TRL's loss with `slot` in its weight slot,
     puts the rule's policy term in place of TRL's clipped surrogate (and, for `drops_kl`, removes TRL's β·KL).
 
@@ -180,7 +183,7 @@ def surrogate_change(trainer: GRPOTrainer, inputs: dict, logp: Tensor, slot: Ten
     return change
 
 
-def trl_aggregate(trainer: GRPOTrainer, per_token: Tensor, inputs: dict) -> Tensor:
+def trl_aggregate(trainer: trl_internals.GRPOSteps, per_token: Tensor, inputs: dict) -> Tensor:
     """TRL 1.16's aggregation of a per-token loss [B, T] for `trainer.loss_type` with this trainer's
     accumulation and processes (`objective.aggregate_tokens`: the loss type's denominator of `mask`'s token
     counts; eval: no accumulation, as TRL's)."""
@@ -194,18 +197,18 @@ def trl_aggregate(trainer: GRPOTrainer, per_token: Tensor, inputs: dict) -> Tens
         max_completion_length=trainer.max_completion_length,
         generation_total=inputs.get("num_items_in_batch"),
         num_processes=trainer.accelerator.num_processes,
-        steps_per_generation=trainer.args.steps_per_generation if training else 1,
+        steps_per_generation=trainer.steps_per_generation if training else 1,
     )
 
 
-def own_term(trainer: GRPOTrainer, terms: LossTerms) -> Tensor | float:
+def own_term(trainer: trl_internals.GRPOSteps, terms: LossTerms) -> Tensor | float:
     """The rule's term with its own denominator, scaled for gradient accumulation as TRL's entropy bonus."""
     if terms.own is None:
         return 0.0
     return terms.own / (trainer.current_gradient_accumulation_steps if trainer.model.training else 1.0)
 
 
-def refusals(trainer: GRPOTrainer) -> list[str]:
+def refusals(trainer: trl_internals.GRPOSteps) -> list[str]:
     """TRL features that do not compose with token weights, each with its one-line reason."""
     problems = []
     if trainer.top_entropy_quantile < 1.0:

@@ -71,7 +71,9 @@ def stats_for_all_rules(
                 have[name] = value.float()
         if stats.attn_entropy is not None and run_rule is not None:
             have[attn_key(resolve_layers(base, run_rule.attn_layers))] = stats.attn_entropy.float()
-    kw = dict(num_generations=num_generations, temperature=temperature, rows_per_forward=rows_per_forward, **chunks)
+    kw: dict[str, Any] = dict(  # token_statistics' keyword arguments, the same for every call
+        num_generations=num_generations, temperature=temperature, rows_per_forward=rows_per_forward, **chunks
+    )
     plain = (needs - {"attn_entropy"}) | {"logp"}
     wanted = dict.fromkeys(resolve_layers(base, lay) for lay in layer_sets)  # resolved, in order
     missing_attn = [lay for lay in wanted if attn_key(lay) not in have]
@@ -327,7 +329,7 @@ class LossRecord:
         self.accelerator = trainer.accelerator
         self.rows, self.columns = out["completion_ids"].shape
         self.device = out["completion_ids"].device
-        self.micro_batches = int(trainer.args.steps_per_generation)
+        self.micro_batches = int(trainer.steps_per_generation)
         self.iterations = int(trainer.num_iterations)
         rule = trainer.rule
         self.meta: dict[str, Any] = {
