@@ -171,7 +171,9 @@ def complete_groups(
         return tensors, group, slice(0, B)
     T = next(iter(tensors.values())).size(1) if tensors else 0
     groups, T_max = _gather_group_ids(group, T, comm)  # [B_r] ids of every rank
-    ops, received = [], {}
+    ops: list[dist.P2POp] = []
+    received: dict[tuple[int, str], Tensor] = {}  # (peer, name) -> the peer's rows of the groups we share
+    peer_groups: dict[int, Tensor] = {}  # peer -> the group ids of those rows (peers that share a group)
     for peer in range(comm.world_size):
         if peer == comm.rank:
             continue
@@ -185,12 +187,12 @@ def complete_groups(
                 received[(peer, name)] = buf
                 ops.append(dist.P2POp(dist.irecv, _raw(buf), peer, comm.group, tag))
         if recv.numel():
-            received[(peer, None)] = groups[peer][recv]
+            peer_groups[peer] = groups[peer][recv]
     for req in dist.batch_isend_irecv(ops) if ops else []:
         req.wait()
     # rank order is global row order: lower ranks' rows, mine, higher ranks' rows
-    before = [p for p in range(comm.rank) if (p, None) in received]
-    after = [p for p in range(comm.rank + 1, comm.world_size) if (p, None) in received]
+    before = [p for p in range(comm.rank) if p in peer_groups]
+    after = [p for p in range(comm.rank + 1, comm.world_size) if p in peer_groups]
     out = {
         name: torch.cat(
             [received[(p, name)] for p in before] + [_pad_dim1(x, T_max)] + [received[(p, name)] for p in after]
@@ -198,9 +200,9 @@ def complete_groups(
         for name, x in tensors.items()
     }
     full_group = torch.cat(
-        [received[(p, None)] for p in before] + [group.to(torch.int64).cpu()] + [received[(p, None)] for p in after]
+        [peer_groups[p] for p in before] + [group.to(torch.int64).cpu()] + [peer_groups[p] for p in after]
     ).to(group.device)
-    start = sum(received[(p, None)].numel() for p in before)
+    start = sum(peer_groups[p].numel() for p in before)
     return out, full_group, slice(start, start + B)
 
 

@@ -11,7 +11,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 from transformers import TrainerCallback
 
@@ -30,10 +30,18 @@ VLLM_MISMATCH = {
 }
 
 
-def wandb_mode(mode: str) -> str:
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+def wandb_mode(mode: str) -> WandbMode:
+    """W&B's mode for `logger.mode` (the config allows auto, online, offline, disabled): "auto" is online
+    when WANDB_API_KEY is set, else offline."""
     if mode == "auto":
         return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    return mode
+    for known in get_args(WandbMode):
+        if mode == known:
+            return known
+    raise ValueError(f"logger.mode: {mode!r} is not one of auto, {', '.join(get_args(WandbMode))}")
 
 
 def init_wandb(cfg, run_dir: Path):
@@ -50,7 +58,8 @@ def init_wandb(cfg, run_dir: Path):
         group=cfg.run.sweep,
         name=cfg.run.label or cfg.run.id,
         tags=[cfg.method.name, f"seed={cfg.seed}"],
-        config=OmegaConf.to_container(cfg, resolve=True),
+        # cast: omegaconf types to_container's result for any container; a DictConfig gives a str-keyed dict
+        config=cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True)),
         id=cfg.run.id,
         resume="allow",
         dir=str(run_dir),
@@ -97,7 +106,9 @@ def mismatch_warning(row: dict[str, Any], threshold: float) -> str | None:
 def is_train_log(logs: dict[str, Any] | None) -> bool:
     """A train-step log: every optimizer step that logs (transformers' "loss"; "reward": rows written by
     earlier versions, which logged generation steps only), not the end-of-training summary or an evaluation."""
-    return bool(logs) and ("loss" in logs or "reward" in logs) and "train_runtime" not in logs
+    if not logs:
+        return False
+    return ("loss" in logs or "reward" in logs) and "train_runtime" not in logs
 
 
 def generated_here(row: dict[str, Any]) -> bool:

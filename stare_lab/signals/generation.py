@@ -145,17 +145,16 @@ class GenerationRecord:
             )
         self.prev_logp = log_p[:, -1]
         if self.js_group:
-            self._js(log_p, torch.stack(self.pending_live, 1))
+            self._js(log_p, torch.stack(self.pending_live, 1), self.js_group)
         if self.ae is not None:
-            self._attention_entropy(self.pending_rows)
+            self._attention_entropy(self.pending_rows, len(self.ae.layers))
         self.reduced += k
         self.pending, self.pending_rows, self.pending_live = [], [], []
 
-    def _js(self, log_p: Tensor, live: Tensor) -> None:
+    def _js(self, log_p: Tensor, live: Tensor, G: int) -> None:
         """JS of each live row to its group's live mean at each step (0 where fewer than two rows are live);
-        log_p [B, k, V], live [B, k]. Groups and steps together play the pass's positions."""
+        log_p [B, k, V], live [B, k], G the group size. Groups and steps together play the pass's positions."""
         B, k, V = log_p.shape
-        G = self.js_group
         if B % G:  # not whole groups: the pass computes JS
             self.js_group = None
             self.chunks.pop("js", None)
@@ -167,16 +166,19 @@ class GenerationRecord:
         self.chunks.setdefault("js", []).append(u.view(G, B // G, k).transpose(0, 1).reshape(B, k))
         self.live_chunks.append(live)
 
-    def _attention_entropy(self, rows: list[list[Tensor]]) -> None:
-        """AE of each pending step, averaged over the layers: each step's scores padded (-inf) to the longest."""
-        total = None
-        for layer in range(len(self.ae.layers)):
+    def _attention_entropy(self, rows: list[list[Tensor]], n_layers: int) -> None:
+        """AE of each pending step, averaged over the `n_layers` recorded layers: each step's scores padded
+        (-inf) to the longest."""
+        per_layer = []  # [B, k] each
+        for layer in range(n_layers):
             per_step = [step[layer] for step in rows]
             width = max(r.size(-1) for r in per_step)
             padded = torch.stack([F.pad(r, (0, width - r.size(-1)), value=float("-inf")) for r in per_step], 1)
-            ae = score_rows_entropy(padded)  # [B, k]
-            total = ae if total is None else total + ae
-        self.chunks.setdefault("attn_entropy", []).append(total / len(self.ae.layers))
+            per_layer.append(score_rows_entropy(padded))
+        total = per_layer[0]
+        for ae in per_layer[1:]:  # summed in layer order
+            total = total + ae
+        self.chunks.setdefault("attn_entropy", []).append(total / n_layers)
 
     def result(self, completion_ids: Tensor, mask: Tensor) -> dict[str, Tensor] | None:
         """{name: [B, T] float32} aligned with TRL's completions, or None when the record does not line up."""

@@ -124,7 +124,8 @@ class Batch:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.completion_ids.shape)
+        B, T = self.completion_ids.shape
+        return B, T
 
     @property
     def lengths(self) -> list[int]:
@@ -187,8 +188,8 @@ class Batch:
         )
 
 
-def _as(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    return None if t is None else t.detach().to("cpu", dtype, copy=True).contiguous()  # copy: no shared storage
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    return t.detach().to("cpu", dtype, copy=True).contiguous()  # copy: no shared storage
 
 
 def save_batch(
@@ -239,9 +240,9 @@ def save_batch(
         "prompt_mask": (prompt_mask, torch.uint8),
         "trained_weights": (trained_weights, torch.float32),
     }
-    for name, (value, dtype) in optional.items():
-        if value is not None:
-            tensors[name] = _as(value if name != "prompt_mask" else value > 0, dtype)
+    for name, (given, dtype) in optional.items():
+        if given is not None:
+            tensors[name] = _as(given if name != "prompt_mask" else given > 0, dtype)
     loss_header = _loss_tensors(loss_record, tensors, (B, T)) if loss_record is not None else None
     used = set(completion_ids.reshape(-1).tolist())
     header = {
