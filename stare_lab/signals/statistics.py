@@ -16,15 +16,18 @@ only attention entropy stops the forward after its last layer and builds no logi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from stare_lab.distributed import comm_of, js_for_split_groups, split_rows
 from stare_lab.stats import STATISTICS, check_known
 
 from .attention import CHUNK_QUERIES, attention_entropy, forward_with_stats, resolve_layers, unwrap_model
-from .js import CHUNK_POSITIONS, chunked_js_to_group_mean
+from .js import CHUNK_POSITIONS, chunked_js_to_group_mean, group_slices
 from .vocab import CHUNK_TOKENS, WANTS, chunked_vocab_stats, lm_head_of
 
 # Computed whenever logits are built anyway (for the trainer's entropy metric), declared or not.
@@ -95,7 +98,7 @@ def token_statistics(
         stat = STATISTICS[name]
         if stat.source != "batch" or name in given:
             continue
-        value = batch.get(stat.key)
+        value = batch.get(stat.key) if stat.key is not None else None
         if value is None and name == "old_logp":
             value = out["logp"]  # on-policy: TRL computed no old log-probs, π_old is the rollout policy
         if value is None:
@@ -108,7 +111,8 @@ def token_statistics(
 
 
 def _missing(batch: Mapping[str, Tensor], name: str) -> bool:
-    return batch.get(STATISTICS[name].key) is None
+    key = STATISTICS[name].key
+    return key is None or batch.get(key) is None
 
 
 def row_chunks(group: Tensor, num_generations: int, rows: int) -> list[tuple[int, int, bool]]:
@@ -117,9 +121,6 @@ def row_chunks(group: Tensor, num_generations: int, rows: int) -> list[tuple[int
 
     One process (group = arange(B) // G, rows a multiple of G): [0, rows), [rows, 2·rows), ...
     """
-    from stare_lab.distributed import split_rows
-    from stare_lab.signals.js import group_slices
-
     split = split_rows(group, num_generations).tolist()
     out: list[tuple[int, int, bool]] = []
     for s, e in group_slices(group):
@@ -148,11 +149,11 @@ MULTIMODAL_KEYS = (
 )
 
 
-def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
+def multimodal_slice(batch: Mapping[str, Any], start: int, end: int) -> dict:
     """The multimodal inputs of rows [start, end), cut exactly as TRL 1.16 cuts them for a forward of those
     rows (`GRPOTrainer._get_per_token_logps_and_entropies`: per image, per tile or per row by model family;
     trl_internals, reach 14)."""
-    b = {k: batch.get(k) for k in MULTIMODAL_KEYS}
+    b: dict[str, Any] = {k: batch.get(k) for k in MULTIMODAL_KEYS}  # tensors, and lists (num_images, num_tiles)
     pixel_values, grid, num_images, num_tiles = b["pixel_values"], b["image_grid_thw"], b["num_images"], b["num_tiles"]
     out: dict = {}
     if num_images is not None:
@@ -189,6 +190,25 @@ def multimodal_slice(batch: Mapping[str, Tensor], start: int, end: int) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class _Forward:
+    """What every forward of one statistics pass shares: the model, its head (None: no logits are built,
+    only attention entropy), what the vocabulary reduction returns, the attention layers, the chunk sizes,
+    and the prompt and completion lengths P and T."""
+
+    model: Any
+    head: Callable[[Tensor], Tensor] | None
+    cap: float | None  # the text config's final_logit_softcapping
+    want: tuple[str, ...]
+    layers: tuple[int, ...] | None
+    temperature: float
+    chunk_tokens: int
+    chunk_queries: int
+    chunk_positions: int
+    P: int
+    T: int
+
+
 def _forward_statistics(
     model,
     batch,
@@ -203,95 +223,133 @@ def _forward_statistics(
     group=None,
     accelerator=None,
 ) -> dict[str, Tensor]:
-    from stare_lab.distributed import comm_of, js_for_split_groups
-
-    prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
+    """What the forward gives, one forward per chunk of whole groups (`row_chunks`): the vocabulary
+    statistics and attention entropy of each chunk, JS within each group that sits on this rank, then JS
+    of the groups split over ranks (a collective)."""
     completion_ids, mask = batch["completion_ids"], batch["completion_mask"]
-    P, T, B = prompt_ids.size(1), completion_ids.size(1), completion_ids.size(0)
+    B = completion_ids.size(0)
     rows = rows or B
     if rows % G:
         raise ValueError(f"rows_per_forward={rows} must be a multiple of num_generations={G} (whole groups)")
     if group is None:
         group = torch.arange(B, device=mask.device) // G
     several = comm_of(accelerator).world_size > 1
-    layers = resolve_layers(model, attn_layers) if "attn_entropy" in needs else None
     build_logits = any(STATISTICS[n].source in ("vocab", "group") for n in needs) or "old_logp" in needs
-    want = tuple(w for w in WANTS if w in needs or w in FREE_WITH_LOGITS)
     head, cap = lm_head_of(model) if build_logits else (None, None)
+    fwd = _Forward(
+        model=model,
+        head=head,
+        cap=cap,
+        want=tuple(w for w in WANTS if w in needs or w in FREE_WITH_LOGITS),
+        layers=resolve_layers(model, attn_layers) if "attn_entropy" in needs else None,
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        chunk_queries=chunk_queries,
+        chunk_positions=chunk_positions,
+        P=batch["prompt_ids"].size(1),
+        T=completion_ids.size(1),
+    )
     chunks: dict[str, list[Tensor]] = {}
     split_hidden: list[Tensor] = []  # final hidden states of rows of groups split over ranks (JS)
     split_at: list[tuple[int, int]] = []
     for start, end, split in row_chunks(group, G, rows):
-        sl = slice(start, end)
-        input_ids = torch.cat([prompt_ids[sl], completion_ids[sl]], dim=1)
-        attention_mask = torch.cat([prompt_mask[sl], mask[sl]], dim=1)
-        extra = multimodal_slice(batch, start, end)
-        if not build_logits:  # attention entropy only: stop after the last chosen layer
-            ae = attention_entropy(
-                model, input_ids, attention_mask, layers, chunk_queries, first_position=P - 1, **extra
-            )
-            chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
-            continue
-        hidden, ae = forward_with_stats(
-            model,
-            input_ids,
-            attention_mask,
-            ae_layers=layers,
-            chunk_queries=chunk_queries,
-            first_position=P - 1,
-            **extra,
-        )
-        h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
-        vs = chunked_vocab_stats(
-            h,
-            head,
-            completion_ids[sl],
-            temperature=temperature,
-            want=want,
-            chunk_tokens=chunk_tokens,
-            final_logit_softcapping=cap,
-        )
-        for k, v in vs.items():
+        h, found = _chunk_statistics(fwd, batch, start, end)
+        for k, v in found.items():
             chunks.setdefault(k, []).append(v)
-        if ae is not None:
-            chunks.setdefault("attn_entropy", []).append(ae[:, P - 1 : P + T - 1])
-        if "js" in needs:
-            if split and several:
-                split_hidden.append(h)
-                split_at.append((start, end))
-                chunks.setdefault("js", []).append(torch.zeros(end - start, T, device=h.device))
-            else:
-                chunks.setdefault("js", []).append(
-                    chunked_js_to_group_mean(
-                        h,
-                        head,
-                        group[sl],
-                        mask[sl],
-                        temperature=temperature,
-                        chunk_positions=chunk_positions,
-                        final_logit_softcapping=cap,
-                    )
-                )
+        if "js" not in needs or h is None:
+            continue
+        if split and several:  # its JS comes from the collective below
+            split_hidden.append(h)
+            split_at.append((start, end))
+            chunks.setdefault("js", []).append(torch.zeros(end - start, fwd.T, device=h.device))
+        else:
+            chunks.setdefault("js", []).append(_js_in_groups(fwd, h, group[start:end], mask[start:end]))
     out = {k: torch.cat(v, dim=0).float() for k, v in chunks.items()}
     if "js" in needs and several:  # every rank calls it, with or without split rows
-        rows_idx = [r for s, e in split_at for r in range(s, e)]
-        H = unwrap_model(model).config.get_text_config().hidden_size
-        hidden = (
-            torch.cat(split_hidden)
-            if split_hidden
-            else torch.zeros(0, T, H, device=mask.device, dtype=next(model.parameters()).dtype)
-        )
-        idx = torch.tensor(rows_idx, dtype=torch.long, device=mask.device)
-        js = js_for_split_groups(
-            hidden,
-            mask[idx],
-            group[idx],
-            head,
-            accelerator,
-            temperature=temperature,
-            chunk_positions=chunk_positions,
-            final_logit_softcapping=cap,
-        )
-        if rows_idx:
-            out["js"][idx] = js.float()
+        _js_of_split_groups(fwd, out, split_hidden, split_at, mask, group, accelerator)
     return out
+
+
+def _chunk_statistics(fwd: _Forward, batch, start: int, end: int) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """One forward of rows [start, end): the final hidden states at the positions that generate each
+    completion token (None when no logits are built), and the chunk's vocabulary statistics and attention
+    entropy, [end - start, T] each."""
+    P, T = fwd.P, fwd.T
+    input_ids = torch.cat([batch["prompt_ids"][start:end], batch["completion_ids"][start:end]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"][start:end], batch["completion_mask"][start:end]], dim=1)
+    extra = multimodal_slice(batch, start, end)
+    if fwd.head is None:  # attention entropy only: stop after the last chosen layer
+        ae = attention_entropy(
+            fwd.model, input_ids, attention_mask, fwd.layers, fwd.chunk_queries, first_position=P - 1, **extra
+        )
+        return None, {"attn_entropy": ae[:, P - 1 : P + T - 1]}
+    hidden, ae_or_none = forward_with_stats(
+        fwd.model,
+        input_ids,
+        attention_mask,
+        ae_layers=fwd.layers,
+        chunk_queries=fwd.chunk_queries,
+        first_position=P - 1,
+        **extra,
+    )
+    h = hidden[:, P - 1 : P + T - 1]  # the position that generates completion token t
+    found = chunked_vocab_stats(
+        h,
+        fwd.head,
+        batch["completion_ids"][start:end],
+        temperature=fwd.temperature,
+        want=fwd.want,
+        chunk_tokens=fwd.chunk_tokens,
+        final_logit_softcapping=fwd.cap,
+    )
+    if ae_or_none is not None:
+        found["attn_entropy"] = ae_or_none[:, P - 1 : P + T - 1]
+    return h, found
+
+
+def _js_in_groups(fwd: _Forward, h: Tensor, group: Tensor, mask: Tensor) -> Tensor:
+    """[n, T] JS of each row to its group's mean, for rows whose groups all sit in this chunk."""
+    assert fwd.head is not None, "hidden states come only from a forward that builds logits"
+    return chunked_js_to_group_mean(
+        h,
+        fwd.head,
+        group,
+        mask,
+        temperature=fwd.temperature,
+        chunk_positions=fwd.chunk_positions,
+        final_logit_softcapping=fwd.cap,
+    )
+
+
+def _js_of_split_groups(
+    fwd: _Forward,
+    out: dict[str, Tensor],
+    split_hidden: list[Tensor],
+    split_at: list[tuple[int, int]],
+    mask: Tensor,
+    group: Tensor,
+    accelerator,
+) -> None:
+    """JS of this rank's rows of groups split over ranks into `out["js"]` (`distributed.js_for_split_groups`,
+    a collective every rank joins, with or without such rows)."""
+    assert fwd.head is not None, "JS builds logits"
+    rows_idx = [r for s, e in split_at for r in range(s, e)]
+    H = unwrap_model(fwd.model).config.get_text_config().hidden_size
+    hidden = (
+        torch.cat(split_hidden)
+        if split_hidden
+        else torch.zeros(0, fwd.T, H, device=mask.device, dtype=next(fwd.model.parameters()).dtype)
+    )
+    idx = torch.tensor(rows_idx, dtype=torch.long, device=mask.device)
+    js = js_for_split_groups(
+        hidden,
+        mask[idx],
+        group[idx],
+        fwd.head,
+        accelerator,
+        temperature=fwd.temperature,
+        chunk_positions=fwd.chunk_positions,
+        final_logit_softcapping=fwd.cap,
+    )
+    if rows_idx:
+        out["js"][idx] = js.float()
