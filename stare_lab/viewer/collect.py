@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from stare_lab import distributed
+from stare_lab.methods import NORMALIZE, get_method, list_methods
 from stare_lab.stats import TokenStats
 from stare_lab.viewer.batch import ATTN, STAT_FIELDS, attn_key, batch_path, save_batch
 
@@ -23,8 +25,6 @@ from stare_lab.viewer.batch import ATTN, STAT_FIELDS, attn_key, batch_path, save
 def needed_statistics(run_rule=None, trainer=None) -> tuple[set[str], list[tuple[int, ...] | None]]:
     """(union of the statistics every registered rule with default params and `run_rule` read with
     these trainer values, the attention layer sets they read; None = the middle layer)."""
-    from stare_lab.methods import get_method, list_methods
-
     rules = [get_method(name) for name in list_methods()] + ([run_rule] if run_rule is not None else [])
     needs: set[str] = set()
     layers: list[tuple[int, ...] | None] = []
@@ -47,7 +47,7 @@ def stats_for_all_rules(
     run_rule=None,
     trainer=None,
     rows_per_forward: int | None = None,
-    **chunks: int,
+    **chunks: Any,  # token_statistics' chunk sizes, and group and accelerator with several processes
 ) -> dict[str, Tensor]:
     """Every statistic any registered rule (and `run_rule`) reads, for TRL's generation batch `out`.
 
@@ -58,7 +58,7 @@ def stats_for_all_rules(
     run's `TrainerValues`; `chunks` are token_statistics' chunk_tokens / chunk_queries / chunk_positions
     (and group / accelerator with several processes).
     """
-    from stare_lab.signals import resolve_layers, token_statistics
+    from stare_lab.signals import resolve_layers, token_statistics  # deferred: signals imports transformers
     from stare_lab.signals.attention import unwrap_model
 
     needs, layer_sets = needed_statistics(run_rule, trainer)
@@ -203,36 +203,15 @@ def kept_batch_fields(
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """`save_batch`'s keyword arguments (without path and step) of this generation batch on the main
-    process, None on the others (`collect_for_trainer` has the arguments; every process must call it)."""
-    from stare_lab import distributed
-    from stare_lab.signals import resolve_layers
-    from stare_lab.signals.attention import CHUNK_QUERIES, unwrap_model
-    from stare_lab.signals.js import CHUNK_POSITIONS
-    from stare_lab.signals.vocab import CHUNK_TOKENS
-
+    process, None on the others (`collect_for_trainer` has the arguments; every process must call it):
+    every statistic any rule reads on this process's rows, every process's rows gathered on the main
+    process, then the text and the set-up that make the file readable without the run."""
     acc = trainer.accelerator
-    model = acc.unwrap_model(trainer.model)
-    values = getattr(trainer, "trainer_values", None)
-    G, temperature = int(trainer.num_generations), float(getattr(trainer, "temperature", 1.0))
-    B, T = out["completion_ids"].shape
-    group = (acc.process_index * B + torch.arange(B, device=out["completion_mask"].device)) // G
-    local = _local_stats(stats, acc.process_index * B, B, T) if stats is not None else None
-    # the model stays in the mode the trainer's own statistics pass ran in, so the values agree
-    all_stats = stats_for_all_rules(
-        model,
-        out,
-        local,
-        num_generations=G,
-        temperature=temperature,
-        run_rule=trainer.rule,
-        trainer=values,
-        rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
-        chunk_tokens=getattr(trainer, "stats_chunk_tokens", CHUNK_TOKENS),
-        chunk_queries=getattr(trainer, "attn_chunk_queries", CHUNK_QUERIES),
-        chunk_positions=getattr(trainer, "js_chunk_positions", CHUNK_POSITIONS),
-        group=group,
-        accelerator=acc,
+    B = out["completion_ids"].size(0)
+    group = (acc.process_index * B + torch.arange(B, device=out["completion_mask"].device)) // int(
+        trainer.num_generations
     )
+    all_stats = _statistics_of_every_rule(trainer, out, stats, group)
     rows = distributed.gather_rows(
         {
             "completion_ids": out["completion_ids"],
@@ -248,7 +227,6 @@ def kept_batch_fields(
     )
     if not acc.is_main_process:
         return None
-    all_stats = {k[5:]: v for k, v in rows.items() if k.startswith("stat:")}
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)  # a processor wraps its tokenizer
     prompt_ids, prompt_mask = rows["prompt_ids"], rows["prompt_mask"]
@@ -256,17 +234,6 @@ def kept_batch_fields(
     prompts = tok.batch_decode(
         [row[m > 0].tolist() for row, m in zip(prompt_ids, prompt_mask, strict=True)], skip_special_tokens=True
     )
-    base = unwrap_model(model)
-    info: dict[str, Any] = {
-        "num_layers": int(base.config.get_text_config().num_hidden_layers),
-        "attn_layers": list(resolve_layers(base, None)),
-        "num_generations": G,
-        "temperature": temperature,
-        "model": type(base).__name__,
-        "trainer": dataclasses.asdict(values) if values is not None else None,
-        "num_processes": int(acc.num_processes),
-        **(meta or {}),
-    }
     n = rows["completion_ids"].size(0)
     return dict(
         completion_ids=rows["completion_ids"],
@@ -274,7 +241,7 @@ def kept_batch_fields(
         rewards=rewards_from_trainer(trainer, n, global_rows=True),
         advantages=rows["advantages"],
         group=rows["group"],
-        stats=all_stats,
+        stats={k[5:]: v for k, v in rows.items() if k.startswith("stat:")},
         token_pieces=pieces,
         byte_pieces=byte_pieces,
         prompts=prompts,
@@ -283,8 +250,57 @@ def kept_batch_fields(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         trained_weights=trained_weights,
-        meta=info,
+        meta=_batch_meta(trainer, meta),
     )
+
+
+def _statistics_of_every_rule(
+    trainer, out: dict[str, Tensor], stats: TokenStats | None, group: Tensor
+) -> dict[str, Tensor]:
+    """`stats_for_all_rules` on this process's rows, with the trainer's own statistics, chunk sizes and
+    rows per forward. The model stays in the mode the trainer's own statistics pass ran in, so the values
+    agree."""
+    from stare_lab.signals.attention import CHUNK_QUERIES  # deferred: signals imports transformers
+    from stare_lab.signals.js import CHUNK_POSITIONS
+    from stare_lab.signals.vocab import CHUNK_TOKENS
+
+    acc = trainer.accelerator
+    G = int(trainer.num_generations)
+    B, T = out["completion_ids"].shape
+    return stats_for_all_rules(
+        acc.unwrap_model(trainer.model),
+        out,
+        _local_stats(stats, acc.process_index * B, B, T) if stats is not None else None,
+        num_generations=G,
+        temperature=float(getattr(trainer, "temperature", 1.0)),
+        run_rule=trainer.rule,
+        trainer=getattr(trainer, "trainer_values", None),
+        rows_per_forward=max(G, trainer.args.per_device_train_batch_size // G * G),
+        chunk_tokens=getattr(trainer, "stats_chunk_tokens", CHUNK_TOKENS),
+        chunk_queries=getattr(trainer, "attn_chunk_queries", CHUNK_QUERIES),
+        chunk_positions=getattr(trainer, "js_chunk_positions", CHUNK_POSITIONS),
+        group=group,
+        accelerator=acc,
+    )
+
+
+def _batch_meta(trainer, meta: dict[str, Any] | None) -> dict[str, Any]:
+    """The set-up a kept batch records: the model's layers (and which is the middle one, whose attention
+    entropy is stored under the plain key), G, the temperature, the trainer's values, the processes."""
+    from stare_lab.signals.attention import resolve_layers, unwrap_model  # deferred: signals imports transformers
+
+    values = getattr(trainer, "trainer_values", None)
+    base = unwrap_model(trainer.accelerator.unwrap_model(trainer.model))
+    return {
+        "num_layers": int(base.config.get_text_config().num_hidden_layers),
+        "attn_layers": list(resolve_layers(base, None)),
+        "num_generations": int(trainer.num_generations),
+        "temperature": float(getattr(trainer, "temperature", 1.0)),
+        "model": type(base).__name__,
+        "trainer": dataclasses.asdict(values) if values is not None else None,
+        "num_processes": int(trainer.accelerator.num_processes),
+        **(meta or {}),
+    }
 
 
 def _local_stats(stats: TokenStats, first: int, B: int, T: int) -> TokenStats:
@@ -323,8 +339,6 @@ class LossRecord:
     """
 
     def __init__(self, trainer, fields: dict[str, Any] | None, path: Path, step: int, out: dict[str, Tensor]):
-        from stare_lab.methods import NORMALIZE
-
         self.fields, self.path, self.step = fields, Path(path), int(step)
         self.accelerator = trainer.accelerator
         self.rows, self.columns = out["completion_ids"].shape
@@ -385,8 +399,6 @@ class LossRecord:
         """One training micro-batch of this batch: `inputs` TRL's (with the rule's loss inputs and
         `KEPT_ROW`), `logp`/`entropy` [b, t] its forward's, `touched` the loss-changing rule's sets,
         `metrics` the rule's, `step` the optimizer step it belongs to (1-based, as metrics.jsonl)."""
-        from stare_lab.methods import NORMALIZE
-
         rows = inputs[KEPT_ROW].long()
         b, t = logp.shape
         self.meta["normalize"] = NORMALIZE[int(inputs["token_normalize"])]  # a rule in the loss sets it there
@@ -415,8 +427,6 @@ class LossRecord:
             self._finish_pass()
 
     def _finish_pass(self) -> None:
-        from stare_lab import distributed
-
         tensors = {**self._buf, **{f"touched:{how}": m for how, m in self._touched.items()}, **self._once}
         rows = distributed.gather_rows(tensors, self.accelerator)
         if self.fields is not None:  # the main process
