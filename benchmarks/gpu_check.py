@@ -3,7 +3,7 @@ recording, and attention-entropy time and memory, on a randomly initialised Qwen
 
 Run on a machine with one GPU, no network, in about 3-5 minutes:
     python benchmarks/gpu_check.py            # bf16 on cuda:0
-    python benchmarks/gpu_check.py --tiny     # tiny shapes on the CPU (what tests/test_gpu_check.py runs)
+    python benchmarks/gpu_check.py --tiny     # tiny shapes on the CPU (what tests/run/test_gpu_check.py runs)
 Needs torch, transformers, trl and this package; nothing is downloaded (the model is built from a
 config, the built-in character tokenizer stands in, rollouts come from a rollout_func).
 
