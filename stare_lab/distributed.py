@@ -242,7 +242,7 @@ def js_for_split_groups(
     P̄ over all live rollouts exactly as one process would, and keeps its own rows.
     js_kwargs: those of `signals.js.chunked_js_to_group_mean` (temperature, chunk_positions, ...).
     """
-    from stare_lab.signals.js import chunked_js_to_group_mean
+    from stare_lab.signals.js import chunked_js_to_group_mean  # not at the top: signals.statistics imports this module
 
     full, full_group, own = complete_groups({"hidden": hidden, "live": live_mask}, group, accelerator_or_group)
     if hidden.size(0) == 0:

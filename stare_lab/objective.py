@@ -173,7 +173,7 @@ def trainer_loss(trainer, model, inputs: dict, weights=None, on_entropies=None) 
     (`trl_loss.loss_weights`); or a callable `(logp, entropies) -> [B, T]` evaluated right after TRL's
     forward (scope "microbatch"). on_entropies(entropies, mask): sees the forward's entropies (metrics).
     """
-    from stare_lab import trl_internals, trl_loss  # import TRL: the tensor-level functions above need none of it
+    from stare_lab import trl_internals, trl_loss  # deferred: trl (the tensor-level functions above need none of it)
 
     if weights is None:
         weights = trl_loss.loss_weights(trainer, inputs, NORMALIZE[int(inputs["token_normalize"])])

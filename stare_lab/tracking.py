@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
+from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
 from stare_lab.record import append_metrics, read_metrics  # noqa: F401 - read_metrics: tests/test_train_rules.py
+from stare_lab.vllm_engine import MISMATCH_WARN
 
 # TRL's per-function reward key; the task reward is registered under the name "accuracy".
 ACCURACY_KEY = "rewards/accuracy/mean"
@@ -48,8 +50,7 @@ def init_wandb(cfg, run_dir: Path):
     """Start (or resume) the W&B run of this run dir; None when W&B is off."""
     if not cfg.logger.wandb or wandb_mode(cfg.logger.mode) == "disabled":
         return None
-    import wandb
-    from omegaconf import OmegaConf
+    import wandb  # deferred: wandb, only when W&B is on
 
     os.environ.setdefault("WANDB_SILENT", "true")
     return wandb.init(
@@ -131,8 +132,6 @@ class MetricsLogger(TrainerCallback):
         row = metrics_row(state.global_step, logs)
         append_metrics(self.run_dir, row)
         if state.global_step <= args.logging_steps:  # the first logged step of the run
-            from stare_lab.vllm_engine import MISMATCH_WARN
-
             warning = mismatch_warning(row, MISMATCH_WARN)
             if warning:
                 print(warning, flush=True)

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
@@ -314,8 +315,6 @@ def old_logp_forward_answered(trainer: GRPOTrainer, answer: OldLogpAnswer) -> Ab
 
     def wrap(forward: Callable) -> Callable:
         def call(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-            import torch
-
             if answered["done"] or model is not trainer.model or torch.is_grad_enabled():
                 return forward(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
             answered["done"] = True
@@ -340,6 +339,6 @@ def micro_batches_done(trainer: GRPOTrainer) -> int:
 # ---- 11: the vLLM engine TRL builds ------------------------------------------------------------------
 def install_engine_factory(factory: Callable) -> None:
     """TRL's colocated engine is built by `factory` (reach 11: the `LLM` name TRL's module calls)."""
-    import trl.generation.vllm_generation as trl_vllm
+    import trl.generation.vllm_generation as trl_vllm  # deferred: TRL's vLLM module, only when vLLM generates
 
     trl_vllm.LLM = factory

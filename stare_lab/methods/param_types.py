@@ -25,6 +25,7 @@ What a declared type accepts (Hydra overrides and YAML give ints, floats, bools,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import types
@@ -40,8 +41,6 @@ _UNCHECKED = object()  # a field whose annotation could not be resolved
 def field_types(params_cls: type) -> dict[str, Any]:
     """{field name: resolved annotation} of a Params dataclass; a field whose annotation names
     something the rule's module does not define at run time (a TYPE_CHECKING import) is unchecked."""
-    import dataclasses
-
     try:
         return typing.get_type_hints(params_cls)
     except Exception:  # noqa: BLE001 - resolve field by field, leaving the unresolvable ones unchecked

@@ -28,7 +28,9 @@ from typing import Any
 
 import torch
 
+from stare_lab.methods.param_types import conform_params
 from stare_lab.methods.rule_types import NORMALIZE, LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues
+from stare_lab.rule_imports import load_entry_points_once
 from stare_lab.stats import TokenStats, check_known
 
 __all__ = [
@@ -296,8 +298,6 @@ def rule_module(name: str | None) -> str | None:
 
 
 def _load_entry_points() -> None:
-    from stare_lab.rule_imports import load_entry_points_once
-
     load_entry_points_once()
 
 
@@ -318,8 +318,6 @@ def _lookup(name: str) -> _Entry:
 def get_method(name: str, **params: Any) -> Rule:
     """Build a configured rule. Unknown rule or parameter, a value not of its declared type
     (stare_lab.methods.param_types), or a value the rule refuses: ValueError naming it."""
-    from stare_lab.methods.param_types import conform_params
-
     entry = _lookup(name)
     valid = [f.name for f in dataclasses.fields(entry.params_cls)]
     for key in params:

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .attention import forward_with_stats, unwrap_model
+
 WANTS = ("entropy", "p2", "p2logp")
 CHUNK_TOKENS = 1024  # positions projected to logits at once: bounds the [chunk, V] float32 kept in memory
 
@@ -150,8 +152,6 @@ def lm_head_of(model) -> tuple[Callable[[Tensor], Tensor], float | None]:
 
     Uses the module itself (not only its weight), so a bias or an adapter on the head is kept.
     """
-    from .attention import unwrap_model  # local import: attention imports nothing from here
-
     base = unwrap_model(model)
     head = base.get_output_embeddings()
     if head is None:
@@ -177,8 +177,6 @@ def predictive_entropy(
     Position t is the distribution that generates token t+1. Runs the decoder once and projects
     the last hidden states `chunk_tokens` positions at a time, never building [B, T, V] logits.
     """
-    from .attention import forward_with_stats
-
     hidden, _ = forward_with_stats(model, input_ids, attention_mask)
     head, cap = lm_head_of(model)
     stats = chunked_vocab_stats(

@@ -40,6 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from stare_lab.record import CONFIG_FILE, code_version, first_line, read_status
 from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only: the viewer's refusals (no batch kept) must not import torch
@@ -336,7 +339,7 @@ def _jsonable(value: Any) -> Any:
 
 def load_batch(path: Path | str) -> Batch:
     """Read a batch record; BatchError (one line) if it is missing, truncated or not a batch record."""
-    from safetensors import safe_open
+    from safetensors import safe_open  # deferred with torch: reading a batch makes torch tensors
 
     path = Path(path)
     if not path.is_file():
@@ -385,10 +388,6 @@ def load_batch(path: Path | str) -> Batch:
 
 def why_no_batch(run_dir: Path | str, step: int | None = None) -> str:
     """Why `run_dir` has no kept batch (at `step`; None: none at all), read from its record: one clause."""
-    import yaml
-
-    from stare_lab.record import CONFIG_FILE, code_version, first_line, read_status
-
     run_dir = Path(run_dir)
     if not run_dir.exists():
         return "it has not started (no run folder yet)"
