@@ -18,7 +18,7 @@ all-gather of raw bytes (bit-exact for any dtype, gloo and NCCL alike). Completi
 per rank (TRL pads each rank's completions to its own longest); the global batch is right-padded
 to the longest over ranks, which is the T one process would have, with mask 0 and zeros behind.
 A rule never reads padding (its weights there are forced to 0), so the global batch equals the
-one-process batch wherever a rule looks (tests/test_distributed.py).
+one-process batch wherever a rule looks (tests/training/test_distributed.py).
 
 `complete_groups` is the only place hidden states cross ranks: JS to the group mean needs every
 live rollout's full next-token distribution, so for a group split over ranks each rank receives

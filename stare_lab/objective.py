@@ -9,7 +9,7 @@
   and micro-batch tests compare against (`clipped_surrogate`, `kl_penalty`, `aggregate`). It reads every
   trainer value a rule sees (`TrainerValues`): ε_low, ε_high, β, the loss type, TRL's two-sided clipping
   `delta` and `importance_sampling_level` (GSPO's per-sequence ratio), so that it equals the trainer's
-  loss for each of them (tests/test_dual_clip.py); cispo, sapo and vespo (surrogates of their own) are
+  loss for each of them (tests/methods/test_dual_clip.py); cispo, sapo and vespo (surrogates of their own) are
   refused with one line.
 
 Normalisation (docs/pitfalls.md, Normalisation):
@@ -117,8 +117,8 @@ def token_loss(
     ε, β, TRL's two-sided clipping δ (`delta`: r capped at δ in the unclipped branch, as TRL's
     `_compute_loss`) and the importance-sampling level (per token, or GSPO's per sequence).
     max_completion_length: dr_grpo's constant (0: the batch's T). For `full` this equals TRL's
-    `_compute_loss` on the same micro-batch with one micro-batch per step (tests/test_objective.py); for
-    every registered rule the trainer's loss equals it (tests/test_loss_rules.py). A loss-changing rule's
+    `_compute_loss` on the same micro-batch with one micro-batch per step (tests/training/test_objective.py); for
+    every registered rule the trainer's loss equals it (tests/training/test_loss_rules.py). A loss-changing rule's
     `loss` reads `stats.entropy` as the current policy's entropy (NaN where not given) and the rule's
     `selected` tokens; its policy term replaces the clipped surrogate, its `own` term is added once, and
     with `drops_kl` the β·KL term is left out.

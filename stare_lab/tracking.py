@@ -16,7 +16,7 @@ from typing import Any, Literal, cast, get_args
 from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
-from stare_lab.record import append_metrics, read_metrics  # noqa: F401 - read_metrics: tests/test_train_rules.py
+from stare_lab.record import append_metrics, read_metrics  # noqa: F401 - read_metrics: tests/methods/test_train_rules.py
 from stare_lab.vllm_engine import MISMATCH_WARN
 
 # TRL's per-function reward key; the task reward is registered under the name "accuracy".

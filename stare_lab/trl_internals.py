@@ -4,7 +4,7 @@ TRL's GRPOTrainer has no hook for what a token rule needs: its weights inside th
 statistics of a rollout while it is generated, the old-log-prob forward shared with the statistics.
 Every place stare_lab reaches past TRL's public API is below, in `REACHES`, with the TRL function
 whose source it was read from and that source's hash (sha256 of `inspect.getsource`, first 16 hex
-digits) in TRL_VERSION; tests/test_trl_internals.py fails when TRL changes any of them. Nowhere
+digits) in TRL_VERSION; tests/training/test_trl_internals.py fails when TRL changes any of them. Nowhere
 else in stare_lab is a method or attribute of a live object replaced at run time: the functions
 of this module do it, for one call, and restore it on exit (also after an error).
 

@@ -1,5 +1,5 @@
-"""Token weights composed with TRL's own GRPO loss (TRL 1.16), never a copy of it: the tensors that go
-into TRL's loss and the terms added to it.
+"""Token weights composed with TRL's own GRPO loss (TRL 1.16): the tensors that go into TRL's loss and,
+for a rule that changes the loss, the term added to it.
 
 The trainer's loss is `GRPOTrainer._compute_loss` itself with the rule's weights in TRL's per-token mask
 slot: when `top_entropy_quantile < 1`, TRL multiplies `per_token_loss` by
@@ -26,12 +26,26 @@ Because the weights multiply the per-token loss before aggregation, normalize="v
 sums in the loss type's denominator; `selected_scale` expresses that as a constant factor on the
 weights (per generation batch, micro-batch or row, depending on the loss type).
 
-This module touches no private member of TRL, but its factors and denominators (`selected_scale`,
-`verl_scale`, `surrogate_change`, `trl_aggregate`) are computed as TRL 1.16's `_compute_loss` computes
-them: that is row 2 of `trl_internals`' inventory, whose source hash tells when TRL changes them.
-A loss-changing rule needs this (TRL has no slot for a per-token term of its own): the rule's term
-minus PPO's, weighted and aggregated as TRL's, is added to TRL's loss, and the two PPO terms cancel to
-float rounding (tests/test_loss_rules.py).
+What is TRL's and what this module computes as TRL does. The loss is always TRL's `_compute_loss`,
+called, not rewritten; this module touches no private member of TRL. Two things are computed here from
+TRL 1.16's formulas, because TRL has no place that takes them:
+- the factors that turn TRL's denominators into weight sums or into verl's per-micro-batch token mean
+  (`selected_scale`, `verl_scale`): to divide by what TRL divides by, they form TRL's denominators as
+  `_compute_loss` forms them (the classes of stare_lab/loss_types.py);
+- for a loss-changing rule (registry `loss=`), its policy term enters as a difference, since TRL has no
+  slot for a per-token term of a rule's own: TRL's loss is left as it is, and the TRL aggregation of
+  (ℓ_rule − ℓ_PPO)·opm·slot·is (minus β·kl for `drops_kl`) is added (`surrogate_change`, `trl_aggregate`;
+  a term with its own denominator is added beside it, `own_term`). That needs PPO's clipped term ℓ_PPO
+  (with TRL's two-sided `delta`: `surrogate.clipped_surrogate`) and TRL's aggregation per loss type
+  (`surrogate.aggregate_tokens`) computed again here. The two PPO terms cancel to float rounding, not to
+  the bit: such a rule's loss equals the rule's loss written out (`objective.token_loss`) to rounding
+  (tests/training/test_loss_rules.py). `full` and every rule that only weights tokens never take this
+  path, so their loss is TRL's to the bit.
+Why a difference instead of a loss of our own for such a rule: added to TRL's loss, the rule's term gets
+everything TRL applies to PPO's (the off-policy mask, the vLLM ratio, β·KL, the entropy bonus, the MoE aux
+loss, every loss type's denominator) from TRL itself; a loss written here would copy each of them. Every
+formula above is read from `_compute_loss`, row 2 of `trl_internals`' inventory, whose source hash makes
+a TRL change fail tests/training/test_trl_internals.py.
 """
 
 from __future__ import annotations
@@ -155,7 +169,7 @@ def surrogate_change(
     denominators that do not depend on it, so TRL(slot) + agg((ℓ_rule − ℓ_PPO)·opm·slot·is − β·kl)
     = agg(ℓ_rule·opm·slot·is [+ β·kl]) with TRL's own denominator, off-policy mask (opm), vLLM IS ratio
     (is), entropy bonus and MoE aux loss. ℓ_PPO is recomputed here as TRL computes it (with its
-    two-sided clipping `delta`); the two copies cancel to float rounding (tests/test_loss_rules.py).
+    two-sided clipping `delta`); the two copies cancel to float rounding (tests/training/test_loss_rules.py).
     """
     mask = loss_mask(inputs)
     old = inputs.get("old_per_token_logps")
@@ -185,7 +199,7 @@ def surrogate_change(
 
 def trl_aggregate(trainer: trl_internals.GRPOSteps, per_token: Tensor, inputs: dict) -> Tensor:
     """TRL 1.16's aggregation of a per-token loss [B, T] for `trainer.loss_type` with this trainer's
-    accumulation and processes (`objective.aggregate_tokens`: the loss type's denominator of `mask`'s token
+    accumulation and processes (`surrogate.aggregate_tokens`: the loss type's denominator of `mask`'s token
     counts; eval: no accumulation, as TRL's)."""
     mask = loss_mask(inputs)
     training = trainer.model.training

@@ -15,7 +15,7 @@ Differences from the official code (PRIME-RL/Entropy-Mechanism-of-RL `verl/train
 `compute_policy_loss_clip_cov` @1dda039):
 1. [ours] The random draw takes an explicit `torch.Generator`; the official code draws from torch's
    global generator (`torch.randperm`). With a generator seeded like the global one the draw is the
-   same (tests/test_field_cov.py checks this).
+   same (tests/methods/test_field_cov.py checks this).
 2. [ours] Cov is computed on detached log-probs; the official `cov_all` keeps the graph but only
    compares it, so values and gradients are the same.
 3. [code] ⌊ρ·N⌋ is `int(ρ·N)` in floating point, as the official code (ρ·N = 4.999… floors to 4), and

@@ -22,7 +22,7 @@ The distribution is the temperature-scaled policy `softmax(z/τ)` the rules mean
 from the raw logits: TRL's repetition penalty, top-k/top-p/min-p and suppressed tokens act later,
 in generate's logits processors, and are not in these numbers (the statistics pass does not see
 them either). Values equal the statistics pass on the same rollouts to float tolerance: the
-cached step-by-step forward and the full forward add in other orders (tests/test_stats_paths.py).
+cached step-by-step forward and the full forward add in other orders (tests/signals/test_stats_paths.py).
 
 `GenerationRecord.result` refuses (returns None) when the recording does not line up with the
 completions TRL returns (several generate calls, a rollout_func, tool turns, paged generation):

@@ -9,7 +9,7 @@ computed from its source.
 - "attention": attention entropy at the declared layers, `signals/attention.py`.
 Every statistic that needs logits goes through ONE projection, `lm_head_of(model)`: the head
 module itself (bias, LoRA or any adapter included), Granite's `logits_scaling` and the text
-config's `final_logit_softcapping`, so it equals `model(...).logits` (tests/test_lm_head.py).
+config's `final_logit_softcapping`, so it equals `model(...).logits` (tests/signals/test_lm_head.py).
 A batch whose rule declares nothing that needs the model runs no forward at all; a rule that reads
 only attention entropy stops the forward after its last layer and builds no logits.
 """
