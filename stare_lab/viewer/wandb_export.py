@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ def page_data(page: Path | str) -> dict[str, Any]:
 
 
 def log_token_page(
-    run_dir: Path | str, page: Path | str, figures: list[Path | str] = (), run=None
+    run_dir: Path | str, page: Path | str, figures: Sequence[Path | str] = (), run=None
 ) -> dict[str, Any] | None:
     """Log the token page (wandb.Html), the selection figures (wandb.Image) and the page's selected
     fractions and overlap matrix into the run's W&B record. Returns the summary entries, or None.
@@ -188,7 +189,7 @@ def log_sweep_summary(
     sweep: str,
     table,
     passk: dict[str, Any] | None = None,
-    figures: list[Path | str] = (),
+    figures: Sequence[Path | str] = (),
     *,
     out_dir: Path | str,
     project: str = "stare_lab",

@@ -1,0 +1,110 @@
+"""stare-lab: the command line (docs/design.md, "Command line").
+
+    stare-lab demo
+    stare-lab train [--import MODULE] method=stare seed=1 ...
+    stare-lab sweep run sweeps/X.yaml [--import MODULE] [--launcher slurm] [--dry-run]
+    stare-lab sweep status sweeps/X.yaml
+    stare-lab eval runs/X/<run-id> [--n 32] [--import MODULE]
+    stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
+    stare-lab plot sweeps/X.yaml [--no-selection]
+    stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
+    stare-lab dashboard sweeps/X.yaml [--offline] [--name NAME] [--out FILE]
+
+User mistakes print one line on stderr and exit 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from stare_lab.cli.common import UserError, parse
+from stare_lab.cli.reading import (
+    READING_COMMANDS,
+    _plot,
+    _sweep_root,
+    cmd_dashboard,
+    cmd_plot,
+    cmd_table,
+    cmd_view,
+    output_lines,
+)
+from stare_lab.cli.training import cmd_eval, cmd_train
+from stare_lab.config import SWEEP_DIR, ConfigError
+from stare_lab.deferred import defer
+from stare_lab.rule_imports import RuleImportError, reading
+from stare_lab.sweep.cli import main as sweep_main
+from stare_lab.sweep.schema import SweepError
+
+__all__ = ["UserError", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `stare-lab` console command: 0 done, 1 a run failed, 2 a user's mistake (one line), 130 Ctrl-C."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    commands = {
+        "train": cmd_train,
+        "demo": cmd_demo,
+        "sweep": sweep_main,
+        "eval": cmd_eval,
+        "table": cmd_table,
+        "plot": cmd_plot,
+        "view": cmd_view,
+        "dashboard": cmd_dashboard,
+    }
+    if cmd not in commands:
+        return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
+    defer("torch")  # a value the checks refuse exits before torch's ~1.3 s import (stare_lab/deferred.py)
+    try:  # the reading commands work from the records: they import no rule kept outside the package
+        with reading() if cmd in READING_COMMANDS else nullcontext():
+            return commands[cmd](rest)
+    except (UserError, ConfigError, SweepError, RuleImportError, FileNotFoundError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except KeyboardInterrupt:
+        print("stare-lab: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(msg: str) -> int:
+    print(f"stare-lab: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_demo(argv: list[str]) -> int:
+    """sweeps/demo.yaml on the built-in model with the local launcher, then the table and plots."""
+    p = argparse.ArgumentParser(prog="stare-lab demo")
+    p.add_argument("--sweep", type=Path, default=SWEEP_DIR / "demo.yaml")
+    p.add_argument("--out", type=Path, default=Path("analysis") / "demo", help="default: ./analysis/demo")
+    a = parse(p, argv)
+    rc = sweep_main(["run", str(a.sweep), "--retry-failed"])  # the demo is one button: a failed run is retried
+    if rc == 130:  # Ctrl-C: the launcher has said what it stopped
+        return rc
+    if rc != 0:
+        print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
+    cmd_table([str(a.sweep), "--out", str(a.out)])
+    print(f"\noutputs under {a.out}/:")
+    print("\n".join(output_lines(sorted(a.out.glob("results.*")) + sorted(a.out.glob("passk_*.md")))))
+    _plot(_sweep_root(a.sweep), a.out / "figures", "full")
+    _demo_token_page(a.sweep, a.out)
+    return rc
+
+
+def _demo_token_page(sweep: Path, out: Path) -> None:
+    """The demo's token page (every arm at the last kept step) and, where Chromium is installed, its screenshot."""
+    # deferred: the viewer's torch
+    from stare_lab.viewer.browser import chromium_path, screenshot
+    from stare_lab.viewer.page import ViewError, render_sweep
+
+    try:
+        page = render_sweep(sweep, out=out / "tokens.html")
+    except ViewError as e:
+        print(f"stare-lab demo: no token page ({e})", file=sys.stderr)
+        return
+    pages = [page] + ([screenshot(page, out / "tokens.png")] if chromium_path() is not None else [])
+    print("\n".join(output_lines(pages)))
