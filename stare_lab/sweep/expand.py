@@ -82,10 +82,11 @@ def expand_sweep(spec: SweepSpec, composer: Composer | None = None) -> list[RunS
     composer = composer or Composer(spec)
     axes = list(spec.grid.items())
     points = list(itertools.product(*[[(k, i, v) for i, v in enumerate(vals)] for k, vals in axes])) or [()]
-    variants = list(spec.variants.items()) or [(None, {})]
+    variants: list[tuple[str | None, dict[str, Any]]] = [*spec.variants.items()] or [(None, {})]
     short = _short_names([k for k, _ in axes])
     groups = set(config_groups())
-    runs, seen = [], {}
+    runs: list[RunSpec] = []
+    seen: dict[str, str] = {}  # run id -> label
     for point in points:
         for vname, bundle in variants:
             assigned = [(k, v, f"grid.{k}[{i}]") for k, i, v in point]
@@ -120,7 +121,7 @@ def _delta(short: str, v: Any, groups: set[str]) -> str:
 def verify_run(run: RunSpec) -> None:
     """Compare a fast-expanded run with the real `compose(run.overrides)`; raise on any difference.
     `run.imports` is the sweep's, not the config's (stare_lab.rule_imports): it is left out."""
-    exact = OmegaConf.to_container(compose(run.overrides), resolve=True)
+    exact = _mapping(compose(run.overrides), resolve=True)
     config = {**run.config, "run": {k: v for k, v in run.config["run"].items() if k != "imports"}}
     if exact != config:
         diff = sorted(k for k in set(exact) | set(config) if exact.get(k) != config.get(k))
@@ -136,8 +137,8 @@ class Composer:
         self.spec = spec
         self._combos: dict[tuple, dict] = {}
         self._values: dict[tuple, Any] = {}
-        self._params: dict[str, dict] = {}
-        self._strings: dict[tuple[str, str], str] = {}
+        self._params: dict[tuple[str, Any], dict] = {}  # (rule and params, TrainerValues) -> filled params
+        self._strings: dict[tuple[str, ...], str] = {}
         self._schema_nodes: dict[str, Any] = {}
         self._base: dict | None = None
         self._sections: dict[tuple[str, str], dict | None] = {}
@@ -296,6 +297,8 @@ class Composer:
         if (package and package.group(1) != group) or "${" in text:
             return None
         node = OmegaConf.create(text)
+        if not isinstance(node, DictConfig):
+            raise SweepError(f"{self.spec.where()}: conf/{group}/{choice}.yaml: expected a mapping of keys")
         hint = typing.get_type_hints(Config)[group]
         base = OmegaConf.structured(hint) if dataclasses.is_dataclass(hint) else OmegaConf.create({})
         defaults = node.pop("defaults", None)
@@ -310,11 +313,11 @@ class Composer:
             merged = OmegaConf.merge(base, node)
         except Exception as e:  # noqa: BLE001 - a broken group file, named
             raise SweepError(f"{self.spec.where()}: conf/{group}/{choice}.yaml: {' '.join(str(e).split())}") from None
-        return OmegaConf.to_container(merged, resolve=True)
+        return _mapping(merged, resolve=True)
 
     def _merged(self, raw: dict, what: str) -> dict:
         try:
-            return OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Config), raw), resolve=True)
+            return _mapping(OmegaConf.merge(OmegaConf.structured(Config), raw), resolve=True)
         except Exception as e:  # noqa: BLE001 - reported with the groups that caused it
             raise SweepError(f"{self.spec.where()}: config groups {what}: {' '.join(str(e).split())}") from None
 
@@ -339,7 +342,7 @@ class Composer:
                     out = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(inner), value))
                 else:
                     node[leaf] = value
-                    out = OmegaConf.to_container(node)[leaf]
+                    out = _mapping(node)[leaf]
             except Exception:  # noqa: BLE001 - the exact message comes from compose() below
                 bad_key, bad_value = shown or (key, value)
                 raise SweepError(
@@ -387,4 +390,12 @@ class Composer:
 
 
 def _raw(overrides: list[str]) -> dict:
-    return OmegaConf.to_container(hydra_raw(overrides), resolve=False)
+    return _mapping(hydra_raw(overrides), resolve=False)
+
+
+def _mapping(node: Any, resolve: bool = False) -> dict[Any, Any]:
+    """`OmegaConf.to_container` of a mapping node (omegaconf types its result as any container)."""
+    out = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(out, dict):
+        raise TypeError(f"expected a mapping node, got {type(out).__name__}")
+    return out

@@ -152,7 +152,7 @@ class JobWatch:
     processes); Slurm is asked, in one batched query for every job of the look, at most every
     FORCE_CHECK_S. The per-launch memory of those answers lives here, not in module state."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.asked = 0.0
         self.slurm: dict[str, str] | None = None
 

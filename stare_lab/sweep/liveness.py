@@ -149,7 +149,9 @@ class Liveness:
         if self.slurm is None:
             return True
         state = self.slurm.get(str(job_id))
-        return bool(state) and state.split()[0] not in SLURM_ENDED
+        if not state:
+            return False
+        return state.split()[0] not in SLURM_ENDED
 
     def alive(self, run_dir: Path, status: dict[str, Any] | None) -> bool:
         if not status or status.get("state") not in LIVE:

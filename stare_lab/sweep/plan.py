@@ -41,7 +41,7 @@ class Plan:
     failed: list[RunSpec] = field(default_factory=list)  # left alone without retry_failed
     corrupt: list[RunSpec] = field(default_factory=list)  # unreadable status.json, left alone
     active: list[RunSpec] = field(default_factory=list)  # a live worker or job has it
-    other_code: dict[str, int] = field(default_factory=dict)  # code version → finished runs kept
+    other_code: dict[str | None, int] = field(default_factory=dict)  # code version (None: unrecorded) → runs kept
     current_code: str | None = None
 
     def summary(self) -> str:
@@ -80,7 +80,7 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
     live = Liveness.probe(statuses, launcher_alive=False)
     for run, status in zip(runs, statuses, strict=True):
         state = status.get("state") if status else None
-        if state is None:
+        if not status or state is None:
             plan.start.append((run, "new"))
         elif state == "finished":
             code = code_version(status)

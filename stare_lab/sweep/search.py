@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab.record import eval_metric, read_eval_results, read_metrics, read_status, update_status
+from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.expand import Composer, RunSpec, fmt_value
 from stare_lab.sweep.jobs import Tracked, reconcile, stop_job, submit_run
 from stare_lab.sweep.launch import POLL_S, make_executor
@@ -28,11 +29,18 @@ from stare_lab.sweep.search_spec import SearchSpec
 from stare_lab.sweep.worker import RunWorker
 
 
+def search_of(spec: SweepSpec) -> SearchSpec:
+    """The sweep's `search:` block (the functions below are called for a search sweep only)."""
+    if spec.search is None:
+        raise SweepError(f"{spec.where()}: not a search sweep (no `search:` block)")
+    return spec.search
+
+
 def storage_for(spec: SweepSpec):
     """An Optuna storage object (or URL) for this sweep."""
     import optuna
 
-    s = spec.search.storage
+    s = search_of(spec).storage
     if s and "://" in s:
         return s
     if s:
@@ -51,11 +59,11 @@ def load_study(spec: SweepSpec, create: bool = False):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    s: SearchSpec = spec.search
+    s = search_of(spec)
     storage = storage_for(spec)
     if not create:
         return optuna.load_study(study_name=spec.name, storage=storage)
-    pruner = optuna.pruners.NopPruner()
+    pruner: optuna.pruners.BasePruner = optuna.pruners.NopPruner()
     if s.pruner.get("name") == "median":
         pruner = optuna.pruners.MedianPruner(
             n_startup_trials=int(s.pruner.get("n_startup_trials", 2)),
@@ -75,17 +83,19 @@ def load_study(spec: SweepSpec, create: bool = False):
 
 
 def distributions(s: SearchSpec) -> dict[str, Any]:
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-    out = {}
+    out: dict[str, BaseDistribution] = {}
     for key, p in s.params.items():
         if "choices" in p:
             out[key] = CategoricalDistribution(p["choices"])
             continue
         kind = p.get("type") or ("float" if any(isinstance(p[k], float) for k in ("low", "high")) else "int")
-        cls = IntDistribution if kind == "int" else FloatDistribution
-        lo, hi = (int(p["low"]), int(p["high"])) if kind == "int" else (float(p["low"]), float(p["high"]))
-        out[key] = cls(lo, hi, log=bool(p.get("log", False)), step=p.get("step", 1 if kind == "int" else None))
+        log = bool(p.get("log", False))
+        if kind == "int":
+            out[key] = IntDistribution(int(p["low"]), int(p["high"]), log=log, step=p.get("step", 1))
+        else:
+            out[key] = FloatDistribution(float(p["low"]), float(p["high"]), log=log, step=p.get("step"))
     return out
 
 
@@ -120,7 +130,7 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print) -> dict[str
     """Run the study until `trials` trials have ended; returns counts of trial states."""
     from optuna.trial import Trial, TrialState
 
-    s: SearchSpec = spec.search
+    s = search_of(spec)
     study = load_study(spec, create=True)
     composer, dists = Composer(spec), distributions(s)
     executor, watch = make_executor(spec), spec.launcher.watch()
@@ -151,14 +161,14 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print) -> dict[str
                 continue
             prepare(run)
             inflight.append((trial, Tracked(run, submit_run(executor, worker, run))))
-        ended = {id(t) for t in watch.ended_runs([tracked for _, tracked in inflight])}
+        ended_jobs = {id(t) for t in watch.ended_runs([tracked for _, tracked in inflight])}
         for trial, tracked in list(inflight):
-            if s.pruner.get("name") != "none" and _prune(trial, tracked, s, id(tracked) in ended):
+            if s.pruner.get("name") != "none" and _prune(trial, tracked, s, id(tracked) in ended_jobs):
                 inflight.remove((trial, tracked))
                 study.tell(trial, state=TrialState.PRUNED)
                 echo(f"trial {trial.number} pruned  {tracked.run.label}")
                 done += 1
-            elif id(tracked) in ended:
+            elif id(tracked) in ended_jobs:
                 inflight.remove((trial, tracked))
                 state = reconcile(tracked)
                 if state == "watch":  # a worker of an earlier launch holds the run: follow it

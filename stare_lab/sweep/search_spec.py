@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from stare_lab.config import Config, field_problem, schema_fields
 from stare_lab.sweep.keys import check_key
@@ -24,7 +24,7 @@ DIRECTIONS = ("maximize", "minimize")
 class SearchSpec:
     params: dict[str, dict[str, Any]]  # dotted key -> {low, high, log, step, type} | {choices}
     metric: str  # eval/<benchmark>/<metric> or train/<key>
-    direction: str
+    direction: Literal["maximize", "minimize"]  # DIRECTIONS
     trials: int
     parallelism: int
     sampler: str = "tpe"

@@ -239,7 +239,7 @@ def _run_claimed(
         execute_run(run_dir)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised
         interrupted = isinstance(e, (KeyboardInterrupt, SystemExit, Terminated))
-        error = first_line(f"{type(e).__name__}: {e}")
+        error = first_line(f"{type(e).__name__}: {e}") or type(e).__name__  # never empty: it starts with the name
         if gate is not None:
             gate.failed(error)
             # under SIGTERM Slurm's KillWait is short: look once, briefly, for a peer's error line

@@ -103,7 +103,7 @@ def quadrant_figure(
     most of its ~2 s of CPU laying out shared axes)."""
     if "entropy" not in batch.stats:
         return None
-    shown = [v for v in views if v.computable]
+    shown = [(v, c[1]) for v in views if (c := v.computed) is not None]  # (view, its selected tokens)
     valid = batch.mask > 0
     H, s = batch.stats["entropy"][valid].numpy(), (-batch.stats["logp"])[valid].numpy()
     adv = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None].expand_as(batch.mask)
@@ -121,10 +121,10 @@ def quadrant_figure(
     x_ticks, y_ticks = _ticks(x_lo, x_hi), _ticks(y_lo, y_hi)
     h_mid, s_mid = float(_median(H)), float(_median(s))
     colour = np.array([COLOURS["A < 0"], COLOURS["A = 0"], COLOURS["A > 0"]])[np.sign(a).astype(int) + 1]
-    for i, view in enumerate(shown):
+    for i, (view, selected) in enumerate(shown):
         row, col = divmod(i, cols)
         ax = fig.add_subplot(grid[row, col])
-        sel = view.selected[valid].numpy()
+        sel = selected[valid].numpy()
         ax.scatter(H, s, s=3, c="#d0d0d0", linewidths=0)
         ax.scatter(H[sel], s[sel], s=5, c=colour[sel], linewidths=0)
         ax.axvline(h_mid, ls="--", lw=0.7, c="#555")
@@ -197,8 +197,10 @@ def selection_over_steps(
             tr, to = fractions(v, batch.mask) or (float("nan"), float("nan"))
             trained.setdefault(v.label, []).append(tr)
             touched.setdefault(v.label, []).append(to)
-            ok = v.computable and own.computable
-            overlap.setdefault(v.label, []).append(jaccard(v.selected, own.selected) if ok else float("nan"))
+            theirs, ours = v.computed, own.computed
+            overlap.setdefault(v.label, []).append(
+                jaccard(theirs[1], ours[1]) if theirs is not None and ours is not None else float("nan")
+            )
         own_tr, own_to = fractions(own, batch.mask) or (float("nan"), float("nan"))
         trained.setdefault(own.label, []).append(own_tr)
         touched.setdefault(own.label, []).append(own_to)

@@ -93,9 +93,10 @@ def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, 
         "computable": view.computable,
         "reason": view.reason,
     }
-    if not view.computable:
+    if view.computed is None:
         return entry
-    w = _flat(view.weights, valid)
+    weights, selected = view.computed
+    w = _flat(weights, valid)
     n = max(int(valid.sum()), 1)
     trained, touched = fractions(view, batch.mask) or (None, None)
     entry.update(
@@ -103,21 +104,21 @@ def _rule_entry(view: RuleView, batch: Batch, valid: torch.Tensor) -> dict[str, 
             "normalize": view.normalize,
             "metrics": _clean(view.metrics),
             "weights": _b64(w, "<f4"),
-            "selected": _b64(_flat(view.selected, valid), "u1"),
+            "selected": _b64(_flat(selected, valid), "u1"),
             "selected_frac": selected_fraction(view, batch.mask),
             "trained_frac": trained,
             "touched_frac": touched,
             "weight_mean": float(w.double().sum()) / n,
             "weight_max": float(w.max()) if w.numel() else 0.0,
             "binary": bool(((w == 0) | (w == 1)).all()),
-            "positions": position_histogram(view.selected, batch.mask, BINS),
-            "top_tokens": [list(t) for t in top_tokens(batch, view.selected)],
+            "positions": position_histogram(selected, batch.mask, BINS),
+            "top_tokens": [list(t) for t in top_tokens(batch, selected)],
         }
     )
     if view.update is not None:  # the loss record: the rule replayed on it, micro-batch by micro-batch
         entry.update(update=view.update, reproduces_training=view.reproduces, replay_note=view.replay_note)
     elif view.own and batch.trained_weights is not None:
-        entry["reproduces_training"] = bool(torch.equal(view.weights, batch.trained_weights.float()))
+        entry["reproduces_training"] = bool(torch.equal(weights, batch.trained_weights.float()))
     if view.note:
         entry["note"] = view.note
     return entry

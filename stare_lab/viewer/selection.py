@@ -51,8 +51,15 @@ class RuleView:
     replay_note: str | None = None  # why it was not replayed, or what differed
 
     @property
+    def computed(self) -> tuple[Tensor, Tensor] | None:
+        """(weights, selected) of a rule that ran on the batch (both are set together); None for one that could not."""
+        if self.weights is None or self.selected is None:
+            return None
+        return self.weights, self.selected
+
+    @property
     def computable(self) -> bool:
-        return self.weights is not None
+        return self.computed is not None
 
     @property
     def label(self) -> str:
@@ -112,16 +119,16 @@ def apply_rule(batch: Batch, name: str, params: dict[str, Any] | None = None, *,
         )
         return view
     valid = stats.valid
-    view.weights = out.weights.float()
-    view.selected = (out.selected.bool() & valid) if out.selected is not None else valid.clone()
+    selected = (out.selected.bool() & valid) if out.selected is not None else valid.clone()
+    view.weights, view.selected = out.weights.float(), selected
     view.normalize = out.normalize
     view.metrics = {k: float(v) for k, v in out.metrics.items()}
     if rule.changes_loss:
-        _touched(view, rule, stats, state, out)
+        _touched(view, selected, rule, stats, state, out)
     return view
 
 
-def _touched(view: RuleView, rule, stats, state, out) -> None:
+def _touched(view: RuleView, selected: Tensor, rule, stats, state, out) -> None:
     """A loss-changing rule's terms on the kept batch (rollout policy; entropy where kept): which tokens
     its loss changes, and how."""
     from stare_lab.methods import LossBatch
@@ -133,7 +140,7 @@ def _touched(view: RuleView, rule, stats, state, out) -> None:
         advantages=stats.advantages,
         mask=stats.mask,
         entropy=stats.entropy if stats.entropy is not None else nan,
-        selected=view.selected,
+        selected=selected,
         trainer=state.trainer,
         ref_logp=stats.ref_logp,
     )
@@ -310,9 +317,10 @@ def fractions(view: RuleView, mask: Tensor) -> tuple[float, float] | None:
     tokens/trained_frac and tokens/touched_frac), or None for a rule that could not run."""
     from stare_lab.token_weights import token_fractions
 
-    if not view.computable:
+    if view.computed is None:
         return None
-    trained, touched = token_fractions(view.weights, mask, view.touched)
+    weights, _ = view.computed
+    trained, touched = token_fractions(weights, mask, view.touched)
     n = float((mask > 0).sum())
     return (float(trained.sum()) / n, float(touched.sum()) / n) if n else (0.0, 0.0)
 
@@ -330,10 +338,11 @@ def one_thread():
 
 
 def selected_fraction(view: RuleView, mask: Tensor) -> float | None:
-    if not view.computable:
+    if view.computed is None:
         return None
+    _, selected = view.computed
     n = float(mask.sum())
-    return float(view.selected.sum()) / n if n else 0.0
+    return float(selected.sum()) / n if n else 0.0
 
 
 def jaccard(a: Tensor, b: Tensor) -> float:
@@ -344,13 +353,13 @@ def jaccard(a: Tensor, b: Tensor) -> float:
 
 def overlap_matrix(views: list[RuleView]) -> tuple[list[str], np.ndarray]:
     """(keys, [R, R] Jaccard of the selected sets) over the computable rules."""
-    ok = [v for v in views if v.computable]
-    flat = torch.stack([v.selected.reshape(-1) for v in ok]).float() if ok else torch.zeros(0, 0)
+    ok = [(v.key, c[1]) for v in views if (c := v.computed) is not None]
+    flat = torch.stack([selected.reshape(-1) for _, selected in ok]).float() if ok else torch.zeros(0, 0)
     inter = (flat @ flat.T).double()  # [R, R] |a ∩ b|
     size = flat.sum(1).double()
     union = size[:, None] + size[None, :] - inter
     m = torch.where(union > 0, inter / union.clamp(min=1), torch.ones_like(inter))
-    return [v.key for v in ok], m.numpy()
+    return [key for key, _ in ok], m.numpy()
 
 
 def position_histogram(selected: Tensor, mask: Tensor, bins: int = 20) -> list[int]:

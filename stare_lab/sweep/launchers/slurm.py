@@ -175,7 +175,7 @@ class SlurmWatch(JobWatch):
     and Slurm then requeues the job (node failure), whose worker would start the failed run again
     on its own; a failed run resumes only on `sweep run --retry-failed`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.gone_since: dict[str, float] = {}
         self.ended_since: dict[str, float] = {}
