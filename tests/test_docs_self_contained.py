@@ -100,3 +100,20 @@ def test_design_links_exist():
     assert "docs/run_record.md" in linked
     missing = sorted(p for p in linked if not (ROOT / p.rstrip("/.")).exists())
     assert missing == []
+
+
+def test_every_test_file_named_exists():
+    """A `tests/...py` path named in the code, the pages or the benchmarks is a file of the repository
+    (tests/ mirrors the package: a moved test must not leave its old path behind)."""
+    named = re.compile(r"\b(tests/[\w./-]+\.py)\b")
+    other_projects = {  # test files of the codes we compare with, named as theirs
+        "tests/test_grpo_trainer.py",  # TRL's
+        "tests/trainer/ppo/test_kl_cov_mask_on_cpu.py",  # verl's
+    }
+    missing = []
+    for tree in TREES:
+        for path in text_files(tree):
+            for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                gone = [p for p in named.findall(line) if p not in other_projects and not (ROOT / p).is_file()]
+                missing += [f"{path.relative_to(ROOT)}:{i}: {p}" for p in gone]
+    assert missing == [], "names a test file that is not there:\n" + "\n".join(missing)
