@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,13 +42,23 @@ def _loss_types() -> tuple[str, ...]:
     return LOSS_TYPES
 
 
+# Where the `vllm` extra's environment comes from (one line, exit 2, before anything launches).
+VLLM_HINT = (
+    "vLLM is not installed in this environment: build its own with `make vllm-env` (the `vllm` extra, "
+    "pinned in requirements-vllm.txt; docs/vllm.md) and run with .venv-vllm/bin/stare-lab"
+)
+
+
+def missing_vllm() -> str | None:
+    """None when vLLM can be imported here, else the one line that says how to get it. A folder named
+    `vllm` on sys.path is a namespace package, not vLLM: only a module with a file counts."""
+    spec = importlib.util.find_spec("vllm")
+    return None if spec is not None and spec.origin is not None else VLLM_HINT
+
+
 def _vllm_installed(use_vllm: Any) -> str | None:
     """use_vllm=true needs vLLM in this environment: one line naming the extra (docs/vllm.md)."""
-    if use_vllm is not True:
-        return None
-    from stare_lab.vllm_engine import missing_vllm
-
-    return missing_vllm()
+    return missing_vllm() if use_vllm is True else None
 
 
 # TRL 1.16's GRPOConfig.vllm_importance_sampling_mode values (GRPOTrainer._generate_and_score_completions)

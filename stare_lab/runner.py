@@ -37,6 +37,7 @@ from stare_lab.record import (
     write_metrics,
 )
 from stare_lab.rule_imports import import_run_modules
+from stare_lab.vllm_server import for_run
 
 # Logged values that are finite in every healthy step; rule metrics (e.g. a closed gate's NaN) are not checked.
 FINITE_KEYS = ("loss", "grad_norm", "tokens/weight_mean", "tokens/weight_std")
@@ -67,8 +68,6 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
     wandb_run = _open_wandb(cfg, run_dir)
     try:
         if not trained:
-            from stare_lab.sweep.server_task import for_run
-
             with for_run(cfg, run_dir) as server_watch:  # server mode: its address, its watch; else nothing
                 train(cfg, run_dir, [*callbacks, *server_watch], wandb_run)
         if cfg.eval.enabled:

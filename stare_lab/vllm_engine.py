@@ -23,15 +23,12 @@ policy's into vLLM's fused layout, so a test checks a sync against the engine it
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-# Where the `vllm` extra's environment comes from (one line, exit 2, before anything launches).
-VLLM_HINT = (
-    "vLLM is not installed in this environment: build its own with `make vllm-env` (the `vllm` extra, "
-    "pinned in requirements-vllm.txt; docs/vllm.md) and run with .venv-vllm/bin/stare-lab"
-)
+# Whether vLLM is installed is a question of the config's checks (a run with use_vllm, `eval --engine vllm`);
+# the command line and the vLLM tests still import it from here (stare_lab.cli.training, tests).
+from stare_lab.config_schema import missing_vllm  # noqa: F401
 
 # A first logged step whose mean |Δ log-prob| (engine's sampling log-prob vs the training forward's, over
 # the valid completion tokens) exceeds this prints one warning line. Measured on the built-in model,
@@ -42,13 +39,6 @@ VLLM_HINT = (
 MISMATCH_WARN = 2e-4
 
 _ENGINE: dict[str, Any] = {"dtype": None, "seed": 0, "reuse": None}
-
-
-def missing_vllm() -> str | None:
-    """None when vLLM can be imported here, else the one line that says how to get it. A folder named
-    `vllm` on sys.path is a namespace package, not vLLM: only a module with a file counts."""
-    spec = importlib.util.find_spec("vllm")
-    return None if spec is not None and spec.origin is not None else VLLM_HINT
 
 
 def grpo_vllm_args(trainer: Mapping[str, Any], model_dtype: str, seed: int) -> dict[str, Any]:

