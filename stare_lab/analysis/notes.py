@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
+from stare_lab.inputs import benchmark_source
 from stare_lab.record import EVAL_SETTINGS, SETTING_DEFAULTS
 
 _SHORT = {"temperature": "T", "top_p": "top-p", "max_tokens": "max tokens"}
@@ -106,8 +109,6 @@ def benchmark_columns(final: pd.DataFrame, benchmarks: list[str]) -> tuple[dict[
     """({benchmark: column header with its number of problems}, one note saying where each column's
     problems come from): `math (20)` and "math: the task's held-out split, the first 20 problems of
     math500.jsonl" rather than a bare `math` for a slice of MATH-500."""
-    from pathlib import Path
-
     labels, sources = {}, []
     for b in benchmarks:
         rows = final[final["benchmark"] == b]
@@ -122,8 +123,6 @@ def benchmark_columns(final: pd.DataFrame, benchmarks: list[str]) -> tuple[dict[
             first = f"the first {int(limit.iloc[0])} problems of " if limit is not None and len(limit) else ""
             sources.append(f"{b}: the task's held-out split, {first}{where}")
         else:
-            from stare_lab.inputs import benchmark_source
-
             source = benchmark_source(b)
             if source and source.startswith("builtin:"):
                 sources.append(f"{b}: the built-in {source.split(':', 1)[1]} task's held-out split")

@@ -97,8 +97,7 @@ def cmd_demo(argv: list[str]) -> int:
 
 def _demo_token_page(sweep: Path, out: Path) -> None:
     """The demo's token page (every arm at the last kept step) and, where Chromium is installed, its screenshot."""
-    # deferred: the viewer's torch
-    from stare_lab.viewer.browser import chromium_path, screenshot
+    from stare_lab.viewer.browser import chromium_path, screenshot  # deferred: the viewer's torch
     from stare_lab.viewer.page import ViewError, render_sweep
 
     try:

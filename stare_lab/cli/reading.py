@@ -175,8 +175,7 @@ def _tables(
 ) -> tuple[Table, dict[str, Table]]:
     """(the results table, the pass@k table of each benchmark when they are written: --out, --wandb);
     results that can not be compared are refused in one line."""
-    # deferred: pandas and scipy
-    from stare_lab.analysis import collect_problems, passk_table, results_table, run_states
+    from stare_lab.analysis import collect_problems, passk_table, results_table, run_states  # deferred: pandas, scipy
     from stare_lab.analysis.collect import SettingsMismatch
     from stare_lab.analysis.compare import ComparisonError
 
@@ -203,8 +202,7 @@ def _table_to_wandb(
 ) -> None:
     """The finished table, its forest plot and the pass@k curves in one summary run of the sweep's
     W&B group (offline without a key), in the W&B project and entity its runs logged to."""
-    # deferred: matplotlib, and wandb through the viewer (whose package imports torch)
-    from stare_lab.analysis import plot_forest, plot_passk
+    from stare_lab.analysis import plot_forest, plot_passk  # deferred: matplotlib; then wandb and the viewer's torch
     from stare_lab.viewer.wandb_export import log_sweep_summary
 
     figures = plot_passk(df, root / "figures", baseline=baseline)
@@ -280,8 +278,7 @@ def _plot(root: Runs, out: Path, baseline: str, reuse_run_figures: bool = True, 
 def _forest(root: Runs, evals: pd.DataFrame, out: Path, baseline: str) -> list[Path]:
     """Forest plots of each arm's difference to `baseline` with its interval; none (said on stderr)
     where the runs can not be compared."""
-    # deferred: pandas, scipy and matplotlib
-    from stare_lab.analysis import collect_problems, plot_forest, results_table
+    from stare_lab.analysis import collect_problems, plot_forest, results_table  # deferred: pandas, scipy, matplotlib
     from stare_lab.analysis.collect import SettingsMismatch
     from stare_lab.analysis.compare import ComparisonError
 

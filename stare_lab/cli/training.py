@@ -144,8 +144,7 @@ def cmd_eval(argv: list[str]) -> int:
         raise UserError(f"{'--engine' if a.engine else 'eval.engine:'} vllm: {missing_vllm()}")
     if a.benchmarks:
         cfg.eval.benchmarks = a.benchmarks
-    # deferred: the sampler's torch and transformers, submitit, and the viewer's torch
-    from stare_lab.eval_run import evaluate_run
+    from stare_lab.eval_run import evaluate_run  # deferred: torch and transformers (the sampler), submitit
     from stare_lab.sweep.worker import start_worker
     from stare_lab.viewer.wandb_export import log_eval
 

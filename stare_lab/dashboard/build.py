@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stare_lab.config import ConfigError
 from stare_lab.dashboard.logged import LoggedRun, WandbFilesError, read_logged_runs
+from stare_lab.sweep.schema import SweepError, load_sweep
+from stare_lab.utils import atomic_write_text
 
 SPEC_FILE = "wandb_dashboard.json"
 OFFLINE_MODES = ("offline", "disabled", "dryrun")
@@ -64,8 +67,6 @@ def sweep_folder(sweep: Path | str) -> tuple[str | None, Path]:
         return None, path
     if not path.is_file() and (path.suffix or len(path.parts) > 1):
         raise DashboardError(f"no such sweep file or run folder: {path}")
-    from stare_lab.sweep.schema import load_sweep
-
     spec = load_sweep(path)
     return spec.name, spec.folder
 
@@ -76,7 +77,7 @@ def build_dashboard(
     """Build the sweep's workspace, write its specification, and save it to W&B when `publish`
     (None: when `wandb_online()`). Raises DashboardError (nothing written), WandbFilesError, and
     PublishError (the specification is written)."""
-    from stare_lab.analysis.collect import find_run_dirs
+    from stare_lab.analysis.collect import find_run_dirs  # deferred: pandas
 
     label, folder = sweep_folder(sweep)
     if not folder.is_dir():
@@ -93,7 +94,7 @@ def build_dashboard(
     shown = [r for r in logged if r.group == sweep_name and r.project == project]
     if not any(r.job_type != "summary" for r in shown):
         raise DashboardError(f"no run under {folder} was logged to W&B group {sweep_name!r} of project {project!r}")
-    from stare_lab.dashboard.view import build_workspace
+    from stare_lab.dashboard.view import build_workspace  # deferred: wandb_workspaces, wandb and pandas
 
     workspace = build_workspace(sweep_name, shown, _entity(training), project, name)
     path = Path(out) if out is not None else folder / SPEC_FILE
@@ -114,15 +115,13 @@ def build_dashboard(
 
 
 def write_spec(workspace: Any, path: Path) -> None:
-    from stare_lab.utils import atomic_write_text
-
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(workspace._spec, indent=1) + "\n")
 
 
 def load_workspace(path: Path | str) -> Any:
     """The workspace of a written specification (as `Workspace.from_url` builds one from W&B's)."""
-    import wandb_workspaces.workspaces as ws
+    import wandb_workspaces.workspaces as ws  # deferred: wandb_workspaces (with wandb and pydantic)
     from wandb_workspaces.workspaces import internal
 
     return ws.Workspace._from_model(internal.View.model_validate_json(Path(path).read_text()))
@@ -142,7 +141,7 @@ def _reuse_view(workspace: Any, path: Path) -> None:
 
 
 def _save(workspace: Any) -> str:
-    import wandb
+    import wandb  # deferred: only a save to W&B needs it
 
     try:
         if not workspace.entity:
@@ -204,9 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--offline", action="store_true", help="write the specification only, even with a W&B key")
     p.add_argument("--name", default=None, help="the workspace's name (default: '<sweep> (stare-lab)')")
     p.add_argument("--out", type=Path, default=None, help=f"the specification (default: <sweep folder>/{SPEC_FILE})")
-    from stare_lab.config import ConfigError
-    from stare_lab.sweep.schema import SweepError
-
     try:
         a = p.parse_args(sys.argv[1:] if argv is None else argv)
         d = build_dashboard(a.sweep, publish=False if a.offline else None, out=a.out, name=a.name)

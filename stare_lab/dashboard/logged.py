@@ -83,7 +83,7 @@ def _reader(log: Path) -> list[str]:
     with these arguments (wandb/cli/leet.py) after ~0.5 s of Python imports; wandb-core alone takes
     ~30 ms, which counts with one log per run. Without wandb-core, the `wandb` command."""
     try:
-        from wandb.util import get_core_path
+        from wandb.util import get_core_path  # deferred: wandb (~0.5 s), for where its core binary is
 
         core = get_core_path()
     except Exception:  # wandb without its core binary: the command line finds out and says why

@@ -13,12 +13,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from stare_lab.config import ConfigError
-from stare_lab.rule_imports import RuleImportError, reading
+from stare_lab.dashboard import publish_after_sweep
+from stare_lab.inputs import hub_problem, input_problems, overlap_warnings
+from stare_lab.record import read_status
+from stare_lab.rule_imports import RuleImportError, import_modules, reading
+from stare_lab.sweep.expand import Composer, expand_sweep, verify_run
 from stare_lab.sweep.launchers import launcher_names
+from stare_lab.sweep.liveness import write_manifest
+from stare_lab.sweep.lock import SweepLock
+from stare_lab.sweep.plan import check_output, plan_runs
 from stare_lab.sweep.schema import SweepError, load_sweep
+from stare_lab.sweep.server_task import describe_run
+from stare_lab.sweep.status import collect, format_status
+from stare_lab.utils import atomic_write_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,11 +114,6 @@ def _cli_launcher(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from stare_lab.rule_imports import import_modules
-    from stare_lab.sweep.plan import check_output
-
     cli = _cli_launcher(args)
     imported = import_modules(args.imports, Path.cwd(), "--import")
     spec = load_sweep(args.file, launcher=cli, output=args.root, imported=imported, reading=False)
@@ -113,8 +123,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SweepError("--workers: expected an integer ≥ 1")
     if spec.search is not None:
         return _run_search(spec, args)
-    from stare_lab.sweep.lock import SweepLock
-
     if args.dry_run:
         _print_plan(spec, _checked_runs(spec, dry_run=True))
         return 0
@@ -128,8 +136,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checked_runs(spec, dry_run: bool = False) -> list:
     """The sweep's runs, each one's inputs checked (`_check_inputs`)."""
-    from stare_lab.sweep.expand import expand_sweep
-
     runs = expand_sweep(spec)
     _check_inputs(runs, dry_run)
     return runs
@@ -139,8 +145,6 @@ def _check_inputs(runs, dry_run: bool = False) -> None:
     """Every file the runs will read exists (stare_lab.inputs), before any run directory is made;
     a training set that holds held-out problems is said once per distinct pair. A dry run only warns
     of a hub model this machine can not load offline (the one that launches may have it)."""
-    from stare_lab.inputs import hub_problem, input_problems, overlap_warnings
-
     seen, said = set(), set()
     for run in runs:
         c = run.config
@@ -161,11 +165,7 @@ def _check_inputs(runs, dry_run: bool = False) -> None:
 
 def _launch(spec, runs, retry_failed: bool, rerun_other_code: bool = False) -> int:
     """Launch the planned runs; the caller holds the sweep's lock."""
-    from stare_lab.sweep.expand import verify_run
-    from stare_lab.sweep.launch import launch_runs
-    from stare_lab.sweep.liveness import write_manifest
-    from stare_lab.sweep.plan import plan_runs
-    from stare_lab.utils import atomic_write_text
+    from stare_lab.sweep.launch import launch_runs  # deferred: submitit (a refused sweep never pays for it)
 
     verify_run(runs[0])
     write_manifest(
@@ -193,14 +193,10 @@ def _launch(spec, runs, retry_failed: bool, rerun_other_code: bool = False) -> i
 
 def _publish_dashboard(spec) -> None:
     """With a W&B key set, the sweep's dashboard is saved once its runs are done (one line; never raises)."""
-    from stare_lab.dashboard import publish_after_sweep
-
     publish_after_sweep(spec.folder)
 
 
 def _run_search(spec, args: argparse.Namespace) -> int:
-    from stare_lab.sweep.plan import check_output
-
     s = spec.search
     if args.dry_run:
         print(
@@ -212,10 +208,7 @@ def _run_search(spec, args: argparse.Namespace) -> int:
             print(f"  {k}: {p}")
         return 0
     check_output(spec)
-    from stare_lab.sweep.expand import Composer, verify_run
-    from stare_lab.sweep.liveness import write_manifest
-    from stare_lab.sweep.lock import SweepLock
-    from stare_lab.sweep.search import best_trial, distributions, run_search, trial_run
+    from stare_lab.sweep.search import best_trial, distributions, run_search, trial_run  # deferred: submitit
 
     with SweepLock(spec.folder, spec.name):
         sample = {k: (d.choices[0] if hasattr(d, "choices") else d.low) for k, d in distributions(s).items()}
@@ -233,12 +226,6 @@ def _run_search(spec, args: argparse.Namespace) -> int:
 
 
 def _print_plan(spec, runs) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    from stare_lab.record import read_status
-
     la = spec.launcher
     settings = ", ".join(f"{k}={v}" for k, v in la.settings().items() if k != "name" and v not in (None, [], {}))
     print(f"sweep {spec.name}: {len(runs)} runs → {spec.folder}\nlauncher {la.name}: {settings}")
@@ -258,8 +245,6 @@ def _print_plan(spec, runs) -> None:
 def _print_layouts(la, runs) -> None:
     """With vLLM server mode in the sweep, each run's layout (nodes, training processes, the server's GPUs,
     its address), one line per distinct layout with the runs (# of the table) that have it."""
-    from stare_lab.sweep.server_task import describe_run
-
     if not any(r.config["trainer"].get("use_vllm") and r.config["trainer"].get("vllm_mode") == "server" for r in runs):
         return
     layouts: dict[str, list[str]] = {}
@@ -273,18 +258,14 @@ def _print_layouts(la, runs) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from stare_lab.sweep.status import collect, format_status
-
     spec = load_sweep(args.file, output=args.root, reading=True)
     best = None
     if spec.search is not None:
-        from stare_lab.sweep.search import best_trial
+        from stare_lab.sweep.search import best_trial  # deferred: submitit, through the worker
 
         best = best_trial(spec) if spec.folder.is_dir() else None
     plan = None
     if spec.search is None and spec.folder.is_dir():  # the plan of the file as it is now, not as last run
-        from stare_lab.sweep.expand import expand_sweep
-
         plan = [{"id": r.id, "label": r.label} for r in expand_sweep(spec)]
     data = collect(spec.folder, plan)
     print(format_status(spec.name, data, digest=spec.digest, show_all=args.all, best=best))

@@ -35,6 +35,7 @@ from stare_lab.config import (
     section_schema,
 )
 from stare_lab.rule_imports import run_entries
+from stare_lab.sweep.records import resolve_from_records
 from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
 from stare_lab.sweep.server_task import server_layout
 
@@ -103,8 +104,6 @@ def expand_sweep(spec: SweepSpec, composer: Composer | None = None) -> list[RunS
                 seen[run.id] = label
                 runs.append(run)
     if spec.reading:
-        from stare_lab.sweep.records import resolve_from_records
-
         resolve_from_records(runs, spec.folder)
     return runs
 
@@ -193,7 +192,7 @@ class Composer:
         """Whether the registry knows the rule; always, but in a reading command (`SweepSpec.reading`)."""
         if not self.spec.reading:
             return True
-        from stare_lab.methods.registry import is_registered
+        from stare_lab.methods.registry import is_registered  # deferred: the rules import torch
 
         return is_registered(name)
 
@@ -369,7 +368,7 @@ class Composer:
         return f"{key}={fmt_value(value)} can not be applied by the sweep expansion (a nested key?)"
 
     def _filled_params(self, method: dict, trainer: dict, origins: dict[str, str], label: str) -> dict:
-        from stare_lab.methods import TrainerValues
+        from stare_lab.methods import TrainerValues  # deferred: the rules import torch
 
         params = method.get("params") or {}
         if not self._rule_known(method["name"]):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from stare_lab.record import claim_held, first_line, read_status, update_status
 from stare_lab.sweep.liveness import LIVE, Liveness, process_start
+from stare_lab.sweep.ranks import latest_peer_failure
 
 if TYPE_CHECKING:
     from stare_lab.sweep.expand import RunSpec
@@ -233,8 +234,6 @@ def reconcile(t: Tracked) -> str:
     if state in LIVE:
         if t.job is None:
             return "resume"
-        from stare_lab.sweep.ranks import latest_peer_failure
-
         error = latest_peer_failure(t.run.run_dir) or error  # a multi-process run: the first rank that failed
         update_status(
             t.run.run_dir,

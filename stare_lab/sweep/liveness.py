@@ -85,7 +85,7 @@ def slurm_states(job_ids: Iterable[str]) -> dict[str, str] | None:
         return None
     if out.returncode != 0:
         return None
-    from submitit.slurm.slurm import SlurmInfoWatcher
+    from submitit.slurm.slurm import SlurmInfoWatcher  # deferred: submitit, asked only on a Slurm sweep
 
     states = {job: info.get("State", "") for job, info in SlurmInfoWatcher().read_info(out.stdout).items()}
     arrays = {job.split("_")[0] for job in states}

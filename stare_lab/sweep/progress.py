@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich import progress
+from rich.console import Console
+
 from stare_lab.record import read_status
 from stare_lab.sweep.expand import RunSpec
 
@@ -15,12 +18,9 @@ class Progress:
         self.total, self.echo, self.done, self._p = total, echo, 0, None
 
     def __enter__(self):
-        from rich.console import Console
-
         if Console().is_terminal and self.total:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn("runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            columns = (progress.BarColumn(), progress.MofNCompleteColumn(), progress.TimeElapsedColumn())
+            self._p = progress.Progress(progress.TextColumn("runs"), *columns)
             self._p.start()
             self._task = self._p.add_task("runs", total=self.total)
         return self.advance

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stare_lab.record import first_line, read_json
+from stare_lab.record import first_line, read_json, read_metrics
+from stare_lab.sweep.liveness import process_start
 from stare_lab.utils import atomic_write_text
 
 RANKS_DIR = ".ranks"
@@ -62,7 +63,7 @@ ECHOES = (
 
 def attempt_key() -> str:
     """This job attempt: submitit's job id, plus Slurm's restart count (requeues keep the id)."""
-    import submitit
+    import submitit  # deferred: submitit, asked only inside a job
 
     env = submitit.JobEnvironment()
     return f"{env.job_id}-{os.environ.get('SLURM_RESTART_COUNT', '0') or '0'}"
@@ -146,8 +147,6 @@ class RankGate:
 
     def _at_step(self) -> str:
         """' at step N': the step rank 0 was in (one past the last row of the run's metrics.jsonl)."""
-        from stare_lab.record import read_metrics
-
         try:
             rows = read_metrics(self.dir.parent.parent)
         except (OSError, ValueError):
@@ -216,8 +215,6 @@ class _Heartbeat:
 
 
 def _dead_here(info: dict[str, Any]) -> bool:
-    from stare_lab.sweep.liveness import process_start
-
     return (
         bool(info.get("pid")) and info.get("host") == socket.gethostname() and process_start(int(info["pid"])) is None
     )

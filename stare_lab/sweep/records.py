@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from stare_lab.config import run_id
 from stare_lab.record import CONFIG_FILE
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -47,8 +48,6 @@ def recorded_configs(folder: Path | str) -> list[dict[str, Any]]:
 def resolve_from_records(runs: list, folder: Path) -> None:
     """Give each unresolved run (`RunSpec.resolved` False) the id, folder and config of the record
     that ran it (module docstring); in place."""
-    from stare_lab.config import run_id
-
     pending = [r for r in runs if not r.resolved]
     if not pending:
         return

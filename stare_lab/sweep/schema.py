@@ -37,6 +37,7 @@ from stare_lab.rule_imports import Imported, RuleImportError, import_modules, is
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.keys import check_key
 from stare_lab.sweep.launchers import Launcher, launcher_defaults, parse_launcher  # noqa: F401 - launcher_defaults: tests
+from stare_lab.sweep.records import recorded_configs
 from stare_lab.sweep.search_spec import SearchSpec, parse_search
 
 TOP_KEYS = (
@@ -260,7 +261,7 @@ class _MethodChoices:
         _check_choice("method", value, path, fail)
 
     def all(self) -> list[str]:
-        from stare_lab.methods import list_methods
+        from stare_lab.methods import list_methods  # deferred: the rules import torch
 
         names = list(list_methods())  # registration order
         if self.reading:
@@ -270,8 +271,6 @@ class _MethodChoices:
 
 def recorded_methods(folder: Path) -> list[str]:
     """Rule names of the run records under a sweep folder, in folder order."""
-    from stare_lab.sweep.records import recorded_configs
-
     names: dict[str, None] = {}
     for cfg in recorded_configs(folder):
         names.setdefault(str((cfg.get("method") or {}).get("name")), None)
@@ -280,7 +279,7 @@ def recorded_methods(folder: Path) -> list[str]:
 
 def _check_choice(group: str, value: Any, path: str, fail) -> None:
     if group == "method" and isinstance(value, str):
-        from stare_lab.methods.registry import OUTSIDE_HINT, is_registered
+        from stare_lab.methods.registry import OUTSIDE_HINT, is_registered  # deferred: the rules import torch
 
         if not is_registered(value):
             fail(path, f"unknown method option {value!r}; valid: {', '.join(group_options(group))}; {OUTSIDE_HINT}")

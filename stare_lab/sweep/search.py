@@ -38,7 +38,7 @@ def search_of(spec: SweepSpec) -> SearchSpec:
 
 def storage_for(spec: SweepSpec):
     """An Optuna storage object (or URL) for this sweep."""
-    import optuna
+    import optuna  # deferred: optuna, for a search sweep only (here and below)
 
     s = search_of(spec).storage
     if s and "://" in s:

@@ -37,7 +37,9 @@ from typing import Any
 
 import submitit
 
+from stare_lab.config import load_config
 from stare_lab.record import (
+    CONFIG_FILE,
     CORRUPT,
     RecordError,
     RunClaim,
@@ -50,6 +52,8 @@ from stare_lab.record import (
     update_status,
     write_status,
 )
+from stare_lab.rule_imports import import_run_modules, rule_modules
+from stare_lab.sweep import server_task
 from stare_lab.sweep.liveness import self_identity
 from stare_lab.sweep.ranks import RANKS_DIR, RankGate, attempt_key, is_echo
 from stare_lab.sweep.threads import (
@@ -92,7 +96,7 @@ def run_threads() -> dict[str, Any]:
     """Decide this process's torch threads for the run it starts (stare_lab.sweep.threads): the
     launcher's key, else OMP_NUM_THREADS, else the usable cores shared among the workers and left
     free by other processes just now (a 0.25 s look, only then)."""
-    import torch
+    import torch  # deferred: the command line's refusals come before torch (stare_lab.deferred)
 
     plan = _PLAN[0]
     decided = plan.per_worker is not None or omp_num_threads(os.environ) is not None
@@ -106,7 +110,7 @@ def run_threads() -> dict[str, Any]:
 def threads_record() -> dict[str, Any]:
     """The attempt's `threads` in its provenance: torch's thread count now, what decided it, and the
     OpenMP wait policy (from `start_worker`; a process that did not call it: torch's default)."""
-    import torch
+    import torch  # deferred: as in run_threads
 
     return {
         "from": "torch's default",
@@ -118,7 +122,7 @@ def threads_record() -> dict[str, Any]:
 
 def execute_run(run_dir: Path) -> None:
     """Train and evaluate the run: the real runner, imported at first use (it imports torch)."""
-    from stare_lab.runner import execute
+    from stare_lab.runner import execute  # deferred: torch, transformers and TRL
 
     execute(run_dir)
 
@@ -126,10 +130,7 @@ def execute_run(run_dir: Path) -> None:
 def outside_rule_modules(run_dir: Path) -> list[dict[str, Any]]:
     """Import the run's `run.imports` (a failure is the run's one-line error) and return the record of
     every module of rules kept outside the package it uses (stare_lab.rule_imports.rule_modules)."""
-    from stare_lab.config import load_config
-    from stare_lab.methods.registry import rule_module
-    from stare_lab.record import CONFIG_FILE
-    from stare_lab.rule_imports import import_run_modules, rule_modules
+    from stare_lab.methods.registry import rule_module  # deferred: the rules import torch
 
     cfg = load_config(run_dir / CONFIG_FILE)
     imported = import_run_modules(cfg.get("run"))
@@ -281,10 +282,6 @@ def _job_tasks():
 def _run_task(run_dir: Path, env) -> dict[str, Any]:
     """One task of a job of several: a training rank (`run_rank`), or, in a server-mode run, one of the
     job's last tasks that `run.processes` leaves to the vLLM server (stare_lab.sweep.server_task)."""
-    from stare_lab.config import load_config
-    from stare_lab.record import CONFIG_FILE
-    from stare_lab.sweep import server_task
-
     cfg = load_config(run_dir / CONFIG_FILE)
     training = int(cfg.run.get("processes") or env.num_tasks)
     served = server_task.is_server_run(cfg) and training < env.num_tasks
@@ -310,7 +307,7 @@ def _export_world(training: int) -> None:
 
 
 def _device() -> str:
-    import torch
+    import torch  # deferred: as in run_threads
 
     if torch.cuda.is_available():
         return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"

@@ -28,6 +28,6 @@ __all__ = [
 
 def plot_selection(run_dir_or_runs, out_dir):
     """PNG figures of rule selections (see stare_lab.viewer.figures.plot_selection); matplotlib is imported lazily."""
-    from stare_lab.viewer.figures import plot_selection as _plot
+    from stare_lab.viewer.figures import plot_selection as _plot  # deferred: matplotlib
 
     return _plot(run_dir_or_runs, out_dir)

@@ -39,6 +39,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from stare_lab.figure_stamps import code_stamp, current, digest, files_stamp, metadata  # noqa: E402
 from stare_lab.record import CONFIG_FILE, run_label  # noqa: E402
+from stare_lab.sweep.threads import busy_elsewhere, decide_threads, usable_cpus  # noqa: E402
 from stare_lab.viewer.batch import (  # noqa: E402
     BATCH_DIR,
     Batch,
@@ -161,8 +162,6 @@ def _ticks(lo: float, hi: float) -> list[float]:
 
 
 def _median(x):
-    import numpy as np
-
     return np.median(x) if len(x) else 0.0
 
 
@@ -318,8 +317,6 @@ def _draw_runs(draw: list[tuple[Path, str]], out_dir: Path, processes: int | Non
     """`_run_figures` of each (run, stamp), in order, from the function returned: started now in forked
     processes when there are several runs and free cores (Linux: the usable cores other processes
     leave free, stare_lab.sweep.threads), else drawn here when it is called."""
-    from stare_lab.sweep.threads import busy_elsewhere, decide_threads, usable_cpus
-
     if processes is None and len(draw) > 1 and usable_cpus() > 1:
         processes = decide_threads(None, {}, usable_cpus(), 1, busy_elsewhere()).threads
     n = min(len(draw), processes or 1)

@@ -28,6 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from stare_lab import distributed
+from stare_lab.methods import LossBatch, RuleState, TrainerValues, get_method, list_methods
+from stare_lab.stats import TokenStats
+from stare_lab.token_weights import token_fractions
 from stare_lab.viewer.batch import Batch
 
 OWN_PREFIX = "run:"
@@ -74,8 +78,6 @@ def _params(rule) -> dict[str, Any]:
 
 def trainer_values(batch: Batch):
     """The run's TrainerValues recorded with the batch (clip ε, β, ...), or None."""
-    from stare_lab.methods import TrainerValues
-
     values = batch.meta.get("trainer")
     return TrainerValues(**values) if values else None
 
@@ -92,8 +94,6 @@ def _missing(rule, batch: Batch) -> str | None:
 
 def apply_rule(batch: Batch, name: str, params: dict[str, Any] | None = None, *, own: bool = False) -> RuleView:
     """One rule on the batch; a rule that can not run gives a view with `reason` set."""
-    from stare_lab.methods import RuleState, get_method
-
     key = f"{OWN_PREFIX}{name}" if own else name
     try:
         rule = get_method(name, **(params or {}))
@@ -131,8 +131,6 @@ def apply_rule(batch: Batch, name: str, params: dict[str, Any] | None = None, *,
 def _touched(view: RuleView, selected: Tensor, rule, stats, state, out) -> None:
     """A loss-changing rule's terms on the kept batch (rollout policy; entropy where kept): which tokens
     its loss changes, and how."""
-    from stare_lab.methods import LossBatch
-
     nan = torch.full_like(stats.logp, float("nan"))
     batch = LossBatch(
         logp=stats.logp,
@@ -159,8 +157,6 @@ def _touched(view: RuleView, selected: Tensor, rule, stats, state, out) -> None:
 def apply_all_rules(batch: Batch) -> list[RuleView]:
     """The run's own rule first (one view per recorded pass of the loss where it has a loss record),
     then every registered rule with default parameters (sorted by name)."""
-    from stare_lab.methods import list_methods
-
     own = own_views(batch)
     return own + [apply_rule(batch, name) for name in list_methods()]
 
@@ -221,8 +217,6 @@ def replay(batch: Batch) -> list[dict[str, Any]] | str:
     trainer ran it (`TokenRuleGRPOTrainer._microbatch_weights`, `token_weights.microbatch_stats`, the
     loss's `LossBatch`): per pass {"weights": [B, T], "touched": {how: [B, T] bool}}; or a one-line
     reason where it can not be replayed (an unknown rule, micro-batches gathered over several ranks)."""
-    from stare_lab.methods import RuleState, get_method
-
     meta = batch.loss_meta
     try:
         rule = get_method(batch.run_rule["name"], **(batch.run_rule.get("params") or {}))
@@ -261,10 +255,6 @@ def replay(batch: Batch) -> list[dict[str, Any]] | str:
 
 def _replay_micro_batch(batch: Batch, rule, state, u, rows: Tensor, p: int, in_loss: bool, out: dict) -> None:
     """One micro-batch (`rows` of the batch, in their order in it) of pass `u` on rank `p` into `out`."""
-    from stare_lab import distributed
-    from stare_lab.methods import LossBatch
-    from stare_lab.stats import TokenStats
-
     needs = rule.needs_for(state.trainer)
     b = rows.numel()
     mask = batch.mask[rows]
@@ -315,8 +305,6 @@ def _replay_micro_batch(batch: Batch, rule, state, u, rows: Tensor, p: int, in_l
 def fractions(view: RuleView, mask: Tensor) -> tuple[float, float] | None:
     """(trained, touched) shares of the valid tokens (`token_weights.token_fractions`, as the trainer logs
     tokens/trained_frac and tokens/touched_frac), or None for a rule that could not run."""
-    from stare_lab.token_weights import token_fractions
-
     if view.computed is None:
         return None
     weights, _ = view.computed

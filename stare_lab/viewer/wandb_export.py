@@ -34,15 +34,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stare_lab.record import CONFIG_FILE, RESULT_SETTINGS, result_setting
+from stare_lab.config import load_config
+from stare_lab.record import CONFIG_FILE, RESULT_SETTINGS, read_eval_results, result_setting
+from stare_lab.viewer.batch import kept_steps
 
 SETTINGS = (*RESULT_SETTINGS, "step")
 COMPARISON_FIELDS = ("delta", "ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds")
 
 
 def _open_run(run_dir: Path):
-    from stare_lab.config import load_config
-    from stare_lab.tracking import init_wandb
+    from stare_lab.tracking import init_wandb  # deferred: wandb, and the trainer's torch and transformers
 
     return init_wandb(load_config(Path(run_dir) / CONFIG_FILE), Path(run_dir))
 
@@ -68,8 +69,6 @@ def log_eval(run_dir: Path | str, results: list[dict[str, Any]] | None = None, r
     into (left open); None opens the run's own and finishes it.
     """
     if results is None:
-        from stare_lab.record import read_eval_results
-
         results = read_eval_results(run_dir)
     if not results:
         return None
@@ -119,7 +118,7 @@ def log_token_page(
     """Log the token page (wandb.Html), the selection figures (wandb.Image) and the page's selected
     fractions and overlap matrix into the run's W&B record. Returns the summary entries, or None.
     `run`: an open W&B run to log into (left open); None opens the run's own and finishes it."""
-    import wandb
+    import wandb  # deferred: wandb (~0.5 s), only when a run logs to it
 
     owned = run is None
     run = _open_run(Path(run_dir)) if owned else run
@@ -155,9 +154,6 @@ def publish_run(run_dir: Path | str, run=None) -> dict[str, Any] | None:
     <run_dir>/figures/). `run`: the run's open W&B run (the runner keeps the training run open
     for this; left open); None resumes the run's own and finishes it. None when W&B is off or
     there is nothing to log."""
-    from stare_lab.record import read_eval_results
-    from stare_lab.viewer.batch import kept_steps
-
     run_dir = Path(run_dir)
     results, kept = read_eval_results(run_dir), kept_steps(run_dir)
     if not results and not kept:
@@ -170,7 +166,7 @@ def publish_run(run_dir: Path | str, run=None) -> dict[str, Any] | None:
     try:
         summary.update(log_eval(run_dir, results, run=run) or {})
         if kept:
-            from stare_lab.viewer.figures import plot_selection
+            from stare_lab.viewer.figures import plot_selection  # deferred: matplotlib, and torch (the page)
             from stare_lab.viewer.page import render_run
 
             page = render_run(run_dir)
@@ -202,7 +198,7 @@ def log_sweep_summary(
     figures: PNGs (e.g. analysis.plots.plot_passk's) logged as images. The run id is fixed by the
     sweep name, so `stare-lab table --wandb` again resumes the same summary run. Returns the summary.
     """
-    import wandb
+    import wandb  # deferred: as in log_token_page
 
     from stare_lab.tracking import wandb_mode
 

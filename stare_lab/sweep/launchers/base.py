@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yaml
 
 from stare_lab.config import CONF_DIR, field_problem
+from stare_lab.sweep.jobs import JobWatch
 from stare_lab.sweep.threads import WorkerThreads
 
 if TYPE_CHECKING:
-    from stare_lab.sweep.jobs import JobWatch, Starter, Workers
+    from stare_lab.sweep.jobs import Starter, Workers
 
 DEFAULT = "local"  # the launcher of a sweep without a `launcher:` block
 LAUNCHERS: dict[str, type[Launcher]] = {}
@@ -148,8 +149,6 @@ class Launcher(abc.ABC):
 
     def watch(self) -> JobWatch:
         """How a launch tells that a tracked run's job has ended."""
-        from stare_lab.sweep.jobs import JobWatch
-
         return JobWatch()
 
     @abc.abstractmethod

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stare_lab.config_schema import bounded
+from stare_lab.sweep.jobs import QueueStarter, RunStarter, stop_local
 from stare_lab.sweep.launchers.base import Launcher, register_launcher
 from stare_lab.sweep.threads import WorkerThreads, spawn_env
 
@@ -56,7 +57,7 @@ class LocalLauncher(Launcher):
         )
 
     def executor(self, folder: Path, job_name: str):
-        import submitit
+        import submitit  # deferred: reading a sweep file (its launcher block) needs no submitit
 
         # each task starts as `env OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=30000 python ...`: set before OpenMP loads
         env = [f"{k}={v}" for k, v in spawn_env().items()]
@@ -66,13 +67,9 @@ class LocalLauncher(Launcher):
         return ex
 
     def starter(self, executor, workers):
-        from stare_lab.sweep.jobs import QueueStarter, RunStarter
-
         if self.processes_per_run == 1:
             return QueueStarter(executor, workers.queue, int(self.workers), float(self.timeout_min))
         return RunStarter(executor, workers.run, int(self.workers))
 
     def stop(self, jobs: list, echo: Callable[[str], None]) -> None:
-        from stare_lab.sweep.jobs import stop_local
-
         stop_local(jobs, echo, STOP_WAIT_S)

@@ -98,7 +98,7 @@ class SlurmLauncher(Launcher):
         )
 
     def executor(self, folder: Path, job_name: str):
-        import submitit
+        import submitit  # deferred: reading a sweep file (its launcher block) needs no submitit
 
         ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=self.max_requeue)
         params: dict[str, Any] = dict(
@@ -142,7 +142,7 @@ class ArrayStarter(RunStarter):
         super().__init__(executor, worker, limit=10**9)
 
     def begin(self, queue: list) -> list[Tracked]:
-        from submitit.core.utils import FailedJobError
+        from submitit.core.utils import FailedJobError  # deferred: submitit, as in `executor`
 
         if not queue:
             return []
