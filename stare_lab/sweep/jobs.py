@@ -127,8 +127,8 @@ class RunStarter(Starter):
 class QueueStarter(Starter):
     """Local runs of one process go to queue workers: while fewer than `workers` are alive, new
     ones are started, each given every queued run (they share them out through the runs' claims);
-    the one-run-per-process start-up (interpreter, imports, exit: ~8 s of the demo's ~25 s per run)
-    is then paid once per worker."""
+    the start-up of a process per run (the interpreter, the torch, transformers, TRL and W&B imports,
+    and the exit: seconds of CPU, more than a demo run's training steps) is then paid once per worker."""
 
     def __init__(self, executor, worker: QueueWorker, workers: int, timeout_min: float):
         self.executor, self.worker, self.workers, self.timeout_min = executor, worker, workers, timeout_min

@@ -376,8 +376,9 @@ class QueueWorker:
     another worker has claimed or taken meanwhile is passed over, so N workers given the same list
     share it out, never running a run twice. One process per worker slot rather than per run:
     its interpreter and imports (torch, transformers, TRL, W&B: ~5 s of CPU) and its exit are paid
-    once, not by each of the demo's 26 runs. A run that fails is recorded failed by `run_one` and
-    the next one goes on; SIGTERM records the current run interrupted and ends the worker."""
+    once, not by each of the demo's runs (every registered rule × 2 seeds). A run that fails is
+    recorded failed by `run_one` and the next one goes on; SIGTERM records the current run
+    interrupted and ends the worker."""
 
     def __init__(self, threads: WorkerThreads | int | None = None):
         self.threads = threads
