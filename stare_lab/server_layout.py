@@ -22,7 +22,7 @@ slots are the job's last k tasks, and training is the first `nodes × tasks_per_
 `run.processes` (the training world size) is `training_processes` of this layout, computed once at
 expansion; a job learns its server slots as the tasks beyond `run.processes`. On CPU (`gpus_per_node: 0`)
 a slot is a task and nothing sets devices. A run of one task has no slot: its own process starts the
-server (stare_lab.vllm_server.for_run).
+server (stare_lab.vllm_server.for_run). The job's tasks find the server through SERVER_FILE and SERVER_ENV.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
+
+# A job's server task (stare_lab.sweep.server_task) and its training tasks (stare_lab.vllm_server.wait_address)
+# meet through two names:
+SERVER_FILE = "server.json"  # in the attempt's rank folder: {"url", "pid", "log", "node"}, the host writes it
+SERVER_ENV = "STARE_LAB_VLLM_SERVER"  # a training task's {"dir": rank folder, "host": host rank} (JSON)
+# The host's start-up (interpreter, imports) before its own health timeout begins; trainers wait this much more.
+START_MARGIN_S = 120.0
 
 
 def is_server_run(cfg: DictConfig) -> bool:

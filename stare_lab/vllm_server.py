@@ -38,14 +38,9 @@ from omegaconf import DictConfig
 from transformers import TrainerCallback
 
 from stare_lab.record import first_line, read_json
-from stare_lab.server_layout import is_server_run
+from stare_lab.server_layout import SERVER_ENV, SERVER_FILE, START_MARGIN_S, is_server_run
 
 SERVER_LOG = "vllm_server.log"  # in the run folder
-# A job's server task (stare_lab.sweep.server_task) and the run's training tasks meet through two names:
-SERVER_FILE = "server.json"  # in the attempt's rank folder: {"url", "pid", "log", "node"}, the host writes it
-SERVER_ENV = "STARE_LAB_VLLM_SERVER"  # a training task's {"dir": rank folder, "host": host rank} (JSON)
-# The host's start-up (interpreter, imports) before its own health timeout begins; trainers wait this much more.
-START_MARGIN_S = 120.0
 
 
 class ServerError(RuntimeError):

@@ -27,16 +27,17 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from stare_lab import vllm_server
 from stare_lab.record import read_status
-from stare_lab.server_layout import is_server_run, server_layout
+from stare_lab.server_layout import SERVER_ENV, SERVER_FILE, is_server_run, server_layout
 from stare_lab.sweep.ranks import RankGate
 from stare_lab.utils import atomic_write_text
-from stare_lab.vllm_server import SERVER_ENV, SERVER_FILE, Server, ServerError
+
+if TYPE_CHECKING:
+    from stare_lab.vllm_server import Server
 
 # is_server_run: the worker's question (stare_lab.sweep.worker) of whether a job keeps server slots.
 __all__ = ["describe_run", "is_server_run", "serve_slot", "training_env"]
@@ -62,6 +63,8 @@ def serve_slot(
 ) -> dict[str, Any]:
     """A server slot's task: the host (the first slot, gate rank == run.processes) runs the server
     until training ends; the other slots end at once. Raises ServerError when the server fails."""
+    from stare_lab import vllm_server  # deferred: transformers (its watch callback), not for `sweep run --dry-run`
+
     if gate.rank != int(cfg.run.processes):  # no rank file: rank 0 must not count its exit as a death
         return {"rank": gate.rank, "role": "server slot (idle)"}
     gate.started()
@@ -85,6 +88,8 @@ def serve_slot(
 
 def _watch(run_dir: Path, server: Server, attempt: object) -> None:
     """Until the run's attempt is no longer running; ServerError when the server exits first."""
+    from stare_lab.vllm_server import ServerError  # deferred: transformers, as in serve_slot
+
     while True:
         code = server.process.poll()
         if code is not None:
