@@ -35,9 +35,9 @@ from stare_lab.config import (
     section_schema,
 )
 from stare_lab.rule_imports import run_entries
+from stare_lab.server_layout import server_layout
 from stare_lab.sweep.records import resolve_from_records
 from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
-from stare_lab.sweep.server_task import server_layout
 
 
 @dataclass
@@ -197,7 +197,7 @@ class Composer:
         return is_registered(name)
 
     def training_processes(self, trainer: dict, origins: dict[str, str], label: str) -> int:
-        """The run's world size: the launcher's tasks, less those its vLLM server keeps (server_task)."""
+        """The run's world size: the launcher's tasks, less those its vLLM server keeps (stare_lab.server_layout)."""
         la = self.spec.launcher
         nodes = la.nodes_per_run
         try:

@@ -53,6 +53,7 @@ from stare_lab.record import (
     write_status,
 )
 from stare_lab.rule_imports import import_run_modules, rule_modules
+from stare_lab.server_layout import is_server_run
 from stare_lab.sweep import server_task
 from stare_lab.sweep.liveness import self_identity
 from stare_lab.sweep.ranks import RANKS_DIR, RankGate, attempt_key, is_echo
@@ -284,7 +285,7 @@ def _run_task(run_dir: Path, env) -> dict[str, Any]:
     job's last tasks that `run.processes` leaves to the vLLM server (stare_lab.sweep.server_task)."""
     cfg = load_config(run_dir / CONFIG_FILE)
     training = int(cfg.run.get("processes") or env.num_tasks)
-    served = server_task.is_server_run(cfg) and training < env.num_tasks
+    served = is_server_run(cfg) and training < env.num_tasks
     key = attempt_key()
     if served and env.global_rank >= training:
         gate = RankGate(run_dir, key, env.global_rank, env.num_tasks)
