@@ -66,7 +66,7 @@ def eval_settings(
 ) -> dict[str, Any]:
     """n, temperature, top_p, max_tokens, verifier of one benchmark: the command's overrides,
     else the run's eval.* value, else the benchmark's own, else FALLBACK (see module docstring)."""
-    from stare_lab.evaluation import _resolve_verifier
+    from stare_lab.evaluation import resolve_verifier
 
     out: dict[str, Any] = {}
     for key in ("n", "temperature", "top_p", "max_tokens"):
@@ -75,7 +75,7 @@ def eval_settings(
         out[key] = value if value is not None else cfg.trainer.max_completion_length
     out["n"], out["max_tokens"] = int(out["n"]), int(out["max_tokens"])
     out["temperature"], out["top_p"] = float(out["temperature"]), float(out["top_p"])
-    out["verifier"] = _resolve_verifier(verifier)[0]
+    out["verifier"] = resolve_verifier(verifier)[0]
     out["engine"] = (overrides or {}).get("engine") or cfg.eval.get("engine") or "transformers"
     return out
 

@@ -1,0 +1,60 @@
+"""The run folder's file names and the small pieces every part of the record uses: the record's
+error, times, an error's first line, a JSON file read without raising, a damaged file set aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "config.yaml"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+FINAL_DIR = "final"
+EVAL_DIR = "eval"
+WANDB_DIR = "wandb"
+CLAIM_FILE = ".claim"  # flock'ed by the one worker executing the run
+RULE_STATE_FILE = "rule_state.json"  # written by the trainer into each checkpoint
+
+
+class RecordError(Exception):
+    """A run record that can not be used as it is (one line naming the file and the problem)."""
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def first_line(text: str | None) -> str | None:
+    if not text or not text.strip():
+        return None if text is None else text
+    return text.strip().splitlines()[0]
+
+
+def elapsed(since: float) -> float:
+    return round(time.time() - since, 3)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from a record file, or None when missing or unparsable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def bad_copy_path(path: Path) -> Path:
+    """Where a damaged record file is kept: `<name>.bad-<time>` beside it."""
+    return path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged record file out of the way, keeping it (`bad_copy_path`)."""
+    dest = bad_copy_path(path)
+    os.replace(path, dest)
+    return dest
