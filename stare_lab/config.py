@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable fr
     field_problem,
     schema_fields,
 )
+from stare_lab.utils import atomic_write_text, plain_dict
 
 # Everything the package reads at run time lives inside it (a wheel works from any directory).
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -123,9 +125,8 @@ def resolve(raw: DictConfig | dict) -> DictConfig:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing value for {', '.join(missing)} (set it, e.g. {missing[0]}=...)")
-    check_values(OmegaConf.to_container(cfg, resolve=True), rule=False)
-    params = OmegaConf.to_container(cfg.method.params, resolve=True)
-    cfg.method.params = rule_params(cfg.method.name, params, cfg.trainer)
+    check_values(plain_dict(cfg), rule=False)
+    cfg.method.params = rule_params(cfg.method.name, plain_dict(cfg.method.params), cfg.trainer)
     return finalize(cfg)
 
 
@@ -177,7 +178,7 @@ def run_id(cfg: Any) -> str:
     for a rule with `scope: microbatch`, `trainer.delta` only when set, and `eval.engine` only when it is
     not transformers: a run that
     uses none of them keeps the id it had before they could be set."""
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    data = plain_dict(cfg)
     body = {k: v for k, v in data.items() if k != "run"}
     processes = int((data.get("run") or {}).get("processes") or 1)
     unused = MULTIPROCESS_KEYS + (() if body["trainer"].get("use_vllm") else VLLM_KEYS)
@@ -266,7 +267,7 @@ def check_benchmarks(names: list[str], task_name: str | None) -> None:
 
 
 def _check_task(task: Mapping[str, Any]) -> None:
-    schema = TASK_SCHEMAS.get(task.get("name"))
+    schema = TASK_SCHEMAS.get(str(task.get("name")))
     if schema is None:
         raise ConfigError(f"task.name: unknown task {task.get('name')!r}; valid: {', '.join(TASK_SCHEMAS)}")
     checkers = field_checkers(schema)
@@ -286,10 +287,9 @@ def _check_plan(schema: type) -> tuple[tuple[str, type | None, Any], ...]:
 
 def _section(hint: Any) -> type | None:
     """The schema dataclass of a section field (`X` or `X | None`), else None."""
-    import typing
-
     options = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    return options[0] if len(options) == 1 and dataclasses.is_dataclass(options[0]) else None
+    found = options[0] if len(options) == 1 else None
+    return found if isinstance(found, type) and dataclasses.is_dataclass(found) else None
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -379,12 +379,13 @@ def sweep_path(name_or_path: str | Path) -> Path:
 
 
 def save_config(cfg: DictConfig, path: Path) -> None:
-    from stare_lab.utils import atomic_write_text
-
     atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def load_config(path: Path) -> DictConfig:
     if not Path(path).is_file():
         raise ConfigError(f"no config file at {path}")
-    return OmegaConf.load(path)
+    cfg = OmegaConf.load(path)
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: a run's config is a mapping of sections, not a list")
+    return cfg

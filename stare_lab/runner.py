@@ -17,7 +17,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from transformers import TrainerCallback
 
 from stare_lab.config import load_config
@@ -37,6 +37,7 @@ from stare_lab.record import (
     write_metrics,
 )
 from stare_lab.rule_imports import import_run_modules
+from stare_lab.utils import plain_dict
 from stare_lab.vllm_server import for_run
 
 # Logged values that are finite in every healthy step; rule metrics (e.g. a closed gate's NaN) are not checked.
@@ -161,7 +162,7 @@ def build_grpo_config(cfg: DictConfig, output_dir: Path):
         gradient_checkpointing=t.gradient_checkpointing,
         # vLLM keys (and the engine's dtype, seed and CPU workaround) from one place: stare_lab.vllm_engine
         **grpo_vllm_args(t, str(cfg.model.dtype), int(cfg.seed)),
-        generation_kwargs=OmegaConf.to_container(t.generation_kwargs, resolve=True) or None,
+        generation_kwargs=plain_dict(t.generation_kwargs) or None,
         report_to="none",
         disable_tqdm=True,
         log_completions=False,
@@ -219,11 +220,11 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
     set_seed(int(cfg.seed))
     task = build_task(cfg.task)
     m = cfg.model
-    lora = OmegaConf.to_container(m.lora, resolve=True) if m.lora is not None else None
+    lora = plain_dict(m.lora) if m.lora is not None else None
     model, tokenizer = load_model_and_tokenizer(
         m.name_or_path, dtype=m.dtype, lora=lora, attn_implementation=m.attn_implementation
     )
-    rule = get_method(cfg.method.name, **OmegaConf.to_container(cfg.method.params, resolve=True))
+    rule = get_method(cfg.method.name, **plain_dict(cfg.method.params))
     t = cfg.trainer
     return TokenRuleGRPOTrainer(
         model=model,
@@ -314,7 +315,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] =
     main = process_rank() == 0  # one record per run: rank 0 writes metrics and W&B
     if ckpt is not None and process_count() > 1:
         print(f"{run_dir.name}: rank {process_rank()} resumes from {ckpt.name}", flush=True)
-    all_callbacks = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
+    all_callbacks: list[TrainerCallback] = [FiniteGuard()] + ([MetricsLogger(run_dir, wandb_run)] if main else [])
     if cfg.eval.enabled and cfg.eval.every_steps > 0:
         all_callbacks.append(IntermediateEval(cfg, run_dir))
     label = f"{cfg.method.name} s{cfg.seed}"

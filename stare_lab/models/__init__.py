@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TokenizersBackend
@@ -44,7 +45,7 @@ def load_model_and_tokenizer(
         path = str(local)
     else:
         path = name_or_path
-    kwargs = {"dtype": _DTYPES[dtype]}
+    kwargs: dict[str, Any] = {"dtype": _DTYPES[dtype]}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

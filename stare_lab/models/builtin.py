@@ -69,7 +69,7 @@ def build_model(
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=max_positions,
-        rope_theta=10_000.0,
+        rope_parameters={"rope_theta": 10_000.0, "rope_type": "default"},  # what `rope_theta=10_000.0` became
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -12,6 +12,7 @@ from typing import Any
 
 from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_boxed, math_reward
+from stare_lab.utils import plain_dict
 
 TASK_NAMES = ("arithmetic", "math")
 
@@ -29,7 +30,7 @@ __all__ = [
 
 def build_task(cfg: Mapping[str, Any] | Any):
     """The task named by `cfg["name"]` (a dict or OmegaConf DictConfig), built from its other keys."""
-    cfg = _to_dict(cfg)
+    cfg = plain_dict(cfg)
     name = cfg.get("name")
     if name == "math":
         return MathTask.from_config(cfg)
@@ -40,14 +41,3 @@ def build_task(cfg: Mapping[str, Any] | Any):
             return ArithmeticTask.from_config(cfg)
         return ArithmeticTask(**{k: v for k, v in cfg.items() if k != "name"})
     raise ValueError(f"task.name: unknown task {name!r}; valid names: {list(TASK_NAMES)}")
-
-
-def _to_dict(cfg: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return dict(OmegaConf.to_container(cfg, resolve=True))
-    except ImportError:
-        pass
-    return dict(cfg)
