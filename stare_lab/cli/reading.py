@@ -19,9 +19,8 @@ from stare_lab.cli.common import UserError, parse
 from stare_lab.dashboard import main as dashboard_main
 from stare_lab.deferred import is_loaded
 from stare_lab.record import CONFIG_FILE
-from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.liveness import read_manifest
-from stare_lab.sweep.schema import SweepSpec, load_sweep
+from stare_lab.sweep.plan import current_runs
+from stare_lab.sweep.schema import load_sweep
 from stare_lab.utils import atomic_write_text
 
 if TYPE_CHECKING:
@@ -65,7 +64,7 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Runs]:
         return root, root
     from stare_lab.analysis.collect import find_run_dirs  # deferred: pandas
 
-    planned = _planned_ids(spec, root)
+    planned = {d.name for _, d in current_runs(spec)}
     present = find_run_dirs(root)
     others = [d for d in present if d.name not in planned]
     if others:
@@ -75,16 +74,6 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Runs]:
             file=sys.stderr,
         )
     return root, [d for d in present if d.name in planned]
-
-
-def _planned_ids(spec: SweepSpec, root: Path) -> set[str]:
-    """The run ids of the sweep's plan: those its last `sweep run` wrote in the folder's manifest when
-    the sweep file has not changed since (the manifest keeps the file's digest; `sweep status` lists
-    the same runs), else the file expanded again (Hydra composes every run: ~0.3 s of a table's start)."""
-    manifest = read_manifest(root) or {}
-    if manifest.get("digest") and manifest.get("digest") == spec.digest and manifest.get("runs"):
-        return {str(r["id"]) for r in manifest["runs"]}
-    return {r.run_dir.name for r in expand_sweep(spec)}
 
 
 # -- table ---------------------------------------------------------------------------------------

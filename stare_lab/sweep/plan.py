@@ -4,7 +4,8 @@
 interrupted one (or one without a live worker: stare_lab.sweep.liveness.Liveness) resumes, a
 failed or corrupt one is retried only with `retry_failed`, and one whose worker or job is alive
 is watched. `prepare` writes a run's config.yaml and a pending status.json. The caller holds the
-sweep lock.
+sweep lock. `current_runs` is the plan as the reading commands see it (table, plot, view): the runs
+the sweep file gives now.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -28,8 +30,8 @@ from stare_lab.record import (
 )
 from stare_lab.rule_imports import current_rule_modules
 from stare_lab.sweep.errors import SweepError
-from stare_lab.sweep.expand import RunSpec
-from stare_lab.sweep.liveness import Liveness
+from stare_lab.sweep.expand import RunSpec, expand_sweep
+from stare_lab.sweep.liveness import Liveness, read_manifest
 from stare_lab.sweep.schema import SweepSpec
 from stare_lab.utils import atomic_write_text
 
@@ -103,6 +105,17 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
         else:
             plan.start.append((run, "resume" if status.get("attempts") else "new"))
     return plan
+
+
+def current_runs(spec: SweepSpec) -> list[tuple[str, Path]]:
+    """(label, run folder) of every run of the sweep's current plan, in expansion order: those its
+    last `sweep run` wrote in the folder's manifest when the sweep file has not changed since (the
+    manifest keeps the file's digest; `sweep status` lists the same runs), else the file expanded
+    again (Hydra composes every run: ~0.3 s of a table's start)."""
+    manifest = read_manifest(spec.folder) or {}
+    if manifest.get("digest") and manifest.get("digest") == spec.digest and manifest.get("runs"):
+        return [(str(r["label"]), spec.folder / str(r["id"])) for r in manifest["runs"]]
+    return [(r.label, r.run_dir) for r in expand_sweep(spec)]
 
 
 def check_output(spec: SweepSpec) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from stare_lab.record import run_label
-from stare_lab.sweep.expand import expand_sweep
+from stare_lab.sweep.plan import current_runs
 from stare_lab.sweep.schema import SweepError, load_sweep
 from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch, why_no_batch
 from stare_lab.viewer.selection import (
@@ -251,7 +251,7 @@ def sweep_runs(sweep_yaml: Path | str, all_runs: bool = False) -> list[tuple[str
 
     try:
         spec = load_sweep(sweep_yaml)
-        runs = [(r.label, Path(r.run_dir)) for r in expand_sweep(spec)]
+        runs = current_runs(spec)
     except (SweepError, ValueError, OSError) as err:
         line = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ViewError(line if line.startswith(str(sweep_yaml)) else f"{sweep_yaml}: {line}") from None
