@@ -40,6 +40,11 @@ from stare_lab.sweep.schema import SweepError
 
 __all__ = ["UserError", "main"]
 
+# The commands by family (the docstring above is `--help`'s text): training and evaluation
+# (cli/training.py); reading the records: table, plot, view, dashboard (cli/reading.py); sweeps
+# (stare_lab.sweep.cli); `demo` runs them one after the other (here). What they share: the one-line
+# refusal and argument parsing (cli/common.py).
+
 
 def main(argv: list[str] | None = None) -> int:
     """The `stare-lab` console command: 0 done, 1 a run failed, 2 a user's mistake (one line), 130 Ctrl-C."""
