@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import json
 import math
 import re
@@ -23,7 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable from here)
     TASK_SCHEMAS,
@@ -61,7 +67,7 @@ def group_names() -> list[str]:
 
 def group_options(group: str) -> list[str]:
     if group == "method":
-        from stare_lab.methods import list_methods
+        from stare_lab.methods import list_methods  # deferred: the rules import torch; readers of configs do not
 
         return sorted(list_methods())
     return list(_file_options(CONF_DIR, group))
@@ -76,9 +82,7 @@ def _file_options(conf_dir: Path, group: str) -> tuple[str, ...]:
 def store_methods() -> None:
     """The `method` config group: one ConfigStore node per registered rule (its params come
     from the rule's Params dataclass in `resolve`)."""
-    from hydra.core.config_store import ConfigStore
-
-    from stare_lab.methods import list_methods
+    from stare_lab.methods import list_methods  # deferred: torch, as in group_options
 
     store = ConfigStore.instance()
     for name in list_methods():
@@ -87,9 +91,6 @@ def store_methods() -> None:
 
 def hydra_raw(overrides: list[str]) -> DictConfig:
     """`conf/config.yaml` composed by Hydra with these overrides, before the schema."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     store_methods()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return hydra_compose(config_name="config", overrides=overrides)
@@ -98,9 +99,6 @@ def hydra_raw(overrides: list[str]) -> DictConfig:
 # ------------------------------------------------------------------------------ resolution
 def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose `conf/config.yaml` with Hydra overrides and resolve it (see module docstring)."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     # Rule params are free-form in YAML (the rule's dataclass is their schema): let
     # `method.params.rho=0.3` add a key without Hydra's `+` prefix; `model.lora.r=8` sets a key of a
     # section that is null until LoRA is asked for (the schema, LoraConfig, then checks the keys).
@@ -116,8 +114,6 @@ def compose(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
 def resolve(raw: DictConfig | dict) -> DictConfig:
     """Validate against the schema, fill the rule's params, the derived defaults and the run id,
     and check every value (`check_values`)."""
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(Config), raw)
     except OmegaConfBaseException as e:
@@ -134,7 +130,7 @@ def rule_params(name: str, params: dict[str, Any], trainer: Any) -> dict[str, An
     """The rule's full params (its Params defaults filled in) as plain data, after checking them
     and their agreement with the trainer's values (`trainer`: the trainer block, or the
     `TrainerValues` read from it). A rule's ValueError becomes a ConfigError."""
-    from stare_lab.methods import TrainerValues, get_method
+    from stare_lab.methods import TrainerValues, get_method  # deferred: torch, as in group_options
 
     try:
         rule = get_method(name, **params)
@@ -153,7 +149,7 @@ def finalize(cfg: Any, rule_known: bool = True) -> Any:
     if trainer["steps_per_generation"] is None:  # TRL's default: one rollout batch per optimizer step
         trainer["steps_per_generation"] = trainer["gradient_accumulation_steps"]
     if trainer["num_iterations"] is None and rule_known:  # the rule's passes over each generation batch (Lopti: 2)
-        from stare_lab.methods import method_iterations
+        from stare_lab.methods import method_iterations  # deferred: torch, as in group_options
 
         trainer["num_iterations"] = method_iterations(cfg["method"]["name"])
     if cfg["run"]["id"] is None:
@@ -230,15 +226,13 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
 
 def check_engine(engine: str) -> None:
     """The engine of `trainer.distributed` can be used here, or one line saying what to install."""
-    import importlib.util
-
     if engine.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(
             f"trainer.distributed: {engine} needs DeepSpeed, which is not installed here: "
             "pip install 'stare-lab[deepspeed]' (or choose ddp or fsdp)"
         )
     if engine == "fsdp" and importlib.util.find_spec("torch") is not None:
-        import torch  # then torch.distributed: torch may be deferred (stare_lab/deferred.py)
+        import torch  # deferred: torch; then torch.distributed: torch may be deferred (stare_lab/deferred.py)
 
         if not torch.distributed.is_available() or importlib.util.find_spec("torch.distributed.fsdp") is None:
             raise ConfigError(
@@ -312,7 +306,7 @@ def _check_group_choices(overrides: list[str]) -> None:
         if sep and "." not in key and key in groups and value not in group_options(key):
             hint = ""
             if key == "method":
-                from stare_lab.methods.registry import OUTSIDE_HINT
+                from stare_lab.methods.registry import OUTSIDE_HINT  # deferred: torch, as in group_options
 
                 hint = f"; {OUTSIDE_HINT}"
             raise ConfigError(f"unknown {key} option {value!r}; valid: {', '.join(group_options(key))}{hint}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from stare_lab.loss_types import AGGREGATIONS, RANKS
+from stare_lab.loss_types import AGGREGATIONS, LOSS_TYPES, RANKS
 
 
 def bounded(
@@ -34,12 +34,6 @@ def bounded(
     `check`: value → problem or None, run after the others (e.g. vLLM is installed for use_vllm)."""
     rules = {k: v for k, v in dict(ge=ge, gt=gt, le=le, lt=lt, choices=choices, check=check).items() if v is not None}
     return field(default=MISSING, metadata=rules)
-
-
-def _loss_types() -> tuple[str, ...]:
-    from stare_lab.loss_types import LOSS_TYPES
-
-    return LOSS_TYPES
 
 
 # Where the `vllm` extra's environment comes from (one line, exit 2, before anything launches).
@@ -125,7 +119,7 @@ class TrainerConfig:
     max_completion_length: int = bounded(ge=1)
     temperature: float = bounded(gt=0)  # rollouts are sampled
     top_p: float = bounded(gt=0, le=1)
-    loss_type: str = bounded(choices=_loss_types)
+    loss_type: str = bounded(choices=LOSS_TYPES)
     beta: float = bounded(ge=0)
     epsilon: float = bounded(ge=0)
     epsilon_high: float = bounded(ge=0)

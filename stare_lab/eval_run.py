@@ -17,10 +17,30 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 from transformers import TrainerCallback
 
-from stare_lab.record import EVAL_SETTINGS, FINAL_DIR, checkpoint_step, find_eval_result, last_checkpoint
+from stare_lab.config import BENCHMARK_DATA_DIR
+from stare_lab.evaluation import (
+    benchmark_config,
+    engine_name,
+    evaluate_benchmark,
+    list_benchmarks,
+    load_benchmark,
+    resolve_verifier,
+)
+from stare_lab.models import load_model_and_tokenizer
+from stare_lab.record import (
+    EVAL_SETTINGS,
+    FINAL_DIR,
+    checkpoint_step,
+    find_eval_result,
+    last_checkpoint,
+    process_count,
+)
+from stare_lab.tasks import build_task
+from stare_lab.vllm_engine import build_llm
 
 # Where neither the command, the run's eval config nor the benchmark sets a value: the usual
 # RLVR evaluation protocol (n = 32 samples, T = 1.0, top-p = 0.7); max_tokens defaults to the
@@ -31,9 +51,7 @@ FALLBACK = {"n": 32, "temperature": 1.0, "top_p": 0.7}
 def local_benchmark_file(name: str) -> Path | None:
     """A local copy of a benchmark (no hub access needed): $STARE_LAB_BENCHMARKS/<name>.jsonl, else
     the copy shipped in the package (stare_lab.config.BENCHMARK_DATA_DIR)."""
-    from stare_lab import config
-
-    for root in (os.environ.get("STARE_LAB_BENCHMARKS"), getattr(config, "BENCHMARK_DATA_DIR", None)):
+    for root in (os.environ.get("STARE_LAB_BENCHMARKS"), BENCHMARK_DATA_DIR):
         if root and (Path(root) / f"{name}.jsonl").is_file():
             return Path(root) / f"{name}.jsonl"
     return None
@@ -42,8 +60,6 @@ def local_benchmark_file(name: str) -> Path | None:
 def _benchmark(name: str, task) -> tuple[list[dict], Any, dict[str, Any]]:
     """(records, verifier, the benchmark's own settings) of one benchmark; the run's own task
     supplies its held-out split and its verifier."""
-    from stare_lab.evaluation import benchmark_config, list_benchmarks, load_benchmark
-
     if name == task.name and hasattr(task, "heldout_dataset"):
         records = [
             {
@@ -66,8 +82,6 @@ def eval_settings(
 ) -> dict[str, Any]:
     """n, temperature, top_p, max_tokens, verifier of one benchmark: the command's overrides,
     else the run's eval.* value, else the benchmark's own, else FALLBACK (see module docstring)."""
-    from stare_lab.evaluation import resolve_verifier
-
     out: dict[str, Any] = {}
     for key in ("n", "temperature", "top_p", "max_tokens"):
         values = [(overrides or {}).get(key), cfg.eval.get(key), own.get(key)]
@@ -94,9 +108,6 @@ def evaluate_model(
     """{benchmark: result} for every benchmark of cfg.eval: computed, or found under the same
     settings and step (then not recomputed unless `force`). The engine in the settings is the one
     `model` is (a `vllm.LLM` or a transformers model), whatever the config asked for."""
-    from stare_lab.evaluation import engine_name, evaluate_benchmark
-    from stare_lab.tasks import build_task
-
     task = build_task(cfg.task)
     results = {}
     for name in cfg.eval.benchmarks:
@@ -129,8 +140,6 @@ def evaluate_run(
     run_dir: Path, cfg: DictConfig, *, force: bool = False, overrides: Mapping[str, Any] | None = None
 ) -> dict[str, dict]:
     """Evaluate <run_dir>/final on every benchmark of cfg.eval (`overrides`: settings of the command)."""
-    from stare_lab.models import load_model_and_tokenizer
-
     unknown = set(overrides or {}) - set(EVAL_SETTINGS)
     if unknown:
         raise ValueError(f"evaluation settings: unknown {sorted(unknown)}; valid: {list(EVAL_SETTINGS)}")
@@ -151,8 +160,6 @@ def evaluate_run(
 def _vllm_model(final: Path, cfg: DictConfig):
     """A vLLM engine over final/, in the policy's dtype unless trainer.vllm_dtype says otherwise, seeded
     from the run (stare_lab.vllm_engine: the same rules as the training engine)."""
-    from stare_lab.vllm_engine import build_llm
-
     t = cfg.trainer
     return build_llm(
         str(final),
@@ -166,10 +173,6 @@ def _vllm_model(final: Path, cfg: DictConfig):
 def _to_rank_device(model, cfg: DictConfig) -> None:
     """A multi-process run evaluates on each rank's own GPU (cuda:LOCAL_RANK) unless it trains on
     the CPU; one process keeps the model where it is loaded."""
-    import torch
-
-    from stare_lab.record import process_count
-
     if process_count() > 1 and torch.cuda.is_available() and not cfg.trainer.use_cpu:
         model.to(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
 

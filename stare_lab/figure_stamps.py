@@ -31,7 +31,7 @@ def digest(*parts: Any) -> str:
 @functools.cache
 def code_stamp(*files: str) -> str:
     """Hash of the source of `files` (paths, or folders whose *.py count) and matplotlib's version."""
-    import matplotlib
+    import matplotlib  # deferred: matplotlib, for the readers that stamp no figure
 
     h = hashlib.sha256(matplotlib.__version__.encode())
     for name in files:
@@ -55,7 +55,7 @@ def files_stamp(paths: Iterable[Path]) -> list[tuple[str, int, int]]:
 
 def frame_stamp(df: Any) -> str:
     """Hash of a pandas frame's values, index and column names."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas, as matplotlib above
 
     values = pd.util.hash_pandas_object(df, index=True).to_numpy().tobytes() if len(df) else b""
     return hashlib.sha256(values + repr(list(df.columns)).encode()).hexdigest()[:24]

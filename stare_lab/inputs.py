@@ -20,7 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from stare_lab.config import BENCHMARK_DATA_DIR, CONF_DIR, ConfigError
+from stare_lab.tasks.loaders import is_local_source
 
 LOCAL_PREFIXES = ("/", ".", "~")
 
@@ -30,21 +33,17 @@ def _offline() -> bool:
 
 
 def _local(source: str) -> bool:
-    from stare_lab.tasks.loaders import is_local_source
-
     return is_local_source(source)
 
 
 def _hub_cached(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache  # deferred: ~0.1 s, only for a hub model while offline
 
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def benchmark_source(name: str) -> str | None:
     """The source of a benchmark of conf/benchmark/ (its local copy when there is one), None if unknown."""
-    import yaml
-
     for root in (os.environ.get("STARE_LAB_BENCHMARKS"), BENCHMARK_DATA_DIR):
         if root and (Path(root) / f"{name}.jsonl").is_file():
             return str(Path(root) / f"{name}.jsonl")

@@ -36,6 +36,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,6 @@ def current_rule_modules(config: dict[str, Any], origin: str | None) -> list[dic
 def load_entry_points() -> list[Imported]:
     """Import every module of the `stare_lab.rules` entry-point group, in (package, name) order;
     RuleImportError naming the entry point and its package when one fails."""
-    from importlib.metadata import entry_points
 
     def dist(ep) -> str:
         d = getattr(ep, "dist", None)

@@ -11,16 +11,26 @@ sampler).
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from accelerate import PartialState
 from omegaconf import DictConfig
-from transformers import TrainerCallback
+from transformers import TrainerCallback, set_seed
+from transformers.trainer_callback import PrinterCallback
+from trl import GRPOConfig
 
 from stare_lab.config import load_config
+from stare_lab.eval_run import IntermediateEval, evaluate_run
+from stare_lab.learning_signal import LearningSignalCheck
+from stare_lab.methods import RuleState, get_method
+from stare_lab.models import load_model_and_tokenizer
 from stare_lab.record import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -37,7 +47,13 @@ from stare_lab.record import (
     write_metrics,
 )
 from stare_lab.rule_imports import import_run_modules
+from stare_lab.tasks import build_task
+from stare_lab.tracking import MetricsLogger, StepPrinter, init_wandb, is_train_log, metrics_row
+from stare_lab.trainer import TokenRuleGRPOTrainer
 from stare_lab.utils import plain_dict
+from stare_lab.viewer.batch import kept_steps
+from stare_lab.viewer.wandb_export import publish_run
+from stare_lab.vllm_engine import grpo_vllm_args
 from stare_lab.vllm_server import for_run
 
 # Logged values that are finite in every healthy step; rule metrics (e.g. a closed gate's NaN) are not checked.
@@ -80,8 +96,6 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
 
 def _open_wandb(cfg: DictConfig, run_dir: Path):
     """The run's W&B run on rank 0 (None on the other ranks and when W&B is off)."""
-    from stare_lab.tracking import init_wandb
-
     return init_wandb(cfg, run_dir) if process_rank() == 0 else None
 
 
@@ -90,32 +104,21 @@ def evaluate(cfg: DictConfig, run_dir: Path, wandb_run=None) -> None:
     <run_dir>/figures/ when it kept batches (so that `stare-lab plot` copies them rather than drawing
     every run's at once), and publish the results and the token page into the run's W&B record (into
     `wandb_run`, left open)."""
-    from stare_lab.eval_run import evaluate_run
-
     if process_count() > 1:
         join_processes(cfg)
     evaluate_run(run_dir, cfg)
     if process_rank() == 0:
-        from stare_lab.viewer.batch import kept_steps
-
         if kept_steps(run_dir):  # ~1 s of CPU per run; W&B's token page logs the same files
-            from stare_lab.viewer.figures import plot_selection
+            from stare_lab.viewer.figures import plot_selection  # deferred: matplotlib, only a run that kept batches
 
             plot_selection(run_dir, run_dir / "figures", processes=1)
     if wandb_run is not None:
-        from stare_lab.viewer.wandb_export import publish_run
-
         publish_run(run_dir, run=wandb_run)
 
 
 def join_processes(cfg: DictConfig) -> None:
     """torch.distributed for a multi-process evaluation whose training was done by an earlier
     attempt (training starts it through accelerate; so does this, with the same timeout)."""
-    import datetime
-
-    import torch.distributed as dist
-    from accelerate import PartialState
-
     if not dist.is_initialized():
         PartialState(
             cpu=bool(cfg.trainer.use_cpu),
@@ -124,10 +127,6 @@ def join_processes(cfg: DictConfig) -> None:
 
 
 def build_grpo_config(cfg: DictConfig, output_dir: Path):
-    from trl import GRPOConfig
-
-    from stare_lab.vllm_engine import grpo_vllm_args
-
     t = cfg.trainer
     return GRPOConfig(
         output_dir=str(output_dir),
@@ -210,13 +209,6 @@ def engine_args(engine: str) -> dict:
 
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
     """The configured TokenRuleGRPOTrainer for this run (model, task, rule, TRL config)."""
-    from transformers import set_seed
-
-    from stare_lab.methods import RuleState, get_method
-    from stare_lab.models import load_model_and_tokenizer
-    from stare_lab.tasks import build_task
-    from stare_lab.trainer import TokenRuleGRPOTrainer
-
     set_seed(int(cfg.seed))
     task = build_task(cfg.task)
     m = cfg.model
@@ -288,8 +280,6 @@ def resume_point(run_dir: Path) -> Path | None:
 
 
 def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
-    from stare_lab.tracking import is_train_log, metrics_row
-
     have = {r["step"] for r in read_metrics(run_dir)}
     state = json.loads((ckpt / "trainer_state.json").read_text())
     when = (ckpt / "trainer_state.json").stat().st_mtime
@@ -305,12 +295,6 @@ def _restore_logged_rows(run_dir: Path, ckpt: Path) -> None:
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: Sequence[TrainerCallback] = (), wandb_run=None) -> None:
     """Train from the last checkpoint to final/. `wandb_run`: rank 0's open W&B run (the caller finishes it)."""
-    from transformers.trainer_callback import PrinterCallback
-
-    from stare_lab.eval_run import IntermediateEval
-    from stare_lab.learning_signal import LearningSignalCheck
-    from stare_lab.tracking import MetricsLogger, StepPrinter
-
     ckpt = resume_point(run_dir)
     main = process_rank() == 0  # one record per run: rank 0 writes metrics and W&B
     if ckpt is not None and process_count() > 1:
@@ -352,8 +336,6 @@ class FiniteGuard(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        import torch
-
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if model is not None else []
         if params and not bool(torch.stack([torch.isfinite(p.detach()).all() for _, p in params]).all()):
             names = [n for n, p in params if not bool(torch.isfinite(p.detach()).all())]

@@ -69,11 +69,11 @@ def grpo_vllm_args(trainer: Mapping[str, Any], model_dtype: str, seed: int) -> d
 def prepare(dtype: str, seed: int = 0, cpu: bool = True) -> None:
     """Make the next engine TRL builds in this process use `dtype` and `seed` (+ TRL's process offset);
     on CPU, switch oneDNN repacking off first. Idempotent."""
-    from stare_lab import trl_internals
+    from stare_lab import trl_internals  # deferred: trl; the command line imports this module (missing_vllm)
 
     _ENGINE.update(dtype=dtype, seed=int(seed))
     if cpu:
-        import vllm._custom_ops as ops
+        import vllm._custom_ops as ops  # deferred: vLLM is optional (its own environment, docs/vllm.md)
 
         ops._supports_onednn = False
     trl_internals.install_engine_factory(engine_factory)  # the `LLM` TRL's module calls (trl_internals, reach 11)
@@ -83,7 +83,7 @@ def engine_factory(*args, **kwargs):
     """`vllm.LLM` as TRL calls it, with the prepared dtype and the run's seed; with `reuse_engines()`
     active, one engine per (model, dtype) for the whole process (tests: TRL syncs the weights before
     every generation, so a reused engine samples from the current policy)."""
-    import vllm
+    import vllm  # deferred: optional, as in prepare
 
     if _ENGINE["dtype"] is not None:
         kwargs["dtype"] = _ENGINE["dtype"]
@@ -135,7 +135,7 @@ FUSED = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_p
 def policy_weights(model) -> dict[str, Any]:
     """{name: tensor} of the policy as TRL pushes it: a PEFT model's adapters merged, names without PEFT
     prefixes (TRL's `_iter_named_params`), tied weights once."""
-    from accelerate.utils import is_peft_model
+    from accelerate.utils import is_peft_model  # deferred: accelerate imports torch
 
     if not is_peft_model(model):
         return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -154,7 +154,7 @@ def policy_weights(model) -> dict[str, Any]:
 def expected_engine_weights(policy: Mapping[str, Any], engine_names: Iterator[str] | list[str]) -> dict[str, Any]:
     """The policy's weights laid out as the engine's parameters `engine_names` (fused projections
     concatenated; a tied LM head is the embedding)."""
-    import torch
+    import torch  # deferred: torch, as the command line imports this module
 
     out = {}
     for name in engine_names:

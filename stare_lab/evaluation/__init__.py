@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch.distributed as dist
 
 from stare_lab.evaluation.benchmarks import (
     BENCHMARK_DIRS,
@@ -113,8 +114,6 @@ def evaluate_benchmark(
     }
     path = write_eval_result(out_dir, result, rows) if rank == 0 else eval_result_path(out_dir, name, result, step)
     if processes > 1:
-        import torch.distributed as dist  # deferred: torch, only a run of several processes gets here
-
         dist.barrier()  # the result is on disk before any rank looks for it
     return {**result, "settings_key": path.stem}
 

@@ -4,9 +4,12 @@ depend on how many processes draw them (`eval_shard`: this process's share of a 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from tqdm.auto import tqdm
 
 
@@ -56,8 +59,6 @@ def generate_samples(
     """
     if _is_vllm_model(model):
         return _generate_vllm(model, prompts, n, temperature, top_p, max_tokens, seed, shard)
-    import torch  # deferred: torch, for the command line's start-up (stare_lab.eval_run imports this package)
-
     chat = bool(prompts) and not isinstance(prompts[0], str)
     texts = [
         tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if chat else p for p in prompts
@@ -117,11 +118,10 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def _is_vllm_model(model: Any) -> bool:
-    try:
-        import vllm
-    except ImportError:
-        return False
-    return isinstance(model, vllm.LLM)
+    """A `vllm.LLM`; read from sys.modules: an engine exists only once vLLM is imported, and importing it
+    here would cost seconds on every evaluation with transformers."""
+    vllm = sys.modules.get("vllm")
+    return vllm is not None and isinstance(model, vllm.LLM)
 
 
 def engine_name(model: Any) -> str:
@@ -143,7 +143,7 @@ def _generate_vllm(
     `unit_seed(seed, i)` (the same samples however the prompts are sharded); this shard's prompts
     are rank, rank + processes, ...; the others are None. Lengths count tokens up to and including
     EOS, as the transformers path does."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # deferred: vLLM is optional (its own environment, docs/vllm.md)
 
     rank, processes = shard
     mine = list(range(len(prompts)))[rank::processes]
@@ -167,10 +167,6 @@ def _generate_vllm(
 def eval_shard() -> tuple[int, int]:
     """(rank, processes) of a multi-process run's evaluation: torch.distributed's when it is
     running with several processes, else (0, 1)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 0, 1
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -178,8 +174,6 @@ def eval_shard() -> tuple[int, int]:
 
 def gather_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every rank's per-sample rows, on every rank (one all_gather_object)."""
-    import torch.distributed as dist
-
     shares: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(shares, rows)
     return [r for share in shares for r in share]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TokenizersBackend
 
+from stare_lab.config_schema import LoraConfig as Schema
 from stare_lab.models.builtin import BUILTIN_DIR
 
 __all__ = ["BUILTIN_DIR", "load_model_and_tokenizer"]
@@ -71,11 +73,7 @@ def _load_tokenizer(path: str):
 
 def _wrap_lora(model, lora: dict):
     """peft's LoRA with the run's `model.lora` (stare_lab.config_schema.LoraConfig: keys and defaults)."""
-    import dataclasses
-
-    from peft import LoraConfig, get_peft_model
-
-    from stare_lab.config_schema import LoraConfig as Schema
+    from peft import LoraConfig, get_peft_model  # deferred: peft, only a LoRA run needs it
 
     known = {f.name for f in dataclasses.fields(Schema)}
     if set(lora) - known:

@@ -35,7 +35,7 @@ def build_task(cfg: Mapping[str, Any] | Any):
     if name == "math":
         return MathTask.from_config(cfg)
     if name == "arithmetic":
-        from stare_lab.tasks.arithmetic import ArithmeticTask  # lazy: owned by its own module
+        from stare_lab.tasks.arithmetic import ArithmeticTask  # deferred: it imports datasets
 
         if hasattr(ArithmeticTask, "from_config"):
             return ArithmeticTask.from_config(cfg)

@@ -64,14 +64,14 @@ def _read_rows(source: str, *, split: str, subset: str | None) -> tuple[list[dic
         if not path.is_file():
             raise FileNotFoundError(f"benchmark/task file not found: {path}")
         if path.suffix.lower() == ".parquet":
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # deferred: pyarrow, only for a parquet file
 
             table = pq.read_table(path)
             return table.to_pylist(), list(table.column_names)
         rows = _read_jsonl(path)
         columns = list(dict.fromkeys(k for r in rows for k in r))
         return rows, columns
-    import datasets
+    import datasets  # deferred: datasets, only for a hub dataset
 
     ds = datasets.load_dataset(source, subset, split=split)
     return list(ds), list(ds.column_names)

@@ -14,12 +14,15 @@ math-verify 0.9 notes (what was verified with the pinned version):
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
+
+from stare_lab.tasks.loaders import load_records
 
 MATH_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -97,7 +100,7 @@ def _timeouts_usable() -> bool:
 
 @lru_cache(maxsize=4096)
 def _parse_gold(gold: str, timeouts: bool) -> list:
-    from math_verify import parse
+    from math_verify import parse  # deferred: math_verify (sympy), only when an answer is checked
 
     timeout = 5 if timeouts else None
     gold = gold.strip()
@@ -116,7 +119,7 @@ def verify_boxed(pred: str | None, gold: str) -> bool:
     if pred is None:
         return False
     try:
-        from math_verify import parse, verify
+        from math_verify import parse, verify  # deferred: as in _parse_gold
 
         timeouts = _timeouts_usable()
         gold_parsed = _parse_gold(str(gold), timeouts)
@@ -178,8 +181,6 @@ class MathTask:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> MathTask:
-        import inspect
-
         kwargs = {k: v for k, v in dict(cfg).items() if k != "name"}
         known = set(inspect.signature(cls.__init__).parameters) - {"self"}
         unknown = sorted(set(kwargs) - known)
@@ -193,9 +194,7 @@ class MathTask:
         return build_prompt(problem, self.template)
 
     def _dataset(self, spec: dict, which: str):
-        import datasets
-
-        from stare_lab.tasks.loaders import load_records
+        import datasets  # deferred: datasets, only when the task's data is read
 
         if not spec["source"]:
             raise ValueError(f"task.{which}_source is not set for task 'math'")
