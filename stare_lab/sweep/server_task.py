@@ -32,15 +32,12 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from stare_lab.record import read_status
-from stare_lab.server_layout import SERVER_ENV, SERVER_FILE, is_server_run, server_layout
+from stare_lab.server_layout import SERVER_ENV, SERVER_FILE, server_layout
 from stare_lab.sweep.ranks import RankGate
 from stare_lab.utils import atomic_write_text
 
 if TYPE_CHECKING:
     from stare_lab.vllm_server import Server
-
-# is_server_run: the worker's question (stare_lab.sweep.worker) of whether a job keeps server slots.
-__all__ = ["describe_run", "is_server_run", "serve_slot", "training_env"]
 
 WATCH_EVERY_S = 2.0
 
