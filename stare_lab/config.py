@@ -161,7 +161,7 @@ def finalize(cfg: Any, rule_known: bool = True) -> Any:
 MULTIPROCESS_KEYS = ("distributed", "ddp_timeout_s")
 VLLM_KEYS = tuple(k for k in TrainerConfig.__dataclass_fields__ if k.startswith("vllm_"))
 MICROBATCH_KEYS = tuple(k for k in TrainerConfig.__dataclass_fields__ if k.startswith("microbatch_"))
-# Where a run's server sits (stare_lab.sweep.server_task): hashed only in server mode, so that colocated runs keep
+# Where a run's server sits (stare_lab.server_layout): hashed only in server mode, so that colocated runs keep
 # the ids they had before these keys existed (the world size they leave to training is hashed as `processes`).
 SERVER_LAYOUT_KEYS = ("vllm_server_gpus", "vllm_server_node")
 

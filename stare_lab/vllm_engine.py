@@ -59,7 +59,7 @@ def grpo_vllm_args(trainer: Mapping[str, Any], model_dtype: str, seed: int) -> d
         prepare(dtype=t.get("vllm_dtype") or model_dtype, seed=seed, cpu=bool(t["use_cpu"]))
     else:  # stare_lab.vllm_server started the server and wrote its address into these keys
         if t.get("vllm_server_port") is None:
-            raise ValueError("trainer.vllm_server_port: unset; start the server first (stare_lab.vllm_server.serve)")
+            raise ValueError("trainer.vllm_server_port: unset; start the server first (stare_lab.vllm_server.serving)")
         args["vllm_server_host"] = t["vllm_server_host"]
         args["vllm_server_port"] = int(t["vllm_server_port"])
         args["vllm_server_timeout"] = float(t["vllm_server_timeout"])
