@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stare_lab.vllm_engine import missing_vllm
+from stare_lab.config_schema import missing_vllm
 
 if missing_vllm():
     collect_ignore_glob = ["test_*.py"]

@@ -4,7 +4,7 @@ A server-mode run's job has 2 tasks on the cluster's one node: task 1 (the serve
 `trl vllm-serve` server, task 0 (the run's one training process) gets its address from the run folder and
 talks to it with TRL's own VLLMClient (health, generate). The real trainer cannot train against the server
 on CPU (TRL's weight sync is NCCL on CUDA): the training task runs tests/vllm_tests/server_fixtures.py's
-`client_execute`, which uses the runner's own server set-up (`server_task.for_run`) and its /health watch
+`client_execute`, which uses the runner's own server set-up (`vllm_server.for_run`) and its /health watch
 between stand-in steps. Faults: a server SIGKILLed mid-run fails the run with one line and resumes from its
 last checkpoint on `--retry-failed`; a server that does not answer within `vllm_server_timeout` fails the
 run with one line naming the timeout and the server's log.
