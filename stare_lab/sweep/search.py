@@ -38,7 +38,7 @@ def search_of(spec: SweepSpec) -> SearchSpec:
 
 def storage_for(spec: SweepSpec):
     """An Optuna storage object (or URL) for this sweep."""
-    import optuna  # deferred: optuna, for a search sweep only (here and below)
+    import optuna  # deferred: optuna, for a search sweep only
 
     s = search_of(spec).storage
     if s and "://" in s:
@@ -56,7 +56,7 @@ def storage_for(spec: SweepSpec):
 
 
 def load_study(spec: SweepSpec, create: bool = False):
-    import optuna
+    import optuna  # deferred: as in storage_for
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     s = search_of(spec)
@@ -83,7 +83,12 @@ def load_study(spec: SweepSpec, create: bool = False):
 
 
 def distributions(s: SearchSpec) -> dict[str, Any]:
-    from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import (  # deferred: optuna, as in storage_for
+        BaseDistribution,
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
 
     out: dict[str, BaseDistribution] = {}
     for key, p in s.params.items():
@@ -128,7 +133,7 @@ def trial_run(composer: Composer, spec: SweepSpec, number: int, params: dict[str
 
 def run_search(spec: SweepSpec, echo: Callable[[str], None] = print) -> dict[str, int]:
     """Run the study until `trials` trials have ended; returns counts of trial states."""
-    from optuna.trial import Trial, TrialState
+    from optuna.trial import Trial, TrialState  # deferred: optuna, as in storage_for
 
     s = search_of(spec)
     study = load_study(spec, create=True)
@@ -185,7 +190,7 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print) -> dict[str
 
 
 def _tell(study, trial, run: RunSpec, s: SearchSpec, echo) -> int:
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # deferred: optuna, as in storage_for
 
     status = read_status(run.run_dir) or {}
     value = objective_value(run.run_dir, s.metric) if status.get("state") == "finished" else None
