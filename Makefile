@@ -47,7 +47,7 @@ test: $(STAMP) $(STAMP_VLLM)
 test-vllm: $(STAMP_VLLM)
 	$(PY_VLLM) -m pytest -q -rs --durations=10 tests/vllm_tests
 
-# ruff (lint + format, pyproject.toml [tool.ruff]) and mypy over the public API modules ([tool.mypy])
+# ruff (lint + format, pyproject.toml [tool.ruff]) and mypy over the whole package ([tool.mypy])
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -1,9 +1,9 @@
 """The project's code and pages send the reader only to files inside the repository.
 
-No file under stare_lab/, docs/, benchmarks/, scripts/ or README.md names a document that is not
-part of the project (DESIGN.md, STYLE.md, METHODS.md, ENVIRONMENT.md) or the folder they live in;
-the design document is docs/design.md, and every place that cites one of its sections names a
-section it has.
+No file under stare_lab/, docs/, benchmarks/, scripts/, .ci/, README.md, pyproject.toml or the
+Makefile names a document that is not part of the project (DESIGN.md, STYLE.md, METHODS.md,
+ENVIRONMENT.md) or the folder they live in; the design document is docs/design.md, and every place
+that cites one of its sections names a section it has.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TREES = ("stare_lab", "docs", "benchmarks", "scripts", "README.md")
+TREES = ("stare_lab", "docs", "benchmarks", "scripts", "README.md", "pyproject.toml", "Makefile", ".ci")
 OUTSIDE = ("DESIGN.md", "STYLE.md", "METHODS.md", "ENVIRONMENT.md", "../shared", "/work/shared")
 DESIGN = ROOT / "docs" / "design.md"
 SECTIONS = (
