@@ -28,7 +28,6 @@ from typing import Any
 
 # Whether vLLM is installed is a question of the config's checks (a run with use_vllm, `eval --engine vllm`);
 # the command line and the vLLM tests still import it from here (stare_lab.cli.training, tests).
-from stare_lab.config_schema import missing_vllm  # noqa: F401
 
 # A first logged step whose mean |Δ log-prob| (engine's sampling log-prob vs the training forward's, over
 # the valid completion tokens) exceeds this prints one warning line. Measured on the built-in model,
@@ -69,7 +68,7 @@ def grpo_vllm_args(trainer: Mapping[str, Any], model_dtype: str, seed: int) -> d
 def prepare(dtype: str, seed: int = 0, cpu: bool = True) -> None:
     """Make the next engine TRL builds in this process use `dtype` and `seed` (+ TRL's process offset);
     on CPU, switch oneDNN repacking off first. Idempotent."""
-    from stare_lab import trl_internals  # deferred: trl; the command line imports this module (missing_vllm)
+    from stare_lab import trl_internals  # deferred: trl; tracking imports this module for MISMATCH_WARN
 
     _ENGINE.update(dtype=dtype, seed=int(seed))
     if cpu:

@@ -7,7 +7,6 @@ that a refusal never pays for them."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from stare_lab.record import CONFIG_FILE
 from stare_lab.sweep.plan import current_runs
 from stare_lab.sweep.schema import load_sweep
 from stare_lab.utils import atomic_write_text
+from stare_lab.viewer.batch import BATCH_DIR, kept_steps, why_no_batch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -325,13 +325,11 @@ def cmd_view(argv: list[str]) -> int:
     return main_view(argv)
 
 
-_KEPT = re.compile(r"^step-(\d+)\.safetensors$")  # stare_lab.viewer.batch's kept batch files
-
-
 def _view_refusal(argv: list[str]) -> None:
     """UserError (one line, the viewer's own words) for a target that is neither a run directory nor
-    a sweep YAML, a sweep file that does not load, or a step the run did not keep; else nothing (bad
-    options, and what needs the batches, are left to the viewer)."""
+    a sweep YAML, a sweep file that does not load, a run that kept no batch, or a step the run did not
+    keep; else nothing (bad options, and what needs the batches, are left to the viewer). Reads file
+    names and the run's config only: the kept-batch module imports no torch."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("target", nargs="?")
     p.add_argument("--step", type=int, default=None)
@@ -345,10 +343,12 @@ def _view_refusal(argv: list[str]) -> None:
     if target.suffix in (".yaml", ".yml") and target.is_file():
         load_sweep(target)  # a SweepError names the file once
     elif target.is_dir():
-        folder = target / "batches"
-        files = folder.iterdir() if folder.is_dir() else ()
-        steps = sorted(int(m.group(1)) for f in files if (m := _KEPT.match(f.name)))
-        if steps and known.step is not None and known.step not in steps:
+        steps = kept_steps(target)
+        if not steps:  # as load_run_batch says it
+            raise UserError(
+                f"run {target} has no kept batches ({BATCH_DIR}/step-<N>.safetensors): {why_no_batch(target)}"
+            )
+        if known.step is not None and known.step not in steps:
             kept = ", ".join(map(str, steps))
             raise UserError(f"step {known.step} was not kept in run {target}; kept steps: {kept}")
     else:

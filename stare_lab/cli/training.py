@@ -14,10 +14,10 @@ from omegaconf import open_dict
 
 from stare_lab.cli.common import UserError, parse
 from stare_lab.config import compose, load_config, save_config
+from stare_lab.config_schema import missing_vllm
 from stare_lab.inputs import check_inputs, overlap_warnings
 from stare_lab.record import CONFIG_FILE, read_eval_results, read_metrics
 from stare_lab.rule_imports import import_modules, import_run_modules, run_entries
-from stare_lab.vllm_engine import missing_vllm
 
 # The last training row's keys `train` prints (then every rule/ key of that row).
 LAST_METRICS = (

@@ -38,6 +38,38 @@ def test_a_refused_value_exits_before_torch_is_imported(argv, message):
     assert "torch loaded: False heavy: []" in run.stdout, run.stdout
 
 
+def test_view_refusals_exit_before_torch_is_imported(tmp_path):
+    """`view` of a run that kept no batch, and of a step a run did not keep, are refused from file names
+    and the run's config: one line, exit 2, no torch (stare_lab.cli.reading._view_refusal)."""
+    never = tmp_path / "never"
+    never.mkdir()
+    (never / "config.yaml").write_text("trainer: {keep_batches_every: 0}\n")
+    kept = tmp_path / "kept"
+    (kept / "batches").mkdir(parents=True)
+    (kept / "config.yaml").write_text("trainer: {keep_batches_every: 2}\n")
+    (kept / "batches" / "step-2.safetensors").write_bytes(b"")
+    cases = [
+        (
+            [str(never)],
+            f"run {never} has no kept batches (batches/step-<N>.safetensors): trainer.keep_batches_every is 0",
+        ),
+        ([str(kept), "--step", "5"], f"step 5 was not kept in run {kept}; kept steps: 2"),
+        ([str(tmp_path / "nothing")], "is neither a run directory nor a sweep YAML"),
+    ]
+    for argv, message in cases:
+        run = run_py(f"""
+            import sys
+            from stare_lab.cli import main
+            from stare_lab.deferred import is_loaded
+            code = main(["view", *{argv!r}])
+            print("torch loaded:", is_loaded("torch"))
+            sys.exit(code)
+        """)
+        assert run.returncode == 2, run.stderr
+        assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert "torch loaded: False" in run.stdout, run.stdout
+
+
 def test_the_deferred_module_is_the_real_one_once_used():
     run = run_py("""
         import sys
