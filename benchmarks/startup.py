@@ -148,11 +148,13 @@ def main() -> None:
         "view refusal: a sweep file that does not load": ([exe, "view", "bad.yaml"], 2, 0.5),
         "view refusal: neither a run nor a sweep": ([exe, "view", "no/such/run"], 2, 0.5),
         "view refusal: a step the run did not keep": ([exe, "view", "KEPT_RUN", "--step", "99"], 2, 0.5),
+        "view refusal: a run that kept no batch": ([exe, "view", "NO_BATCH_RUN"], 2, 0.5),
     }
     (a.dir / "bad.yaml").write_text("name: bad\n")
     kept_run = next((a.dir / "runs" / "plot18").glob("*/batches")).parent
+    no_batch_run = next((a.dir / "runs" / "startup").glob("*/config.yaml")).parent
     for name, (cmd, rc, target) in cases.items():
-        cmd = [str(kept_run) if x == "KEPT_RUN" else x for x in cmd]
+        cmd = [{"KEPT_RUN": str(kept_run), "NO_BATCH_RUN": str(no_batch_run)}.get(x, x) for x in cmd]
         wall, cpu = timed_cpu(cmd, a.dir, a.reps, rc)
         line(name, wall, cpu, base, target)
     with SweepLock(a.dir / "runs" / "startup", "startup"):  # another shell's sweep run holds the lock

@@ -54,7 +54,7 @@ MICROBATCH_STATISTICS = frozenset({"logp", "entropy", "old_logp", "ref_logp"})
 
 
 @dataclass
-class Applied:
+class RuleCall:
     """One rule call: this rank's loss inputs, and the global batch, weights and metrics it came from."""
 
     inputs: dict[str, Tensor]  # the four loss inputs of the module docstring, this rank's rows
@@ -66,7 +66,7 @@ class Applied:
 
 def apply_rule(
     rule: Rule, state: RuleState, local: TokenStats, accelerator, *, gather: bool = True, total_scale: int = 1
-) -> Applied:
+) -> RuleCall:
     """The rule once on the global batch of `local` (this rank's TokenStats), or on `local` alone with
     gather=False; `total_scale` multiplies the weight sum (scope "microbatch", `microbatch_total_scale`)."""
     if gather:
@@ -83,7 +83,7 @@ def apply_rule(
         "token_normalize": torch.tensor(NORMALIZE.index(result.normalize)),
         "token_weight_total": weights.sum() * total_scale,  # gathered: every rank's rows are in it
     }
-    return Applied(inputs, stats, weights, selected, result.metrics)
+    return RuleCall(inputs, stats, weights, selected, result.metrics)
 
 
 # ---- scope "microbatch" (and "token") --------------------------------------------------------

@@ -56,7 +56,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
       join the batch dict TRL returns, which TRL shuffles and splits with the rest (so weights never depend
       on the micro-batch split). For TRL's one call it arms, when the statistics come from there, TRL's
       `_generate_single_turn` (recording during transformers generation) or its no-grad old-log-prob
-      forward (the statistics pass rides it): `_statistics_armed`, through `trl_internals`, the values
+      forward (the statistics pass is that forward): `_statistics_armed`, through `trl_internals`, the values
       returned in a local dict.
     - `micro_batch_loss` (TRL's `_compute_loss`): `objective.trainer_loss`, TRL's own loss with the weights
       in its per-token mask slot; a rule of scope "microbatch" or "token" chooses its weights in that slot
@@ -150,10 +150,10 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         which TRL shuffles and splits with the rest (so weights never depend on the micro-batch split)."""
         training = self.model.training
         before = {k: (id(v), len(v)) for k, v in self._metric_rows("train").items()} if training else None
-        taken: dict = {}  # what the armed source took from TRL's call: "record" or "stats"
-        with self._statistics_armed(self.stats_source(), taken):
+        from_trl: dict = {}  # what the armed source got from TRL's call: "record" or "stats"
+        with self._statistics_armed(self.stats_source(), from_trl):
             out = self.trl_generation_batch(inputs)
-        given = self._given_statistics(taken, out)
+        given = self._given_statistics(from_trl, out)
         self._step_into_rule_state()
         if self.selects_in_loss:
             self._defer_rule_to_loss(out, given)
@@ -163,13 +163,13 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
             self._remember_generation(before)
         return out
 
-    def _given_statistics(self, taken: dict, out: dict) -> dict[str, torch.Tensor] | None:
+    def _given_statistics(self, from_trl: dict, out: dict) -> dict[str, torch.Tensor] | None:
         """The statistics the armed source took: the generation recording aligned with TRL's completions (None
         when it does not line up: the pass computes everything), or TRL's old-log-prob forward's."""
-        record = taken.get("record")
+        record = from_trl.get("record")
         if record is not None:
             return record.result(out["completion_ids"], out["completion_mask"])
-        return taken.get("stats")
+        return from_trl.get("stats")
 
     def _step_into_rule_state(self) -> None:
         """The rule state gets the step (the rule's seeded draws and schedules move) and the trainer's values."""
@@ -262,7 +262,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
     @torch.no_grad()
     def _token_stats(self, out, given=None) -> tuple[TokenStats, torch.Tensor | None]:
         """TokenStats with what the rule declares, and the rollout entropy if computed. `given`: statistics
-        recorded during generation or taken from TRL's old-log-prob forward; the pass computes the rest."""
+        recorded during generation or computed in TRL's old-log-prob forward; the pass computes the rest."""
         completion_ids, mask = out["completion_ids"], out["completion_mask"]
         B, T = completion_ids.shape
         needs = self.batch_needs
@@ -316,26 +316,26 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
         """The statistics of the generation batch that need a forward of the rollout policy (`sources.model_needs`)."""
         return sources.model_needs(self.batch_needs, trl_internals.makes_old_logp_forward(self))
 
-    def _statistics_armed(self, source: str, taken: dict) -> AbstractContextManager:
+    def _statistics_armed(self, source: str, from_trl: dict) -> AbstractContextManager:
         """For TRL's one generation call (`trl_generation_batch`), arm the TRL call the statistics come
-        from (trl_internals): `taken` holds afterwards "record" (the generation recording) or "stats" (taken
-        from TRL's old-log-prob forward), or nothing."""
+        from (trl_internals): `from_trl` holds afterwards "record" (the generation recording) or "stats" (computed
+        in TRL's old-log-prob forward), or nothing."""
         if source == "generation":
-            return trl_internals.around_generation(self, lambda: self._recording(taken))
+            return trl_internals.around_generation(self, lambda: self._recording(from_trl))
         if source == "old_logp_forward":
 
             def answer(input_ids, attention_mask, logits_to_keep, forward_kwargs):
                 # TRL's old-log-prob forward of the rollout policy: the rule's statistics come out of it
-                taken["stats"] = sources.ride_old_logp_forward(
+                from_trl["stats"] = sources.statistics_from_old_logp_forward(
                     self._rows_statistics, self.model_needs(), input_ids, attention_mask, logits_to_keep, forward_kwargs
                 )
-                return taken["stats"]["logp"]
+                return from_trl["stats"]["logp"]
 
             return trl_internals.old_logp_forward_answered(self, answer)
         return nullcontext()
 
     @contextmanager
-    def _recording(self, taken: dict):
+    def _recording(self, from_trl: dict):
         """One transformers generate call recorded (signals/generation.py); JS at generation time only in one
         process: the pass's JS of groups split over ranks is a collective."""
         one_process = self.accelerator.num_processes == 1
@@ -350,7 +350,7 @@ class TokenRuleGRPOTrainer(trl_internals.GRPOSteps):
             eos_ids=self.eos_token_ids,
         ) as rec:
             yield
-        taken["record"] = rec
+        from_trl["record"] = rec
 
     def _rows_statistics(self, batch: dict, needs: frozenset[str]) -> dict[str, torch.Tensor]:
         """The statistics pass over `batch`, whose rows are this rank's rows of the generation batch."""

@@ -87,3 +87,13 @@ def make_trainer(tiny_lm, grpo_args):
         )
 
     return make
+
+
+@pytest.fixture
+def in_process_env(monkeypatch):
+    """This process's environment as a sweep's worker processes get it (sweep_fixtures.sweep_env: the
+    tests' import path, quiet libraries), for tests that run a sweep driver in-process."""
+    from sweep_fixtures import sweep_env
+
+    for k, v in sweep_env().items():
+        monkeypatch.setenv(k, v)

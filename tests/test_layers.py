@@ -22,7 +22,7 @@ The layers, bottom up (docs/design.md, "Layers"):
 
 from __future__ import annotations
 
-from test_import_cycles import import_graph
+from import_graph import import_graph
 
 LAYERS: dict[int, tuple[str, ...]] = {
     1: (

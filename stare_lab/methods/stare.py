@@ -21,7 +21,7 @@ Deviations and decisions:
    official trainer takes it from its old-log-prob pass) and used unchanged by every micro-batch.
    On-policy with transformers generation TRL makes no old-log-prob forward, so that H̄ comes from
    the entropy recorded while sampling (≈ 0.3% of a step on the built-in model, README Performance);
-   with vLLM or num_iterations > 1 it rides TRL's old-log-prob forward.
+   with vLLM or num_iterations > 1 it is computed in TRL's old-log-prob forward.
 3. [ours] Ties at the top-k boundary broken by a seeded random order (ties="topk"); the official
    `torch.topk` breaks them arbitrarily.
 4. [code] Adaptive W/M: the update uses this batch's H̄ and happens *before* this batch's weights

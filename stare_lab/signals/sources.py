@@ -6,7 +6,7 @@
   statistic once per step (`step_needs`: STARE's H̄) takes it from one of the sources below.
 - "old_logp_forward": TRL makes a no-grad forward of the rollout policy for its old log-probs
   (num_iterations > 1, or steps_per_generation > gradient_accumulation_steps): that one forward is
-  the statistics pass (`ride_old_logp_forward`) and its log-probs are handed to TRL as
+  the statistics pass (`statistics_from_old_logp_forward`) and its log-probs are handed to TRL as
   `old_per_token_logps`, so no second forward runs.
 - "generation": transformers generates (no vLLM, no continuous batching, no rollout_func, no tools):
   logp, entropy, p², p²·log p, attention entropy and, in one process, JS to the group mean are
@@ -74,7 +74,7 @@ def stats_source(
     return "pass"
 
 
-def ride_old_logp_forward(
+def statistics_from_old_logp_forward(
     statistics: Callable[[dict, frozenset[str]], dict[str, Tensor]],
     needs: frozenset[str],
     input_ids: Tensor,

@@ -23,7 +23,7 @@ import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 import yaml
 from sweep_fixtures import TINY
-from test_viewer_wandb import wandb_records
+from wandb_files import wandb_records
 from wandb_workspaces.workspaces import internal
 
 from stare_lab.dashboard.build import SPEC_FILE, build_dashboard, load_workspace, main

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from sweep_fixtures import write_sweep
-from test_liveness import _fake_sacct
+from sweep_fixtures import fake_sacct, write_sweep
 
 from stare_lab.record import write_status
 from stare_lab.sweep import ranks
@@ -63,7 +62,7 @@ def test_a_rank_on_another_node_is_dead_once_its_heartbeat_stops(tmp_path, monke
 
 def test_a_task_leaving_its_arrays_pending_range_is_pending_without_squeue(tmp_path, monkeypatch):
     table = "JobID|State|NodeList\\n7_0|RUNNING|n1\\n7_[3-4]|PENDING|None\\n"
-    log = _fake_sacct(tmp_path, monkeypatch, f'printf "{table}"', squeue="printf '12_0|PENDING\\n'")
+    log = fake_sacct(tmp_path, monkeypatch, f'printf "{table}"', squeue="printf '12_0|PENDING\\n'")
     states = slurm_states(["7_0", "7_1", "7_3"])  # 7_1: started, its own record not in accounting yet
     assert states == {"7_0": "RUNNING", "7_1": "PENDING", "7_3": "PENDING", "7_4": "PENDING"}
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["sacct"]  # one query
@@ -74,7 +73,7 @@ def test_a_task_leaving_its_arrays_pending_range_is_pending_without_squeue(tmp_p
 
 
 def test_a_job_still_live_after_its_run_recorded_failed_is_cancelled(tmp_path, monkeypatch):
-    _fake_sacct(tmp_path, monkeypatch, 'printf "JobID|State|NodeList\\n7_0|RUNNING|n1,n2\\n"')
+    fake_sacct(tmp_path, monkeypatch, 'printf "JobID|State|NodeList\\n7_0|RUNNING|n1,n2\\n"')
     monkeypatch.setattr(slurm, "LINGER_S", 0.5)
     (run,) = expand_sweep(load_sweep(write_sweep(tmp_path, "linger")))
     run.run_dir.mkdir(parents=True)

@@ -15,13 +15,14 @@ import pytest
 from multiproc_fixtures import TWO_PROCESS
 from sweep_fixtures import (
     metric_steps,
+    node_idle,
     running_past_checkpoint,
     slurm_cluster,  # noqa: F401
+    squeue_state,
     sweep_env,
     wait_until,
     write_sweep,
 )
-from test_sweep_slurm import _node_idle, squeue_state
 
 from stare_lab.record import read_status
 
@@ -58,7 +59,7 @@ def test_two_task_run_completes_and_a_requeue_resumes_both_ranks(slurm_cluster, 
         job = status["slurm_job_id"]
         subprocess.run(["scontrol", "requeue", job], check=True)
         wait_until(lambda: squeue_state(job) == "PENDING", 60, "the requeued job to be pending", every=0.2)
-        wait_until(_node_idle, 120, "the node to finish cleaning up the first attempt", every=0.5)
+        wait_until(node_idle, 120, "the node to finish cleaning up the first attempt", every=0.5)
         time.sleep(5)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
         out, _ = driver.communicate(timeout=400)

@@ -18,7 +18,6 @@ import pytest
 import yaml
 from multiproc_fixtures import KILLED_MARK, TWO_PROCESS, kill_rank_1_of_seed_0
 from sweep_fixtures import metric_steps, read_json, run_dirs, use_runner, write_sweep
-from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.sweep.cli import main
 

@@ -138,7 +138,7 @@ def test_the_learning_signal_check_counts_each_generation_once():
 def test_the_command_line_records_every_step_in_metrics_and_wandb(tmp_path, capfd):
     """`stare-lab train` with steps_per_generation 4 over 4 steps: rows 1–4 in metrics.jsonl and W&B (the
     issue saw steps 1 and 3 only), the step lines say whose reward a step shows."""
-    from test_tracking import history_by_step, wandb_records
+    from wandb_files import history_by_step, wandb_records
 
     from stare_lab.cli import main
 

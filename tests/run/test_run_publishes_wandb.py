@@ -4,7 +4,7 @@ object (one offline folder) holds training, evaluation and the token page in row
 
 from __future__ import annotations
 
-from test_viewer_wandb import final_summary, history, media, run_records
+from wandb_files import final_summary, history, media, run_records
 
 from stare_lab.config import compose, save_config
 from stare_lab.record import read_eval_results

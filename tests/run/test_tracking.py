@@ -3,14 +3,11 @@ with the run's id, group, name, tags and resolved config; a resumed run continue
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from sweep_fixtures import FailAt
+from wandb_files import history_by_step, wandb_records
 
 from stare_lab.config import compose, save_config
 from stare_lab.record import read_metrics
@@ -28,23 +25,6 @@ SMALL = [
     "run.sweep=wandb_test",
     "run.label='stare seed=0'",
 ]
-
-
-def wandb_records(run_folder: Path) -> list[dict]:
-    """Every record of an offline run, decoded by W&B's own reader (`wandb leet inspect --json`)."""
-    wandb_cli = Path(sys.executable).with_name("wandb")
-    out = subprocess.run(
-        [str(wandb_cli), "leet", "inspect", "--json", str(run_folder)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-
-
-def history_by_step(records: list[dict]) -> dict[int, dict]:
-    return {r["history"]["item"]["_step"]: r["history"]["item"] for r in records if r["type"] == "history"}
 
 
 def _run(tmp_path, name, extra=()):

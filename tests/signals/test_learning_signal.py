@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_viewer_wandb import final_summary, run_records
+from wandb_files import final_summary, run_records
 
 from stare_lab.config import compose, save_config
 from stare_lab.learning_signal import no_signal_warning

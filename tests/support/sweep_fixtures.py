@@ -19,6 +19,7 @@ Run as a script, this file is the `sweep` command line with an optional stand-in
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -329,3 +330,46 @@ if __name__ == "__main__":
         sweep_fixtures.use_runner(functools.partial(sweep_fixtures.standin_execute, step_s=float(argv[1])))
         argv = argv[2:]
     sys.exit(main(argv))
+
+
+# -- the stand-in for the whole sweep suite ----------------------------------------------------
+
+# STARE_LAB_SWEEP_TESTS_STANDIN=1 swaps the stand-in runner in for the real one in the sweep tests that
+# run the real runner by default (same resume contract, no model): faster, for development.
+STANDIN = os.environ.get("STARE_LAB_SWEEP_TESTS_STANDIN") == "1"
+STANDIN_STEP_S = 0.3 if STANDIN else None
+EXECUTE = functools.partial(standin_execute, step_s=0.3) if STANDIN else None
+
+
+def read_json_lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+# -- the local Slurm cluster ------------------------------------------------------------------
+
+
+def squeue_state(job: str) -> str:
+    """Slurm's state of `job` ("" once it has left the queue)."""
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def node_idle() -> bool:
+    """Whether the cluster's nodes are all idle (no job left on them)."""
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.split() == ["idle"]
+
+
+UNKNOWN_JOB = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"  # squeue's answer, no job known
+
+
+def fake_sacct(tmp_path, monkeypatch, body: str, squeue: str = UNKNOWN_JOB) -> Path:
+    """A `sacct` on PATH that logs its arguments and runs `body` (shell), and a `squeue` that runs
+    `squeue` (by default: it knows no job); returns the log, one line per call of either."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "sacct.log"
+    bin_dir.mkdir()
+    for name, text in (("sacct", body), ("squeue", squeue)):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n{text}\n')
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log

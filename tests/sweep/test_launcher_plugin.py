@@ -10,7 +10,6 @@ import sys
 
 import pytest
 from sweep_fixtures import run_dirs, standin_execute, use_runner, write_sweep
-from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.record import read_status
 from stare_lab.sweep.cli import main
@@ -47,7 +46,7 @@ def test_a_launcher_from_its_own_file_is_picked_by_name_and_validated(tmp_path, 
         load_sweep(write_sweep(tmp_path, "bad", launcher={"name": "nope"}))
 
 
-def test_the_command_line_knows_it_and_a_sweep_runs_through_it(tmp_path, plugin, in_process_env, capsys, monkeypatch):  # noqa: F811
+def test_the_command_line_knows_it_and_a_sweep_runs_through_it(tmp_path, plugin, in_process_env, capsys, monkeypatch):
     path = write_sweep(tmp_path, "plug", grid={"method": ["full", "random"]})
     assert main(["sweep", "run", str(path), "--launcher", plugin.NAME, "--workers", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out

@@ -3,13 +3,12 @@ judged by the run's claim, the same way by both (before, one restarted it and th
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from sweep_fixtures import write_sweep
+from sweep_fixtures import fake_sacct, write_sweep
 
 from stare_lab.record import write_status
 from stare_lab.sweep.expand import expand_sweep
@@ -72,22 +71,6 @@ def test_run_and_status_agree_about_a_worker_on_another_host(tmp_path):
     assert started == {alive.id, dead.id} and not active and set(shown.values()) == {"stalled"}
 
 
-UNKNOWN_JOB = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"  # squeue's answer, no job known
-
-
-def _fake_sacct(tmp_path, monkeypatch, body: str, squeue: str = UNKNOWN_JOB) -> Path:
-    """A `sacct` on PATH that logs its arguments and runs `body` (shell), and a `squeue` that runs
-    `squeue` (by default: it knows no job); returns the log, one line per call of either."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "sacct.log"
-    bin_dir.mkdir()
-    for name, text in (("sacct", body), ("squeue", squeue)):
-        script = bin_dir / name
-        script.write_text(f'#!/bin/sh\necho {name} "$@" >> {log}\n{text}\n')
-        script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return log
-
-
 def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, monkeypatch):
     from stare_lab.sweep.launchers.slurm import SlurmWatch
     from stare_lab.sweep.liveness import slurm_states
@@ -95,7 +78,7 @@ def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, mon
     table = (
         "JobID|State|NodeList\\n7_0|RUNNING|n1\\n7_0.batch|RUNNING|n1\\n7_[1-2]|PENDING|None\\n9|CANCELLED by 0|n2\\n"
     )
-    log = _fake_sacct(tmp_path, monkeypatch, f'printf "{table}"')
+    log = fake_sacct(tmp_path, monkeypatch, f'printf "{table}"')
     states = slurm_states(["7_0", "7_2", "9", "7_1"])
     assert states == {"7_0": "RUNNING", "7_1": "PENDING", "7_2": "PENDING", "9": "CANCELLED by 0"}
     assert log.read_text().split() == ["sacct", "-o", "JobID,State,NodeList", "--parsable2", "-j", "7", "-j", "9"]
@@ -131,7 +114,7 @@ def test_a_job_accounting_does_not_list_yet_is_asked_of_the_controller(tmp_path,
     from stare_lab.sweep.liveness import slurm_states
 
     table = "JobID|State|NodeList\\n7_0|RUNNING|n1\\n"
-    log = _fake_sacct(tmp_path, monkeypatch, f'printf "{table}"', squeue="printf '12_0|RUNNING\\n12_1|PENDING\\n'")
+    log = fake_sacct(tmp_path, monkeypatch, f'printf "{table}"', squeue="printf '12_0|RUNNING\\n12_1|PENDING\\n'")
     assert slurm_states(["7_0", "12_0", "12_1", "12_2"]) == {"7_0": "RUNNING", "12_0": "RUNNING", "12_1": "PENDING"}
     assert log.read_text().splitlines()[-1] == "squeue --array --noheader --format=%i|%T --jobs=12"
     live = Liveness.probe([{"state": "pending", "slurm_job_id": "12_1"}, {"state": "running", "slurm_job_id": "12_2"}])
@@ -146,7 +129,7 @@ def test_a_job_accounting_does_not_list_yet_is_asked_of_the_controller(tmp_path,
 def test_an_unanswered_sacct_counts_as_alive_and_no_slurm_as_dead(tmp_path, monkeypatch):
     from stare_lab.sweep.liveness import slurm_states
 
-    _fake_sacct(tmp_path, monkeypatch, "exit 1")
+    fake_sacct(tmp_path, monkeypatch, "exit 1")
     assert slurm_states(["5"]) is None
     assert Liveness.probe([{"state": "running", "slurm_job_id": "5"}]).slurm_job_live("5")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

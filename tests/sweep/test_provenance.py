@@ -12,7 +12,6 @@ from pathlib import Path
 
 import fixtures_runs as fx
 from sweep_fixtures import metric_steps, run_dirs, standin_execute, use_runner, write_sweep
-from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.analysis import collect_runs, results_table, run_states
 from stare_lab.record import code_version, provenance, read_status, write_status
@@ -50,7 +49,7 @@ def test_each_attempt_records_code_libraries_python_and_device(tmp_path, monkeyp
 
 def test_sweep_run_and_status_name_runs_from_other_code_and_rerun_redoes_them(
     tmp_path,
-    in_process_env,  # noqa: F811
+    in_process_env,
     capsys,
     monkeypatch,
 ):

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from sweep_fixtures import FailAt, metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
-from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.config import compose, save_config
 from stare_lab.record import read_metrics, read_status

@@ -17,9 +17,13 @@ from pathlib import Path
 
 import pytest
 from sweep_fixtures import (
+    EXECUTE,
+    STANDIN,
+    STANDIN_STEP_S,
     crash_method_random,
     metric_steps,
     read_json,
+    read_json_lines,
     run_dirs,
     standin_execute,
     sweep_cli,
@@ -36,22 +40,6 @@ from stare_lab.sweep.lock import SweepLock
 from stare_lab.sweep.schema import SweepError
 from stare_lab.sweep.worker import run_one
 
-STANDIN = os.environ.get("STARE_LAB_SWEEP_TESTS_STANDIN") == "1"
-
-
-def runner_env(**extra: str) -> dict[str, str]:
-    return sweep_env(**extra)
-
-
-STANDIN_STEP_S = 0.3 if STANDIN else None
-EXECUTE = functools.partial(standin_execute, step_s=0.3) if STANDIN else None
-
-
-@pytest.fixture
-def in_process_env(monkeypatch):
-    for k, v in runner_env().items():
-        monkeypatch.setenv(k, v)
-
 
 def by_label(tmp_path: Path, name: str) -> dict[str, Path]:
     return {read_json(d / "status.json")["label"]: d for d in run_dirs(tmp_path, name)}
@@ -65,7 +53,7 @@ def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_proc
         grid={"method": ["full", "top_entropy", "random"]},
         launcher={"name": "local", "workers": 1},
     )
-    proc = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S, start_new_session=True)
+    proc = sweep_cli("run", str(path), env=sweep_env(), standin=STANDIN_STEP_S, start_new_session=True)
 
     def first_done_second_checkpointed():
         runs = {read_json(d / "status.json")["label"]: d for d in run_dirs(tmp_path, "killed")}
@@ -108,12 +96,6 @@ def test_sigkilled_sweep_rerun_finishes_every_run_exactly_once(tmp_path, in_proc
             assert first["time"] < killed_at
         else:
             assert status["attempts"] == 1
-
-
-def read_json_lines(path: Path) -> list[dict]:
-    import json
-
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def test_a_failed_run_is_recorded_and_retried_only_on_request(tmp_path, in_process_env, capsys, monkeypatch):

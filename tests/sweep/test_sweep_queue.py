@@ -22,7 +22,6 @@ from sweep_fixtures import (
     wait_until,
     write_sweep,
 )
-from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.record import read_status
 from stare_lab.sweep import worker
@@ -32,7 +31,7 @@ from stare_lab.sweep.worker import run_one
 FOUR = {"method": ["full", "random", "top_entropy", "stare"]}
 
 
-def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_env, monkeypatch):  # noqa: F811
+def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_env, monkeypatch):
     path = write_sweep(tmp_path, "queue", grid=FOUR, seeds=[0, 1], launcher={"name": "local", "workers": 2})
     use_runner(functools.partial(standin_after_meeting, meet_dir=str(tmp_path / "met")), monkeypatch.setattr)
     assert main(["sweep", "run", str(path)]) == 0
@@ -43,7 +42,7 @@ def test_two_queue_workers_share_four_runs_each_run_once(tmp_path, in_process_en
     assert len(jobs) == 2  # one submitit job per worker, not per run
 
 
-def test_a_failed_run_does_not_stop_its_worker(tmp_path, in_process_env, monkeypatch):  # noqa: F811
+def test_a_failed_run_does_not_stop_its_worker(tmp_path, in_process_env, monkeypatch):
     path = write_sweep(
         tmp_path, "goes_on", grid={"method": ["random", "full"]}, launcher={"name": "local", "workers": 1}
     )
@@ -56,7 +55,7 @@ def test_a_failed_run_does_not_stop_its_worker(tmp_path, in_process_env, monkeyp
 
 def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(
     tmp_path,
-    in_process_env,  # noqa: F811
+    in_process_env,
     monkeypatch,
 ):
     path = write_sweep(
@@ -111,7 +110,7 @@ def test_only_pending_leaves_a_run_another_worker_took(tmp_path, monkeypatch):
     assert {k: status["provenance"][-1][k] for k in code} == code  # the worker's loaded code, as given
 
 
-def test_runs_in_one_worker_give_the_numbers_of_runs_in_fresh_processes(tmp_path, in_process_env):  # noqa: F811
+def test_runs_in_one_worker_give_the_numbers_of_runs_in_fresh_processes(tmp_path, in_process_env):
     """A worker carries nothing from one run into the next: the second run in a process (after a
     different rule) writes the same metrics and samples as the same run alone in its own process."""
     grid = {"method": ["top_entropy", "full"]}

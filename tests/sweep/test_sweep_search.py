@@ -7,8 +7,7 @@ import signal
 
 import optuna
 from optuna.trial import TrialState
-from sweep_fixtures import metric_steps, run_dirs, sweep_cli, wait_until, write_sweep
-from test_sweep_local import in_process_env, runner_env  # noqa: F401
+from sweep_fixtures import metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
 
 from stare_lab.record import read_status
 from stare_lab.sweep.cli import main
@@ -39,7 +38,7 @@ def test_search_resumes_after_a_kill_and_reports_the_best_trial(tmp_path, in_pro
         },
     )
     storage = f"sqlite:///{tmp_path / 'runs' / 'search' / 'optuna.db'}"
-    proc = sweep_cli("run", str(path), env=runner_env(), start_new_session=True)
+    proc = sweep_cli("run", str(path), env=sweep_env(), start_new_session=True)
 
     def one_complete_one_running():
         if proc.poll() is not None:  # the driver ended before the state we wait for: show why

@@ -12,18 +12,23 @@ import time
 
 import pytest
 from sweep_fixtures import (
+    EXECUTE,
+    STANDIN_STEP_S,
     crash_array_task_1,
     metric_steps,
+    node_idle,
     read_json,
+    read_json_lines,
     run_dirs,
     running_past_checkpoint,
     slurm_cluster,  # noqa: F401
+    squeue_state,
     sweep_cli,
+    sweep_env,
     use_runner,
     wait_until,
     write_sweep,
 )
-from test_sweep_local import EXECUTE, STANDIN_STEP_S, in_process_env, read_json_lines, runner_env  # noqa: F401
 
 from stare_lab.record import read_status
 from stare_lab.sweep.cli import main
@@ -46,14 +51,10 @@ def sacct_states(job: str) -> set[str]:
     return {s.strip() for s in out.stdout.split()}
 
 
-def squeue_state(job: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
-
-
 def test_small_slurm_sweep_completes_with_correct_records(
-    slurm_cluster,  # noqa: F811
+    slurm_cluster,
     tmp_path,
-    in_process_env,  # noqa: F811
+    in_process_env,
     capsys,
     monkeypatch,
 ):
@@ -82,7 +83,7 @@ def test_small_slurm_sweep_completes_with_correct_records(
 
 def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slurm_cluster, tmp_path):
     path = write_sweep(tmp_path, "slurm_requeue", overrides={"trainer.max_steps": 8}, launcher=SLURM)
-    proc = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
+    proc = sweep_cli("run", str(path), env=sweep_env(), standin=STANDIN_STEP_S)
     try:
         run_dir, status = wait_until(
             lambda: running_past_checkpoint(tmp_path, "slurm_requeue"),
@@ -98,7 +99,7 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
         # Released at once, the job can be re-allocated before slurmd has cleaned up the first
         # attempt ("Killing non-startable batch job: Job credential revoked"); that is what
         # Slurm's own ~2-minute hold avoids. Wait for the node to be idle again, then a little more.
-        wait_until(lambda: _node_idle(), 120, "the node to finish cleaning up the first attempt", every=0.5)
+        wait_until(node_idle, 120, "the node to finish cleaning up the first attempt", every=0.5)
         time.sleep(5)
         subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
         out, _ = proc.communicate(timeout=400)
@@ -112,9 +113,9 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
 
 
 def test_a_crashing_job_is_recorded_failed_while_the_others_finish(
-    slurm_cluster,  # noqa: F811
+    slurm_cluster,
     tmp_path,
-    in_process_env,  # noqa: F811
+    in_process_env,
     monkeypatch,
 ):
     path = write_sweep(tmp_path, "slurm_crash", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
@@ -129,11 +130,6 @@ def test_a_crashing_job_is_recorded_failed_while_the_others_finish(
     assert "Traceback" in failed["traceback"] and failed["slurm_job_id"].endswith("_1")
 
 
-def _node_idle() -> bool:
-    out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
-    return out.returncode == 0 and out.stdout.split() == ["idle"]
-
-
 def test_a_killed_driver_rerun_watches_its_pending_and_running_jobs(slurm_cluster, tmp_path):
     """Three runs, two at a time: when the driver dies one job runs and one pends; the re-run
     submits nothing, watches the array, and each run trains once."""
@@ -144,7 +140,7 @@ def test_a_killed_driver_rerun_watches_its_pending_and_running_jobs(slurm_cluste
         grid={"method": ["full", "random", "top_entropy"]},
         launcher=SLURM,
     )
-    driver = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
+    driver = sweep_cli("run", str(path), env=sweep_env(), standin=STANDIN_STEP_S)
 
     def all_submitted():
         statuses = [read_status(d) or {} for d in run_dirs(tmp_path, "slurm_kill")]
@@ -155,7 +151,7 @@ def test_a_killed_driver_rerun_watches_its_pending_and_running_jobs(slurm_cluste
     finally:
         driver.kill()
         driver.wait()
-    rerun = sweep_cli("run", str(path), env=runner_env(), standin=STANDIN_STEP_S)
+    rerun = sweep_cli("run", str(path), env=sweep_env(), standin=STANDIN_STEP_S)
     out, _ = rerun.communicate(timeout=400)
     assert rerun.returncode == 0, out
     assert "0 to run (none)" in out and "still running from an earlier launch (watched)" in out

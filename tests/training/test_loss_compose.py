@@ -12,8 +12,9 @@ import copy
 
 import pytest
 import torch
+from fixtures_trainer import TRL_DEFAULT, cpu_config, grpo_config
 from test_loss_compose_reference import reference_loss
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from stare_lab.methods import NORMALIZE, get_method
 from stare_lab.models.builtin import build_model, build_tokenizer
@@ -78,22 +79,7 @@ def make_pair(setup, tmp_path, feature, rule="full"):
     tok, model, saved, task = setup
     kw = dict(FEATURES[feature] if isinstance(feature, str) else feature)
     vllm, ref = kw.pop("vllm", None), kw.pop("ref", False)
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=G,
-        gradient_accumulation_steps=2,
-        max_completion_length=12,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        save_strategy="no",
-        disable_tqdm=True,
-        **{"epsilon_high": 0.28, **kw},
-    )
+    args = grpo_config(tmp_path, num_generations=G, gradient_accumulation_steps=2, logging_steps=TRL_DEFAULT, **kw)
     ds = task.train_dataset()
 
     def model_arg():
@@ -273,15 +259,7 @@ def test_gradient_geometry_leaves_trl_state_alone(setup, tmp_path):
 
 def test_top_entropy_quantile_is_refused_with_its_reason(setup, tmp_path):
     tok, model, _, task = setup
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=G,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        top_entropy_quantile=0.2,
-    )
+    args = cpu_config(tmp_path, per_device_train_batch_size=4, num_generations=G, top_entropy_quantile=0.2)
     with pytest.raises(ValueError, match="top_entropy_quantile.*method=top_entropy"):
         TokenRuleGRPOTrainer(
             model=copy.deepcopy(model),

@@ -15,6 +15,7 @@ import copy
 
 import pytest
 import torch
+from fixtures_trainer import cpu_config
 from test_loss_compose import (
     assert_full_equals_plain,
     current_logps,
@@ -25,7 +26,7 @@ from test_loss_compose import (
 from test_loss_compose_reference import reference_loss
 from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from stare_lab.methods import NORMALIZE, get_method
 from stare_lab.models.builtin import build_tokenizer
@@ -120,15 +121,12 @@ def vlm_pair(tmp_path_factory):
     torch.manual_seed(0)
     tok = build_tokenizer()
     model = tiny_qwen2_vl()
-    args = GRPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("vlm")),
+    args = cpu_config(
+        tmp_path_factory.mktemp("vlm"),
         per_device_train_batch_size=4,
         num_generations=4,
         gradient_accumulation_steps=2,
         max_completion_length=6,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
         entropy_coef=0.05,
         epsilon_high=0.28,
     )

@@ -20,8 +20,8 @@ import dataclasses
 
 import pytest
 import torch
+from fixtures_trainer import TRL_DEFAULT, grpo_config
 from test_loss_compose import FEATURES, current_logps, generation_batch, length_reward, one_thread, setup  # noqa: F401
-from trl import GRPOConfig
 
 from stare_lab.methods import LossTerms, get_method, list_methods
 from stare_lab.methods.full import Params as FullParams
@@ -38,22 +38,7 @@ def make_trainer(setup, tmp_path, rule, **kw):
     tok, model, saved, task = setup
     ref = kw.pop("ref", False)
     vllm = kw.pop("vllm", None)
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=G,
-        gradient_accumulation_steps=1,
-        max_completion_length=T_MAX,
-        max_steps=2,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        save_strategy="no",
-        disable_tqdm=True,
-        **{"epsilon_high": 0.28, **kw},
-    )
+    args = grpo_config(tmp_path, num_generations=G, max_completion_length=T_MAX, logging_steps=TRL_DEFAULT, **kw)
     ds = task.train_dataset()
     trainer = TokenRuleGRPOTrainer(
         model=saved if ref else copy.deepcopy(model),

@@ -31,8 +31,8 @@ import torch
 # completions of 2-6 tokens (EOS-ended), so micro-batches hold unequal token counts and the
 # aggregations differ; the built-in model's own samples at this length all run to the limit
 from dist_worker_train import rollout_func
+from fixtures_trainer import grpo_config
 from transformers import Qwen2ForCausalLM
-from trl import GRPOConfig
 
 from stare_lab.methods import RuleState, get_method, list_methods
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
@@ -61,29 +61,23 @@ def setup():
 def _trainer(setup, tmp_path, rule, steps=3, **kw):
     tok, model, task = setup
     trainer_kw = {k: kw.pop(k) for k in ("microbatch_aggregation", "microbatch_ranks") if k in kw}
-    args = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=G,
-        gradient_accumulation_steps=GA,
-        max_completion_length=6,
-        max_steps=steps,
-        learning_rate=1e-2,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        seed=0,
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        epsilon_high=0.28,
-        temperature=TAU,
+    args = grpo_config(
+        tmp_path,
+        **{
+            "per_device_train_batch_size": 4,
+            "num_generations": G,
+            "gradient_accumulation_steps": GA,
+            "max_completion_length": 6,
+            "max_steps": steps,
+            "learning_rate": 1e-2,
+            "temperature": TAU,
+            **kw,
+        },
     )
-    args.update(kw)
     return TokenRuleGRPOTrainer(
         model=copy.deepcopy(model),
         reward_funcs=[length_reward],
-        args=GRPOConfig(**args),
+        args=args,
         train_dataset=task.train_dataset(),
         processing_class=tok,
         rule=rule,
@@ -405,23 +399,14 @@ def _two_process_run(rank: int, world_size: int, out_dir: Path) -> None:
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     results = {}
     for ranks in ("process", "gathered"):
-        args = GRPOConfig(
-            output_dir=str(out_dir / f"run-{ranks}"),
+        args = grpo_config(
+            out_dir / f"run-{ranks}",
             per_device_train_batch_size=4,
             gradient_accumulation_steps=GA,
             num_generations=G,
             max_completion_length=6,
-            max_steps=2,
             learning_rate=0.05,
             optim="sgd",
-            use_cpu=True,
-            bf16=False,
-            report_to="none",
-            seed=0,
-            save_strategy="no",
-            disable_tqdm=True,
-            logging_steps=1,
-            epsilon_high=0.28,
             temperature=TAU,
         )
         trainer = TokenRuleGRPOTrainer(

@@ -47,7 +47,7 @@ def test_standin_model_resolves_offline_by_hub_id(tmp_path, monkeypatch):
 
 
 def test_substituted_trainer_is_ours_with_rule_full(tmp_path):
-    from trl import GRPOConfig
+    from fixtures_trainer import cpu_config
 
     from stare_lab.models.builtin import build_model, build_tokenizer
     from stare_lab.tasks.arithmetic import ArithmeticTask
@@ -57,14 +57,7 @@ def test_substituted_trainer_is_ours_with_rule_full(tmp_path):
     upstream.substitute(suite, "ours")
     assert issubclass(suite.GRPOTrainer, TokenRuleGRPOTrainer) and suite.GRPOTrainer.__name__ == "GRPOTrainer"
     tok = build_tokenizer()
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        num_generations=2,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-    )
+    args = cpu_config(tmp_path, per_device_train_batch_size=2, num_generations=2)
     trainer = suite.GRPOTrainer(
         model=build_model(tok, hidden_size=16, num_layers=1, intermediate_size=32),
         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],

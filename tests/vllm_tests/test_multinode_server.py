@@ -36,7 +36,6 @@ from multinode_fixtures import (
 )
 from server_fixtures import CLIENT_FILE, client_execute
 from sweep_fixtures import metric_steps, read_json, run_dirs, use_runner, wait_until, write_sweep
-from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.record import read_status
 from stare_lab.sweep.cli import main
@@ -56,7 +55,7 @@ CONNECT = "import socket,sys; s=socket.socket(); s.settimeout(5); print(s.connec
 
 
 @pytest.fixture
-def jobs_import_fixtures(monkeypatch, in_process_env):  # noqa: F811
+def jobs_import_fixtures(monkeypatch, in_process_env):
     """The jobs unpickle `client_execute` by reference: tests/vllm_tests on their PYTHONPATH."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ["PYTHONPATH"]]))
 
@@ -96,7 +95,7 @@ def test_dry_run_prints_the_server_nodes_layout(tmp_path, capsys):
 
 
 def test_the_server_on_its_own_node_serves_node1_and_a_dead_server_node_fails_the_run(
-    three_nodes,  # noqa: F811
+    three_nodes,
     tmp_path,
     jobs_import_fixtures,
     monkeypatch,

@@ -32,7 +32,6 @@ from sweep_fixtures import (  # noqa: F401
     wait_until,
     write_sweep,
 )
-from test_sweep_local import in_process_env  # noqa: F401
 
 from stare_lab.record import read_status
 from stare_lab.sweep.cli import main
@@ -58,7 +57,7 @@ SERVER = {
 
 
 @pytest.fixture
-def jobs_import_fixtures(monkeypatch, in_process_env):  # noqa: F811
+def jobs_import_fixtures(monkeypatch, in_process_env):
     """The jobs unpickle `client_execute` by reference: tests/vllm_tests on their PYTHONPATH."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ["PYTHONPATH"]]))
 
@@ -113,7 +112,7 @@ def test_dry_run_prints_each_runs_layout_and_refuses_a_server_without_trainers(t
 
 @pytest.mark.slow  # ~95 s here: a vLLM start-up (~50 s on the shared 2 cores) and the job around it
 def test_the_server_task_serves_the_training_task_and_stops_with_the_run(
-    slurm_cluster,  # noqa: F811
+    slurm_cluster,
     tmp_path,
     jobs_import_fixtures,
     monkeypatch,
@@ -140,7 +139,7 @@ def test_the_server_task_serves_the_training_task_and_stops_with_the_run(
 
 
 def test_a_server_that_does_not_answer_in_time_fails_the_run_with_one_line(
-    slurm_cluster,  # noqa: F811
+    slurm_cluster,
     tmp_path,
     jobs_import_fixtures,
     monkeypatch,
@@ -161,7 +160,7 @@ def test_a_server_that_does_not_answer_in_time_fails_the_run_with_one_line(
 
 @pytest.mark.slow
 def test_a_server_killed_mid_run_fails_the_run_and_it_resumes(
-    slurm_cluster,  # noqa: F811
+    slurm_cluster,
     tmp_path,
     jobs_import_fixtures,
     monkeypatch,
