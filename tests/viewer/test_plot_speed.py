@@ -176,3 +176,21 @@ def test_no_selection_draws_no_selection_figure(tmp_path, capsys):
     assert main(["plot", str(root), "--out", str(out), "--no-selection"]) == 2
     assert capsys.readouterr().err.strip() == f"stare-lab: error: nothing to plot under {root}"
     assert not out.exists()
+
+
+def test_planned_runs_without_a_record_are_named_not_dropped(tmp_path, capsys):
+    from stare_lab.viewer.page import sweep_runs
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        "name: s\nbase: {model: builtin, logger: none}\ngrid: {method: [stare, anchor, full]}\n"
+        f"seeds: [0]\noutput: {tmp_path / 'runs'}\n"
+    )
+    runs = sweep_runs(sweep)
+    for k, (_, run_dir) in enumerate(runs[:2]):  # the third run has not started: no folder
+        write_random_batch(run_dir, 0, B=8, T=12, seed=k)
+        (run_dir / "config.yaml").write_text("method: {name: stare}\n")
+    assert main(["plot", str(sweep), "--out", str(tmp_path / "figs")]) == 0
+    err = capsys.readouterr().err
+    assert f"1 planned run(s) have no record under {tmp_path / 'runs' / 's'} yet and are not shown: {runs[2][0]}" in err
+    assert runs[0][0] not in err and runs[1][0] not in err
