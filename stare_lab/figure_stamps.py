@@ -1,7 +1,8 @@
 """Figures kept by the records they were drawn from: a stamp in each PNG, a figure redrawn only when it changes.
 
 A figure's stamp is a hash of everything it is drawn from: its data (the rows of the collected frame
-it plots, or the files of the run it reads: name, size and modification time), its options, the
+it plots, without the runs' config columns it does not draw, or the files of the run it reads: name
+and content hash), its options, the
 source of the code that draws it and matplotlib's version. It is written into the PNG itself (a
 tEXt chunk, `STAMP_KEY`), so a copied figure keeps it and no other file sits beside the figures.
 `current(path, stamp)` says whether the file at `path` was drawn from exactly that: then drawing it
@@ -17,6 +18,10 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 STAMP_KEY = "stare-lab stamp"
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -41,22 +46,41 @@ def code_stamp(*files: str) -> str:
     return h.hexdigest()[:24]
 
 
-def files_stamp(paths: Iterable[Path]) -> list[tuple[str, int, int]]:
-    """(name, size, modification time in ns) of each existing file, in name order: what a figure read."""
+def files_stamp(paths: Iterable[Path]) -> list[tuple[str, str]]:
+    """(name, sha256 of the content) of each existing file, in name order: what a figure read.
+
+    Content, not modification time: a figure drawn from the same bytes has the same stamp wherever and
+    whenever they were written, so a regenerated figure is byte-identical (kept batches are ~200 KB a
+    run: hashing them costs milliseconds)."""
     out = []
     for p in sorted(map(Path, paths)):
         try:
-            st = p.stat()
+            data = p.read_bytes()
         except OSError:
             continue
-        out.append((p.name, st.st_size, st.st_mtime_ns))
+        out.append((p.name, hashlib.sha256(data).hexdigest()))
     return out
 
 
+def config_stamp(path: Path) -> str | None:
+    """Hash of a run's config.yaml without `run.root` (the absolute path of the runs folder: where the
+    run lies, not what it did), so the same run made in another checkout draws the same bytes; None if
+    the file is missing."""
+    try:
+        cfg = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+    except OSError:
+        return None
+    if isinstance(cfg, dict) and isinstance(cfg.get("run"), dict):
+        cfg["run"].pop("root", None)
+    return digest(cfg)
+
+
 def frame_stamp(df: Any) -> str:
-    """Hash of a pandas frame's values, index and column names."""
+    """Hash of a pandas frame's values, index and column names, without the runs' flattened config
+    (`cfg.*` columns: no figure draws them, and `cfg.run.root` is the checkout's absolute path)."""
     import pandas as pd  # deferred: pandas, as matplotlib above
 
+    df = df[[c for c in df.columns if not str(c).startswith("cfg.")]]
     values = pd.util.hash_pandas_object(df, index=True).to_numpy().tobytes() if len(df) else b""
     return hashlib.sha256(values + repr(list(df.columns)).encode()).hexdigest()[:24]
 

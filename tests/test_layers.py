@@ -22,6 +22,9 @@ The layers, bottom up (docs/design.md, "Layers"):
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from import_graph import import_graph
 
 LAYERS: dict[int, tuple[str, ...]] = {
@@ -136,3 +139,17 @@ def test_imports_point_down():
     found = upward(import_graph())
     assert found <= KNOWN, f"imports to a higher layer: {sorted(found - KNOWN)}"
     assert not KNOWN - found, f"KNOWN lists imports that are gone; remove them: {sorted(KNOWN - found)}"
+
+
+def test_no_test_file_imports_another_test_file():
+    """Shared set-ups live in tests/support (or conftest.py fixtures), never in a test_*.py that others
+    import: a test file can be read, moved or deleted on its own."""
+    tests = Path(__file__).parent
+    pattern = re.compile(r"^\s*(?:from|import)\s+(?:tests\.)?(?:\w+\.)*test_\w*", re.M)
+    found = [
+        f"{path.relative_to(tests)}: {m.group(0).strip()}"
+        for path in sorted(tests.rglob("*.py"))
+        if "trl_vendor" not in path.parts
+        for m in pattern.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []

@@ -64,7 +64,8 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Runs]:
         return root, root
     from stare_lab.analysis.collect import find_run_dirs  # deferred: pandas
 
-    planned = {d.name for _, d in current_runs(spec)}
+    plan = current_runs(spec)
+    planned = {d.name for _, d in plan}
     present = find_run_dirs(root)
     others = [d for d in present if d.name not in planned]
     if others:
@@ -73,7 +74,21 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Runs]:
             "(--all-runs shows them; `sweep status` says how to remove them)",
             file=sys.stderr,
         )
+    recorded = {d.name for d in present}
+    _say_not_started([label for label, d in plan if d.name not in recorded], root)
     return root, [d for d in present if d.name in planned]
+
+
+def _say_not_started(labels: list[str], root: Path) -> None:
+    """One line naming the planned runs that have no record yet: a table or a figure without them
+    says so, it does not leave them out silently."""
+    if labels:
+        names = ", ".join(labels[:6]) + (f" and {len(labels) - 6} more" if len(labels) > 6 else "")
+        print(
+            f"stare-lab: {len(labels)} planned run(s) have no record under {root} yet and are not shown: "
+            f"{names} (`sweep status` gives their state)",
+            file=sys.stderr,
+        )
 
 
 # -- table ---------------------------------------------------------------------------------------

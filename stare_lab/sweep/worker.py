@@ -171,6 +171,23 @@ def run_one(
         claim.release()
 
 
+def failed_before_requeue(status: dict[str, Any], ident: dict[str, Any]) -> bool:
+    """Whether this worker is Slurm's own requeue of the job whose attempt failed the run.
+
+    Slurm requeues a job on its own when a node fails (JobRequeue=1, the default) and runs the same
+    submission again with SLURM_RESTART_COUNT > 0, also when no `sweep run` is watching to cancel it
+    (SlurmWatch cancels a job still live after its run recorded its end, docs/distributed.md). A run
+    that failed resumes only on `sweep run --retry-failed`, which submits a new job; a run this very
+    job recorded `interrupted` (pre-emption, time-out, `scontrol requeue`) resumes here as before.
+    """
+    return (
+        status.get("state") == "failed"
+        and int(ident.get("restarts") or 0) > 0
+        and ident.get("slurm_job_id") is not None
+        and str(status.get("slurm_job_id")) == str(ident["slurm_job_id"])
+    )
+
+
 def run_rank(run_dir: Path, rank: int, world: int, key: str) -> dict[str, Any]:
     """One rank of a multi-process run: rank 0 is the run's worker (`run_one`: claim, status.json);
     the others wait for its go, run the same runner (training and evaluation are collective) and
@@ -208,6 +225,10 @@ def _run_claimed(
             gate.open(False, "finished")
         return status
     ident = self_identity()
+    if failed_before_requeue(status, ident):
+        if gate is not None:
+            gate.open(False, "failed before Slurm requeued its job")
+        return {**status, "skipped": True}
     if not ident["slurm_job_id"]:
         ident["slurm_job_id"] = status.get("slurm_job_id") if ident["host"] == status.get("host") else None
     t0 = time.time()

@@ -37,7 +37,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from stare_lab.figure_stamps import code_stamp, current, digest, files_stamp, metadata  # noqa: E402
+from stare_lab.figure_stamps import code_stamp, config_stamp, current, digest, files_stamp, metadata  # noqa: E402
 from stare_lab.record import CONFIG_FILE, run_label  # noqa: E402
 from stare_lab.sweep.threads import busy_elsewhere, decide_threads, usable_cpus  # noqa: E402
 from stare_lab.viewer.batch import (  # noqa: E402
@@ -238,11 +238,12 @@ _DRAWING_CODE = ("figures.py", "selection.py", "batch.py")
 
 def run_stamp(run_dir: Path) -> str:
     """The stamp of a run's two selection figures: its kept batch files and config.yaml (the label,
-    the rule), the code that draws them and applies every rule, and matplotlib's version."""
+    the rule; by content, without the runs folder's path), the code that draws them and applies every
+    rule, and matplotlib's version."""
     here = Path(__file__).parent
     code = code_stamp(*(str(here / name) for name in _DRAWING_CODE), str(here.parent / "methods"))
-    inputs = files_stamp([*(run_dir / BATCH_DIR).glob("*.safetensors"), run_dir / CONFIG_FILE])
-    return digest("selection", inputs, code)
+    inputs = files_stamp((run_dir / BATCH_DIR).glob("*.safetensors"))
+    return digest("selection", inputs, config_stamp(run_dir / CONFIG_FILE), code)
 
 
 def figure_paths(run_dir: Path, out_dir: Path) -> list[Path]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -204,23 +204,30 @@ def _num(x) -> float | None:
 
 
 def write_page(arms: list[dict[str, Any]], out: Path, title: str, missing: list[dict[str, str]] | None = None) -> Path:
-    """`missing`: the runs not on the page, each {"label", "run_dir", "reason"} (shown under the title)."""
+    """`missing`: the runs not on the page, each {"label", "run_dir", "reason"} (shown under the title).
+    Each run_dir is written relative to the page's folder, and the page holds no time of writing: the
+    same runs give the same bytes wherever the checkout lies."""
+    out = Path(out)
     payload = {
         "title": title,
-        "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
         "bins": BINS,
-        "arms": arms,
-        "missing": missing or [],
+        "arms": [_relative_run_dir(a, out.parent) for a in arms],
+        "missing": [_relative_run_dir(m, out.parent) for m in missing or []],
     }
     # "<" escaped as \u003c: the JSON can never close its <script> element
     data = json.dumps(_clean(payload), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     html = HTML.format(title=_escape(title), css=CSS, data=data, script=SCRIPT)
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+def _relative_run_dir(entry: dict[str, Any], folder: Path) -> dict[str, Any]:
+    if "run_dir" not in entry:
+        return entry
+    return {**entry, "run_dir": os.path.relpath(Path(entry["run_dir"]).resolve(), folder.resolve())}
 
 
 def _escape(text: str) -> str:

@@ -14,8 +14,8 @@ import dataclasses
 
 import pytest
 import torch
-from test_loss_compose import current_logps, one_thread, setup  # noqa: F401
-from test_loss_rules import assert_trainer_equals_token_loss, grads, logp_with_grad, make_trainer, reference_stats
+from loss_compose_support import current_logps, one_thread, setup  # noqa: F401
+from loss_rules_support import assert_trainer_equals_token_loss, grads, logp_with_grad, make_trainer, reference_stats
 
 from stare_lab.methods import get_method, list_methods
 from stare_lab.objective import token_loss

@@ -1,20 +1,21 @@
 """The matched control of the per-micro-batch rules (issue 26.6): `full` with scope "microbatch" trains every
 valid token under the aggregation Clip-Cov and KL-Cov use at their default scope (verl's legacy dp_actor
 token mean per micro-batch × 1/gradient_accumulation), on a real run whose generation batches TRL splits
-into 2 micro-batches of unequal token counts, against the slow reference of tests/training/test_microbatch_official.py;
-with `microbatch_aggregation: trl` it is plain `full` to the bit."""
+into 2 micro-batches of unequal token counts, against the slow reference of
+tests/training/test_microbatch_official.py (set-up: tests/support/microbatch_support.py); with
+`microbatch_aggregation: trl` it is plain `full` to the bit."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_microbatch_official import GA, _record, _trainer, check_run, setup, verl_denominator  # noqa: F401
+from microbatch_support import GA, check_run, microbatch_trainer, record_micro_batches, setup, verl_denominator  # noqa: F401
 
 from stare_lab.methods import get_method
 
 
 def test_full_per_micro_batch_is_verls_token_mean_like_clip_cov_and_kl_cov(setup, tmp_path):
-    steps = _record(_trainer(setup, tmp_path, get_method("full", scope="microbatch"), steps=2))
+    steps = record_micro_batches(microbatch_trainer(setup, tmp_path, get_method("full", scope="microbatch"), steps=2))
 
     def reference(micro, k):
         mask = micro["inputs"]["completion_mask"].float()
@@ -42,9 +43,11 @@ def test_the_same_aggregation_as_clip_cov_and_kl_cov():
 
 
 def test_with_trls_aggregation_the_control_is_plain_full(setup, tmp_path):
-    plain = _record(_trainer(setup, tmp_path / "plain", get_method("full"), steps=2))
-    trl = _record(
-        _trainer(setup, tmp_path / "trl", get_method("full", scope="microbatch"), steps=2, microbatch_aggregation="trl")
+    plain = record_micro_batches(microbatch_trainer(setup, tmp_path / "plain", get_method("full"), steps=2))
+    trl = record_micro_batches(
+        microbatch_trainer(
+            setup, tmp_path / "trl", get_method("full", scope="microbatch"), steps=2, microbatch_aggregation="trl"
+        )
     )
     for a, b in zip(plain, trl, strict=True):
         for x, y in zip(a["micro"], b["micro"], strict=True):

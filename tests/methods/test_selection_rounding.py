@@ -14,29 +14,20 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+from js_groups import agreeing_group
 
 from stare_lab.methods.select import select_top
 from stare_lab.signals.js import chunked_js_to_group_mean, js_to_group_mean
 
 
-def _agreeing_group(seed: int = 0, B: int = 16, T: int = 40, H: int = 32, V: int = 200):
-    """Rollouts of a prompt whose hidden states agree up to 1e-4: JS of 1e-10..1e-6 nats, as on the
-    built-in model. Two prompts of 8 rollouts, every position live."""
-    g = torch.Generator().manual_seed(seed)
-    base = torch.randn(2, 1, T, H, generator=g) * 3
-    hidden = (base + 1e-4 * torch.randn(2, B // 2, T, H, generator=g)).reshape(B, T, H)
-    weight = torch.randn(V, H, generator=g)
-    group = torch.arange(B) // (B // 2)
-    return hidden, weight, group, torch.ones(B, T)
-
-
 def test_js_of_the_same_logits_is_the_same_float32_value_under_every_chunking():
     """The reductions (log-softmax, the group mean, the KL sums) run in float64: given the same
     logits, every chunking gives the same float32 value, to the bit."""
-    hidden, weight, group, live = _agreeing_group()
+    hidden, weight, group, live = agreeing_group()
     logits = hidden @ weight.T  # projected once; the identity projection below hands the same logits to every chunk
     T = hidden.shape[1]
     whole = chunked_js_to_group_mean(logits, lambda z: z, group, live, chunk_positions=T)
@@ -48,7 +39,7 @@ def test_js_of_the_same_logits_is_the_same_float32_value_under_every_chunking():
 def test_js_under_every_chunking_differs_far_below_the_grid():
     """Projected per chunk, the logits themselves can differ in their last bits (a [G, 1, H] chunk
     takes a matrix-vector kernel): JS moves by far less than ict's 1e-6 grid."""
-    hidden, weight, group, live = _agreeing_group()
+    hidden, weight, group, live = agreeing_group()
     whole = js_to_group_mean(hidden, weight, group, live, chunk_positions=hidden.shape[1])
     for chunk in (1, 3, 7, 16):
         diff = (js_to_group_mean(hidden, weight, group, live, chunk_positions=chunk) - whole).abs().max()
@@ -56,7 +47,7 @@ def test_js_under_every_chunking_differs_far_below_the_grid():
 
 
 def test_js_matches_a_float64_reference():
-    hidden, weight, group, live = _agreeing_group(seed=1, B=8, T=6, H=8, V=30)
+    hidden, weight, group, live = agreeing_group(seed=1, B=8, T=6, H=8, V=30)
     got = js_to_group_mean(hidden, weight, group, live)
     logits = (hidden.float() @ weight.float().T).double()
     p = torch.softmax(logits, -1)
@@ -72,7 +63,7 @@ def test_js_matches_a_float64_reference():
 
 
 def test_ict_selection_is_the_same_under_every_chunking():
-    hidden, weight, group, live = _agreeing_group(seed=2)
+    hidden, weight, group, live = agreeing_group(seed=2)
     T = hidden.shape[1]
     valid = live.bool()
     picks = []
@@ -166,10 +157,10 @@ _JS_UNDER_ISA = textwrap.dedent(
     """
     import sys, torch
     sys.path.insert(0, {tests!r})
-    from test_selection_rounding import _agreeing_group
+    from js_groups import agreeing_group
     from stare_lab.methods.select import select_top
     from stare_lab.signals.js import js_to_group_mean
-    h, w, g, live = _agreeing_group(seed=7)
+    h, w, g, live = agreeing_group(seed=7)
     js = js_to_group_mean(h, w, g, live, chunk_positions=5)
     pick = select_top(js, live.bool(), g, 0.1, generator=torch.Generator().manual_seed(0), resolution=1e-6)
     torch.save((js, pick), {out!r})
@@ -187,7 +178,7 @@ def test_ict_selection_is_the_same_under_another_vector_width(tmp_path):
         if cap == "avx2":
             env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
         out = tmp_path / f"{cap}.pt"
-        code = _JS_UNDER_ISA.format(tests=os.path.dirname(__file__), out=str(out))
+        code = _JS_UNDER_ISA.format(tests=str(Path(__file__).parents[1] / "support"), out=str(out))
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
         got[cap] = torch.load(out)
     (js_a, pick_a), (js_b, pick_b) = got["default"], got["avx2"]

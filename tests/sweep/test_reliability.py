@@ -215,3 +215,37 @@ def test_a_diverging_run_stops_at_the_step_with_one_line(tmp_path, in_process_en
     assert status["error"].startswith("NonFiniteError: step 1: the model weights became non-finite ("), status["error"]
     assert not (run_dir / "metrics.jsonl").exists() or [r["step"] for r in read_metrics(run_dir)] == [1]
     assert "probability tensor" not in json.dumps(status)
+
+
+@pytest.mark.parametrize(
+    ("state", "job", "restarts", "runs"),
+    [
+        ("failed", "77_3", "1", False),  # Slurm's own requeue of the job that failed the run: left alone
+        ("failed", "77_3", "0", True),  # the same job id on its first start (never the case after a failure)
+        ("failed", "81_0", "0", True),  # `sweep run --retry-failed` submits a new job: it resumes
+        ("failed", "81_0", "2", True),  # another job's requeue: not the one that failed it
+        ("interrupted", "77_3", "1", True),  # pre-empted or timed out, requeued: resumes as before
+    ],
+)
+def test_slurms_own_requeue_does_not_start_a_failed_run_again(tmp_path, monkeypatch, state, job, restarts, runs):
+    """A node that dies fails the run (rank 0 records it); Slurm then requeues the job on its own,
+    with no `sweep run` watching to cancel it. That start must not train the failed run again."""
+    from sweep_fixtures import standin_execute, use_runner
+
+    from stare_lab.record import new_status, write_status
+    from stare_lab.sweep.worker import run_one
+
+    use_runner(standin_execute, monkeypatch.setattr)
+    run_dir = _run_dir(tmp_path, "r")
+    failed = {**new_status("stare seed=0"), "state": state, "attempts": 1, "slurm_job_id": "77_3", "error": "x"}
+    write_status(run_dir, failed)
+    array, task = job.split("_")
+    for key, value in (("SLURM_ARRAY_JOB_ID", array), ("SLURM_ARRAY_TASK_ID", task), ("SLURM_JOB_ID", "9" + array)):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", restarts)
+    result = run_one(run_dir)
+    if runs:
+        assert read_status(run_dir)["state"] == "finished" and read_status(run_dir)["attempts"] == 2
+    else:
+        assert result.get("skipped") is True and read_status(run_dir) == failed
+        assert not (run_dir / "metrics.jsonl").exists()

@@ -130,6 +130,37 @@ def test_a_crashing_job_is_recorded_failed_while_the_others_finish(
     assert "Traceback" in failed["traceback"] and failed["slurm_job_id"].endswith("_1")
 
 
+def test_slurms_own_requeue_of_a_failed_runs_job_does_not_train_it_again(
+    slurm_cluster,
+    tmp_path,
+    in_process_env,
+    monkeypatch,
+):
+    """Slurm requeues a job on its own (here `scontrol requeue`, as after a node failure) when no
+    `sweep run` is left to cancel it: the failed run's record stays as it was, with no new attempt."""
+    path = write_sweep(tmp_path, "slurm_requeue_failed", grid={"method": ["full", "top_entropy"]}, launcher=SLURM)
+    use_runner(crash_array_task_1, monkeypatch.setattr)
+    assert main(["sweep", "run", str(path)]) == 1  # the driver has ended: nothing watches the jobs now
+    run_dir = next(
+        d
+        for d in run_dirs(tmp_path, "slurm_requeue_failed")
+        if read_json(d / "status.json")["label"] == "top_entropy seed=0"
+    )
+    failed = read_status(run_dir)
+    assert failed["state"] == "failed" and failed["attempts"] == 1
+    job = failed["slurm_job_id"]
+    metrics = (run_dir / "metrics.jsonl").read_bytes() if (run_dir / "metrics.jsonl").exists() else None
+    wait_until(node_idle, 120, "the nodes to be idle after the sweep", every=0.5)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    wait_until(lambda: squeue_state(job) == "PENDING", 60, "the requeued job to be pending", every=0.2)
+    time.sleep(5)  # past slurmd's clean-up of the first attempt (see the requeue test above)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+    wait_until(lambda: squeue_state(job) == "", 240, "the requeued job to run and leave the queue", every=0.5)
+    assert read_status(run_dir) == failed  # not claimed, not trained, not recorded again
+    now = (run_dir / "metrics.jsonl").read_bytes() if (run_dir / "metrics.jsonl").exists() else None
+    assert now == metrics
+
+
 def test_a_killed_driver_rerun_watches_its_pending_and_running_jobs(slurm_cluster, tmp_path):
     """Three runs, two at a time: when the driver dies one job runs and one pends; the re-run
     submits nothing, watches the array, and each run trains once."""

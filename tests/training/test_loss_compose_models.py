@@ -16,14 +16,14 @@ import copy
 import pytest
 import torch
 from fixtures_trainer import cpu_config
-from test_loss_compose import (
+from loss_compose_support import (
     assert_full_equals_plain,
     current_logps,
     length_reward,
     make_pair,  # noqa: F401
     selecting_weights,
 )
-from test_loss_compose_reference import reference_loss
+from ref_loss_compose import reference_loss
 from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from trl import GRPOTrainer

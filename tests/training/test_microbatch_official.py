@@ -22,16 +22,22 @@ from __future__ import annotations
 
 import copy
 import math
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
-
-# completions of 2-6 tokens (EOS-ended), so micro-batches hold unequal token counts and the
-# aggregations differ; the built-in model's own samples at this length all run to the limit
-from dist_worker_train import rollout_func
 from fixtures_trainer import grpo_config
+from microbatch_support import (
+    GA,
+    TAU,
+    G,
+    assert_same_selection,
+    check_run,
+    microbatch_trainer,
+    record_micro_batches,
+    setup,  # noqa: F401
+    verl_denominator,
+)
 from transformers import Qwen2ForCausalLM
 
 from stare_lab.methods import RuleState, get_method, list_methods
@@ -40,106 +46,6 @@ from stare_lab.objective import token_loss
 from stare_lab.stats import TokenStats
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
-
-G, TAU, GA = 4, 0.8, 2
-
-
-def length_reward(completions, **kwargs):
-    """Varies within groups even when every completion runs to the length limit."""
-    return [float(zlib.crc32(c.encode()) % 7) for c in completions]
-
-
-@pytest.fixture(scope="module")
-def setup():
-    return (
-        build_tokenizer(),
-        Qwen2ForCausalLM.from_pretrained(BUILTIN_DIR),
-        ArithmeticTask(train_size=96, heldout_size=8),
-    )
-
-
-def _trainer(setup, tmp_path, rule, steps=3, **kw):
-    tok, model, task = setup
-    trainer_kw = {k: kw.pop(k) for k in ("microbatch_aggregation", "microbatch_ranks") if k in kw}
-    args = grpo_config(
-        tmp_path,
-        **{
-            "per_device_train_batch_size": 4,
-            "num_generations": G,
-            "gradient_accumulation_steps": GA,
-            "max_completion_length": 6,
-            "max_steps": steps,
-            "learning_rate": 1e-2,
-            "temperature": TAU,
-            **kw,
-        },
-    )
-    return TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
-        rule=rule,
-        rollout_func=rollout_func,
-        **trainer_kw,
-    )
-
-
-def _plain_entropy(model, batch):
-    """[B, T] entropy of softmax(logits/τ) at completion positions: the official old-log-prob pass."""
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    T = batch["completion_ids"].size(1)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, -T - 1 : -1].float() / TAU
-    logp = logits.log_softmax(-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-def _record(trainer):
-    """Run the trainer; per step: H̄ of the generation batch (a plain forward of the rollout policy) and, per
-    micro-batch, its inputs, the forward's logp and entropies, the loss inputs, ∂loss/∂logp and the steps."""
-    steps, forward = [], {}
-    generate, logps, compute = (
-        trainer._generate_and_score_completions,
-        trainer._get_per_token_logps_and_entropies,
-        trainer._compute_loss,
-    )
-
-    def generated(inputs):
-        out = generate(inputs)
-        H = _plain_entropy(trainer.model, out)
-        m = out["completion_mask"].bool()
-        steps.append({"H": float(H[m].double().sum() / m.sum()), "micro": []})
-        return out
-
-    def forward_kept(*args, **kwargs):
-        out = logps(*args, **kwargs)
-        if torch.is_grad_enabled():
-            forward.update(logp=out[0], entropies=out[1])
-        return out
-
-    def loss_recorded(model, inputs):
-        loss = compute(model, inputs)
-        (grad,) = torch.autograd.grad(loss, forward["logp"], retain_graph=True)
-        steps[-1]["micro"].append(
-            {
-                "inputs": {k: v.detach().clone() for k, v in inputs.items() if torch.is_tensor(v)},
-                "logp": forward["logp"].detach().clone(),
-                "entropy": forward["entropies"].detach().clone(),
-                "grad": grad,
-                "memory": dict(trainer.rule_state.memory),
-                "steps": (trainer.state.global_step, trainer.rule_state.step),
-            }
-        )
-        return loss
-
-    trainer._generate_and_score_completions = generated
-    trainer._get_per_token_logps_and_entropies = forward_kept
-    trainer._compute_loss = loss_recorded
-    trainer.train()
-    return steps
 
 
 # ---- slow references of the official codes -----------------------------------------------------
@@ -191,40 +97,6 @@ class RefController:
             self.M = min(max(self.M - self.p.alpha * sign, self.p.M_min), 1.0)
 
 
-def assert_same_selection(ours, ref, score, mask):
-    """Equal weights; or, where a tie was broken differently, the same count and multiset of scores per weight."""
-    valid = mask > 0
-    assert bool((ours[~valid] == 0).all()), "weights are 0 on padding"
-    if torch.equal(ours[valid], ref[valid]):
-        return
-    for value in torch.unique(torch.cat([ours[valid], ref[valid]])):
-        a, b = (ours == value) & valid, (ref == value) & valid
-        assert int(a.sum()) == int(b.sum()), f"count of weight {value}"
-        assert torch.equal(torch.sort(score[a]).values, torch.sort(score[b]).values), f"scores of weight {value}"
-
-
-def check_run(steps, reference, denominator):
-    """Every micro-batch: weights as the official code's (reference(micro, step) -> (weights, counted)),
-    and ∂loss/∂logp = −A·w·m / denominator(micro, counted) (on policy)."""
-    n = 0
-    for k, step in enumerate(steps):
-        for micro in step["micro"]:
-            inputs = micro["inputs"]
-            mask = inputs["completion_mask"].float()
-            ref_w, counted = reference(micro, k)
-            ours = inputs["token_weights"]
-            score = micro["entropy"] if reference.score == "entropy" else -micro["logp"]
-            assert_same_selection(ours, ref_w, score, mask)
-            expected = -inputs["advantages"][:, None] * ours * mask / denominator(micro, (counted * mask).sum())
-            torch.testing.assert_close(micro["grad"], expected, rtol=1e-5, atol=1e-9)
-            n += 1
-    assert n == sum(len(s["micro"]) for s in steps) and n >= 2 * len(steps)
-
-
-def verl_denominator(micro, count):
-    return count * GA  # token mean of the micro-batch × its share 1/GA of the step's rows
-
-
 # ---- tests -------------------------------------------------------------------------------------
 def _rules_with_the_scope():
     return [r for r in list_methods() if hasattr(get_method(r).params, "scope")]
@@ -233,7 +105,7 @@ def _rules_with_the_scope():
 @pytest.mark.parametrize("name", _rules_with_the_scope())
 def test_the_rule_state_step_advances_in_microbatch_mode(setup, tmp_path, name):
     try:
-        trainer = _trainer(setup, tmp_path, get_method(name, scope="microbatch"))
+        trainer = microbatch_trainer(setup, tmp_path, get_method(name, scope="microbatch"))
     except ValueError as e:  # the rule reads a statistic the training forward does not give, or has no such scope
         assert "scope='microbatch' selects from the training forward" in str(
             e
@@ -253,7 +125,9 @@ def test_the_rule_state_step_advances_in_microbatch_mode(setup, tmp_path, name):
 
 def test_top_entropy_microbatch_is_the_80_20_code(setup, tmp_path):
     rho = 0.2
-    steps = _record(_trainer(setup, tmp_path, get_method("top_entropy", scope="microbatch", rho=rho)))
+    steps = record_micro_batches(
+        microbatch_trainer(setup, tmp_path, get_method("top_entropy", scope="microbatch", rho=rho))
+    )
 
     def reference(micro, k):
         return ref_top_entropy(micro["entropy"], micro["inputs"]["completion_mask"], rho)
@@ -266,8 +140,8 @@ def test_top_entropy_microbatch_is_the_80_20_code(setup, tmp_path):
 def test_other_rules_of_the_scope_select_per_micro_batch_with_verls_aggregation(setup, tmp_path, name):
     """No official code runs these per micro-batch: the reference is the rule itself on each micro-batch
     alone (its statistics from the training forward, the step's seed), aggregated as verl does."""
-    trainer = _trainer(setup, tmp_path, get_method(name, scope="microbatch"), steps=2)
-    steps = _record(trainer)
+    trainer = microbatch_trainer(setup, tmp_path, get_method(name, scope="microbatch"), steps=2)
+    steps = record_micro_batches(trainer)
     batch_rule = get_method(name, scope="batch")
 
     def reference(micro, k):
@@ -314,9 +188,9 @@ def _stare_reference(p, steps):
 )
 def test_stare_microbatch_is_the_official_code(setup, tmp_path, params):
     rule = get_method("stare", scope="microbatch", **params)
-    trainer = _trainer(setup, tmp_path, rule)
+    trainer = microbatch_trainer(setup, tmp_path, rule)
     assert trainer.stats_source() == "pass", "H̄ of the step batch: one no-grad pass (a rollout_func sampled)"
-    steps = _record(trainer)
+    steps = record_micro_batches(trainer)
     reference, plan = _stare_reference(rule.params, steps)
     assert all(gate == (params["H_tgt"] > 0) for gate, _, _ in plan)
     for step in steps:  # the gate's H̄ is the step batch's, the same for both micro-batches
@@ -329,7 +203,7 @@ def test_stare_adaptive_w_m_over_10_steps_is_the_official_controller(setup, tmp_
     rule = get_method(
         "stare", scope="microbatch", variant="C2", P=0.2, H_tgt=10.0, adaptive=True, alpha=0.03, W_max=1.3, M_min=0.8
     )
-    steps = _record(_trainer(setup, tmp_path, rule, steps=10))
+    steps = record_micro_batches(microbatch_trainer(setup, tmp_path, rule, steps=10))
     reference, plan = _stare_reference(rule.params, steps)
     Ws = [W for _, W, _ in plan]
     assert Ws[0] == pytest.approx(1.13) and Ws[-1] == 1.3 and len(set(Ws)) > 5, "W moves once per step, then saturates"
@@ -341,7 +215,7 @@ def test_stare_adaptive_w_m_over_10_steps_is_the_official_controller(setup, tmp_
 
 def test_trl_aggregation_is_one_option_away(setup, tmp_path):
     rule = get_method("stare", scope="microbatch", H_tgt=10.0)
-    steps = _record(_trainer(setup, tmp_path, rule, steps=2, microbatch_aggregation="trl"))
+    steps = record_micro_batches(microbatch_trainer(setup, tmp_path, rule, steps=2, microbatch_aggregation="trl"))
     reference, _ = _stare_reference(rule.params, steps)
     totals = {}
     for k, step in enumerate(steps):  # TRL's dapo: the generation batch's token count
@@ -363,7 +237,7 @@ def test_trl_aggregation_is_one_option_away(setup, tmp_path):
 def test_the_trainers_loss_is_objective_token_loss(setup, tmp_path, name, params):
     """DESIGN §4: one micro-batch holding the generation batch; the trainer's loss equals token_loss."""
     rule = get_method(name, **params)
-    trainer = _trainer(setup, tmp_path, rule, per_device_train_batch_size=8, gradient_accumulation_steps=1)
+    trainer = microbatch_trainer(setup, tmp_path, rule, per_device_train_batch_size=8, gradient_accumulation_steps=1)
     ds = trainer.train_dataset
     trainer.model.train()
     torch.manual_seed(1)
@@ -419,7 +293,7 @@ def _two_process_run(rank: int, world_size: int, out_dir: Path) -> None:
             rule=get_method("top_entropy", scope="microbatch", rho=0.2),
             microbatch_ranks=ranks,
         )
-        results[ranks] = _record(trainer)
+        results[ranks] = record_micro_batches(trainer)
         dist.barrier()
     torch.save(results, out_dir / f"microbatch_rank{rank}.pt")
 

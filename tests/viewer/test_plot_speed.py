@@ -65,8 +65,9 @@ def test_selection_figures_are_drawn_once_and_again_only_for_the_run_that_change
     assert plot_selection(root, out) == first  # nothing changed: every figure kept as it is
     assert _state(out) == before
 
-    later = batch_path(runs[1], 5).stat().st_mtime_ns + 10**9
-    os.utime(batch_path(runs[1], 5), ns=(later, later))  # bbb's batch rewritten (same bytes, newer)
+    later = batch_path(runs[0], 5).stat().st_mtime_ns + 10**9
+    os.utime(batch_path(runs[0], 5), ns=(later, later))  # aaa's batch touched, same bytes: nothing to draw
+    write_random_batch(runs[1], 5, B=8, T=12, seed=7)  # bbb kept another batch at step 5
     assert plot_selection(root, out) == first
     after = _state(out)
     changed = sorted(name for name in after if after[name][0] != before[name][0])
@@ -96,12 +97,31 @@ def test_a_runs_own_current_figures_are_copied_not_drawn(tmp_path):
     marked = runs[0] / "figures" / "selection-steps-aaa.png"
     marked.write_bytes(marked.read_bytes() + b"copied")  # a copy is byte for byte the run's own
     stale = runs[2] / "figures" / "selection-quadrant-ccc.png"
-    later = batch_path(runs[2], 5).stat().st_mtime_ns + 10**9
-    os.utime(batch_path(runs[2], 5), ns=(later, later))  # ccc kept a batch again after drawing its own
+    write_random_batch(runs[2], 5, B=8, T=12, seed=7)  # ccc kept another batch after drawing its own
     out = tmp_path / "figs"
     plot_selection(root, out)
     assert (out / "selection-steps-aaa.png").read_bytes() == marked.read_bytes()
     assert read_stamp(out / "selection-quadrant-ccc.png") == run_stamp(runs[2]) != read_stamp(stale)
+
+
+def test_the_same_runs_in_another_folder_draw_the_same_bytes(tmp_path):
+    """A stamp reads the kept batches' content and the config without `run.root`, not modification
+    times or paths: the demo's committed figures come out byte-identical from any checkout."""
+    first = tmp_path / "a" / "runs" / "sweep"
+    _runs(first)
+    for run in RUNS:
+        (first / run / "config.yaml").write_text(f"method: {{name: full}}\nrun: {{root: {first.parent}, id: {run}}}\n")
+    second = tmp_path / "b" / "elsewhere" / "sweep"
+    shutil.copytree(first, second)  # new modification times
+    for run in RUNS:
+        config = second / run / "config.yaml"
+        config.write_text(config.read_text().replace(str(first.parent), str(second.parent)))
+    one, two = plot_selection(first, tmp_path / "f1"), plot_selection(second, tmp_path / "f2")
+    assert [p.name for p in one] == [p.name for p in two] and len(one) == 6
+    for a, b in zip(one, two, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    (second / "aaa" / "config.yaml").write_text("method: {name: top_entropy}\nrun: {id: aaa}\n")
+    assert run_stamp(second / "aaa") != run_stamp(first / "aaa")  # the rule is part of the stamp
 
 
 def test_drawing_in_parallel_gives_the_bytes_of_drawing_here(tmp_path):
@@ -156,3 +176,21 @@ def test_no_selection_draws_no_selection_figure(tmp_path, capsys):
     assert main(["plot", str(root), "--out", str(out), "--no-selection"]) == 2
     assert capsys.readouterr().err.strip() == f"stare-lab: error: nothing to plot under {root}"
     assert not out.exists()
+
+
+def test_planned_runs_without_a_record_are_named_not_dropped(tmp_path, capsys):
+    from stare_lab.viewer.page import sweep_runs
+
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        "name: s\nbase: {model: builtin, logger: none}\ngrid: {method: [stare, anchor, full]}\n"
+        f"seeds: [0]\noutput: {tmp_path / 'runs'}\n"
+    )
+    runs = sweep_runs(sweep)
+    for k, (_, run_dir) in enumerate(runs[:2]):  # the third run has not started: no folder
+        write_random_batch(run_dir, 0, B=8, T=12, seed=k)
+        (run_dir / "config.yaml").write_text("method: {name: stare}\n")
+    assert main(["plot", str(sweep), "--out", str(tmp_path / "figs")]) == 0
+    err = capsys.readouterr().err
+    assert f"1 planned run(s) have no record under {tmp_path / 'runs' / 's'} yet and are not shown: {runs[2][0]}" in err
+    assert runs[0][0] not in err and runs[1][0] not in err

@@ -265,6 +265,11 @@ def test_view_of_a_sweep_has_one_arm_per_run_with_the_step(tmp_path, capsys):
     html = path.read_text()
     data = json.loads(html.split('<script id="data" type="application/json">')[1].split("</script>")[0])
     assert [a["label"] for a in data["arms"]] == [runs[0][0], runs[1][0]] and {a["step"] for a in data["arms"]} == {5}
+    # run folders relative to the page, no time of writing: the same runs give the same page anywhere
+    on_page = [(path.parent / a["run_dir"]).resolve() for a in data["arms"]]
+    assert on_page == [runs[0][1].resolve(), runs[1][1].resolve()]
+    assert [(path.parent / m["run_dir"]).resolve() for m in data["missing"]] == [runs[2][1].resolve()]
+    assert "generated" not in data and str(tmp_path) not in html
     assert main_view([str(sweep), "--step", "7", "--out", str(tmp_path / "s7.html")]) == 0
     assert main_view([str(sweep), "--step", "6"]) == 2
     assert "step 6 was not kept by any run" in capsys.readouterr().err
