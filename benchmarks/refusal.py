@@ -2,7 +2,8 @@
 
 Each case is a fresh `stare-lab ...` process (interpreter start, imports, checks, the one-line
 error, exit 2), timed over --reps runs; the baseline, measured in the same run, is a process that
-only imports torch (what every refusal paid before torch was deferred, stare_lab/deferred.py).
+only imports torch (what every refusal would pay if a rule module imported torch at its top; they
+import it inside their functions, docs/design.md "Fast refusals").
 
     python benchmarks/refusal.py [--reps 5]
 """

@@ -45,6 +45,8 @@ from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable fr
     field_problem,
     schema_fields,
 )
+from stare_lab.methods import TrainerValues, get_method, list_methods, method_iterations
+from stare_lab.methods.registry import OUTSIDE_HINT
 from stare_lab.utils import atomic_write_text, plain_dict
 
 # Everything the package reads at run time lives inside it (a wheel works from any directory).
@@ -67,8 +69,6 @@ def group_names() -> list[str]:
 
 def group_options(group: str) -> list[str]:
     if group == "method":
-        from stare_lab.methods import list_methods  # deferred: the rules import torch; readers of configs do not
-
         return sorted(list_methods())
     return list(_file_options(CONF_DIR, group))
 
@@ -82,8 +82,6 @@ def _file_options(conf_dir: Path, group: str) -> tuple[str, ...]:
 def store_methods() -> None:
     """The `method` config group: one ConfigStore node per registered rule (its params come
     from the rule's Params dataclass in `resolve`)."""
-    from stare_lab.methods import list_methods  # deferred: torch, as in group_options
-
     store = ConfigStore.instance()
     for name in list_methods():
         store.store(group="method", name=name, node={"name": name, "params": {}})
@@ -130,8 +128,6 @@ def rule_params(name: str, params: dict[str, Any], trainer: Any) -> dict[str, An
     """The rule's full params (its Params defaults filled in) as plain data, after checking them
     and their agreement with the trainer's values (`trainer`: the trainer block, or the
     `TrainerValues` read from it). A rule's ValueError becomes a ConfigError."""
-    from stare_lab.methods import TrainerValues, get_method  # deferred: torch, as in group_options
-
     try:
         rule = get_method(name, **params)
         rule.check_trainer(trainer if isinstance(trainer, TrainerValues) else TrainerValues.from_config(trainer))
@@ -149,8 +145,6 @@ def finalize(cfg: Any, rule_known: bool = True) -> Any:
     if trainer["steps_per_generation"] is None:  # TRL's default: one rollout batch per optimizer step
         trainer["steps_per_generation"] = trainer["gradient_accumulation_steps"]
     if trainer["num_iterations"] is None and rule_known:  # the rule's passes over each generation batch (Lopti: 2)
-        from stare_lab.methods import method_iterations  # deferred: torch, as in group_options
-
         trainer["num_iterations"] = method_iterations(cfg["method"]["name"])
     if cfg["run"]["id"] is None:
         cfg["run"]["id"] = run_id(cfg)
@@ -232,7 +226,7 @@ def check_engine(engine: str) -> None:
             "pip install 'stare-lab[deepspeed]' (or choose ddp or fsdp)"
         )
     if engine == "fsdp" and importlib.util.find_spec("torch") is not None:
-        import torch  # deferred: torch; then torch.distributed: torch may be deferred (stare_lab/deferred.py)
+        import torch  # deferred: torch, only for an fsdp run
 
         if not torch.distributed.is_available() or importlib.util.find_spec("torch.distributed.fsdp") is None:
             raise ConfigError(
@@ -306,8 +300,6 @@ def _check_group_choices(overrides: list[str]) -> None:
         if sep and "." not in key and key in groups and value not in group_options(key):
             hint = ""
             if key == "method":
-                from stare_lab.methods.registry import OUTSIDE_HINT  # deferred: torch, as in group_options
-
                 hint = f"; {OUTSIDE_HINT}"
             raise ConfigError(f"unknown {key} option {value!r}; valid: {', '.join(group_options(key))}{hint}")
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.loss_types import (
     CONSTANT_DENOMINATOR,
     GENERATION_BATCH_DENOMINATOR,
@@ -22,7 +20,7 @@ from stare_lab.loss_types import (
     ROW_SUM,
 )
 
-if TYPE_CHECKING:  # annotations only: the field's rules import this module before torch is (stare_lab/deferred.py)
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -54,6 +52,8 @@ def clipped_surrogate(
     TRL's multiplication by the mask, so non-finite padding (the tests' NaN) stays out of it [ours; equal
     on finite inputs].
     """
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     if level not in IMPORTANCE_SAMPLING_LEVELS:
         raise ValueError(f"importance_sampling_level={level!r} is not one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}")
     if advantages.dim() == 1:
@@ -79,6 +79,8 @@ def clipped_surrogate(
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k3 estimator of KL(π_θ ‖ π_ref) per token: exp(ref − logp) − (ref − logp) − 1."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     return torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
 
 
@@ -123,4 +125,6 @@ def _safe(denom: Tensor) -> Tensor:
 
     For integer token counts this equals TRL's `clamp(min=1.0)` exactly.
     """
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     return torch.where(denom > 0, denom, torch.ones_like(denom)) if torch.is_tensor(denom) else max(denom, 1.0)

@@ -81,7 +81,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     4: ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard"),
     5: ("stare_lab.runner",),
     6: ("stare_lab.sweep",),
-    7: ("stare_lab.cli", "stare_lab.deferred", "stare_lab"),
+    7: ("stare_lab.cli", "stare_lab"),
 }
 READERS = ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard")
 

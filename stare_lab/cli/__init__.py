@@ -33,7 +33,6 @@ from stare_lab.cli.reading import (
 )
 from stare_lab.cli.training import cmd_eval, cmd_train
 from stare_lab.config import SWEEP_DIR, ConfigError
-from stare_lab.deferred import defer
 from stare_lab.rule_imports import RuleImportError, reading
 from stare_lab.sweep.cli import main as sweep_main
 from stare_lab.sweep.schema import SweepError
@@ -65,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     if cmd not in commands:
         return _fail(f"unknown command {cmd!r}; valid: {', '.join(commands)}")
-    defer("torch")  # a value the checks refuse exits before torch's ~1.3 s import (stare_lab/deferred.py)
     try:  # the reading commands work from the records: they import no rule kept outside the package
         with reading() if cmd in READING_COMMANDS else nullcontext():
             return commands[cmd](rest)

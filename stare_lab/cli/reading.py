@@ -16,7 +16,6 @@ import yaml
 
 from stare_lab.cli.common import UserError, parse
 from stare_lab.dashboard import main as dashboard_main
-from stare_lab.deferred import is_loaded
 from stare_lab.record import CONFIG_FILE
 from stare_lab.sweep.plan import current_runs
 from stare_lab.sweep.schema import load_sweep
@@ -30,16 +29,6 @@ if TYPE_CHECKING:
 
 READING_COMMANDS = ("table", "plot", "view", "dashboard")  # and `sweep status` (stare_lab.sweep.cli)
 Runs = Path | list[Path]  # a folder of run directories, or the run directories of a plan
-
-
-def _release_torch() -> None:
-    """A reading command needs no torch once its plan is read: take torch's unloaded stand-in
-    (stare_lab.deferred) out of sys.modules. Else scipy.stats, which tells a torch tensor by
-    `sys.modules["torch"].Tensor`, imports the real torch by reading it (~1.3 s of CPU, most of
-    `table`'s start). The rule modules that imported the stand-in keep it; an `import torch` later
-    imports the real module."""
-    if "torch" in sys.modules and not is_loaded("torch"):
-        del sys.modules["torch"]
 
 
 # -- a sweep's runs ------------------------------------------------------------------------------
@@ -99,7 +88,6 @@ def cmd_table(argv: list[str]) -> int:
     a = parse(_table_parser(), argv)
     where, baseline = _table_options(a)
     root, runs = _sweep_runs(a.sweep, a.all_runs)
-    _release_torch()
     from stare_lab.analysis import collect_runs  # deferred: pandas
 
     df = collect_runs(runs)
@@ -245,7 +233,6 @@ def cmd_plot(argv: list[str]) -> int:
     )
     a = parse(p, argv)
     root, runs = _sweep_runs(a.sweep, a.all_runs)
-    _release_torch()  # the selection figures import the real torch when a run kept batches
     _plot(runs, a.out or root / "figures", a.baseline, selection=not a.no_selection)
     return 0
 

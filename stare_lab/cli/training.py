@@ -1,7 +1,7 @@
 """`stare-lab train` and `stare-lab eval`: one run trained from Hydra overrides, a run's checkpoint
 evaluated again. Both check every value before anything heavy is imported: the trainer and the
 sampler (torch, transformers, TRL, submitit) are imported inside the functions, after the checks,
-so that a refusal never pays for them (stare_lab.deferred)."""
+so that a refusal never pays for them (docs/design.md, "Fast refusals")."""
 
 from __future__ import annotations
 

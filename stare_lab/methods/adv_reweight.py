@@ -35,14 +35,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.ppo import clipped_surrogate, refuse_own_surrogate, token_advantages
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 
@@ -69,6 +67,8 @@ SCOPES = ("token", "batch")
 
 def advantage_weights(old_logp: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
     """w [B, T] = (α·π_old + τ)·(neg_weight where A ≤ 0); 0 on padding. A′ = w·A."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     assert p.tau is not None  # set in __post_init__
     w = p.alpha * torch.exp(old_logp.detach()) + p.tau
     A = token_advantages(advantages, old_logp)

@@ -56,13 +56,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.ppo import clipped_surrogate, refuse_delta, replaces_surrogate
 from stare_lab.methods.registry import LossBatch, LossTerms, TrainerValues, register_loss
 from stare_lab.methods.select import check_fraction
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 
@@ -96,6 +94,8 @@ def entropy_sets(entropy: Tensor, mask: Tensor, p: Params) -> tuple[Tensor, Tens
 
     `invert` swaps the two (note 1).
     """
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     valid = mask > 0
     masked = torch.where(valid, entropy.detach(), torch.full_like(entropy, float("nan")))
     q = torch.nanquantile(masked, q=p.q, dim=-1, keepdim=True)  # [B, 1], NaN for an empty row
@@ -105,6 +105,8 @@ def entropy_sets(entropy: Tensor, mask: Tensor, p: Params) -> tuple[Tensor, Tens
 
 def clip_widths(penalised: Tensor, p: Params) -> tuple[Tensor, Tensor]:
     """(ε_low, ε_high) [B, T]: the tight widths on `penalised`, the wide ones elsewhere (padding too, as verl)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     wide = (~penalised).to(torch.float64)
     eps_low = wide * p.eps_low_wide + (1 - wide) * p.eps_low_tight
     eps_high = wide * p.eps_high_wide + (1 - wide) * p.eps_high_tight
@@ -113,6 +115,8 @@ def clip_widths(penalised: Tensor, p: Params) -> tuple[Tensor, Tensor]:
 
 def k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """verl's low_var_kl [B, T]: clamp(e^x − x − 1, −10, 10), x = clamp(log π_ref − log π, −20, 20)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     x = torch.clamp(ref_logp - logp, min=-20, max=20)
     return torch.clamp(torch.exp(x) - x - 1, min=-10, max=10)
 
@@ -122,6 +126,8 @@ def kl_coefficients(widened: Tensor, penalised: Tensor, mask: Tensor, p: Params)
 
     β·N/(|penalised| + 1e-8) on `penalised`, β_high·N/(|widened| + 1e-8) on `widened` (verl's masked_mean).
     """
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     n = float((mask > 0).sum())
     if p.kl_coef is None:
         raise ValueError("kl_coef is unset (= the trainer's β): pass the trainer's value")
@@ -161,6 +167,8 @@ def check(p: Params, trainer: TrainerValues) -> None:
 @register_loss("archer", Params, check=check)
 def loss(batch: LossBatch, p: Params) -> LossTerms:
     """pg per token; the two KL means over this micro-batch's token sets as `own` (TRL's β·KL dropped)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     widened, penalised = entropy_sets(batch.entropy, batch.mask, p)
     eps_low, eps_high = clip_widths(penalised, p)
     pg = clipped_surrogate(

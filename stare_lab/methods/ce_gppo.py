@@ -28,12 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.ppo import refuse_delta, replaces_surrogate, token_advantages
 from stare_lab.methods.registry import LossBatch, LossTerms, TrainerValues, register_loss
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 
@@ -53,6 +51,8 @@ class Params:
 
 def clipped_sides(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float, eps_high: float):
     """(low, high) [B, T] bool: A < 0 with r < 1 − ε_low, and A > 0 with r > 1 + ε_high."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     A = token_advantages(advantages, logp)
     ratio = torch.exp(logp.detach() - old_logp)
     return (ratio < 1 - eps_low) & (A < 0), (ratio > 1 + eps_high) & (A > 0)
@@ -62,6 +62,8 @@ def per_token_loss(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, p: Params, eps_low: float, eps_high: float
 ) -> Tensor:
     """ℓ [B, T] of CE-GPPO (gradient-preserving clip, then the dual clip for A < 0)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     A = token_advantages(advantages, logp)
     ratio = torch.exp(logp - old_logp)
     unit = ratio / ratio.detach()  # 1 in value, ∇r in gradient

@@ -49,14 +49,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.ppo import clipped_surrogate, refuse_delta, refuse_own_surrogate, token_advantages
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
+    import torch
     from torch import Tensor
 
 SCOPES = ("microbatch", "batch")
@@ -78,6 +77,8 @@ class Params:
 
 def covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     """Cov_t [B, T] = (A − mean A)(log π − mean log π), means over valid tokens; 0 on padding."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     valid = mask > 0
     lp = logp.detach().to(torch.float64)
     A = token_advantages(advantages, logp).detach().to(torch.float64)
@@ -91,6 +92,8 @@ def covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
 
 def clip_active(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float) -> Tensor:
     """[B, T] bool: −A·clip(r) > −A·r, PPO's clip already bites (the official `clip_by_origin`)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     A = token_advantages(advantages, ratio)
     return -A * torch.clamp(ratio, 1 - eps_low, 1 + eps_high) > -A * ratio
 
@@ -106,6 +109,8 @@ def detached_tokens(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """D [B, T] bool: the tokens whose gradient Clip-Cov removes, drawn from the band lb < Cov < ub."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     valid = mask > 0
     ratio = torch.exp(logp.detach() - old_logp)
     cov = covariance(logp, advantages, mask)

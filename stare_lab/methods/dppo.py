@@ -36,13 +36,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.ppo import refuse_delta, replaces_surrogate, token_advantages
 from stare_lab.methods.registry import LossBatch, LossTerms, TrainerValues, register_loss
 from stare_lab.methods.select import check_choice
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 # verl examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh: CLIP_DEFAULT=0.15 (dppo_tv), 0.05 (dppo_kl)
@@ -74,12 +72,16 @@ class Params:
 
 def bernoulli_kl(logp: Tensor, old_logp: Tensor) -> Tensor:
     """D [B, T]: KL(Bern(p_old) ‖ Bern(p)) of the sampled token, with verl's 1e-8 in the second term."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     p, p_old = torch.exp(logp), torch.exp(old_logp)
     return p_old * (old_logp - logp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
 
 
 def kept_tokens(logp: Tensor, old_logp: Tensor, advantages: Tensor, p: Params) -> Tensor:
     """keep [B, T] bool: the tokens inside DPPO's trust region (the others get no gradient)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     logp, old_logp = logp.detach(), old_logp.detach()
     A = token_advantages(advantages, logp)
     prob, old_prob = torch.exp(logp), torch.exp(old_logp)
@@ -96,6 +98,8 @@ def kept_tokens(logp: Tensor, old_logp: Tensor, advantages: Tensor, p: Params) -
 
 def per_token_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
     """ℓ [B, T] = −A·sg(min(r, C))·log π·keep."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     A = token_advantages(advantages, logp)
     ratio = torch.exp(torch.clamp(logp - old_logp, min=-20.0, max=20.0))
     weight = torch.clamp(ratio, max=p.is_cap).detach()
@@ -105,6 +109,8 @@ def per_token_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Ten
 
 def metrics(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> dict[str, float]:
     """rule/dropped_frac: valid tokens outside the trust region; rule/capped_frac: kept tokens with r > C."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     valid = mask > 0
     n = float(valid.sum())
     if not n:

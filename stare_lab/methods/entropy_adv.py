@@ -30,14 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.ppo import clipped_surrogate, refuse_own_surrogate, token_advantages
 from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 SCOPES = ("token", "batch")
@@ -59,6 +57,8 @@ class Params:
 
 def bonus(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
     """ψ [B, T] = min(α·H, |A|/κ) on valid tokens, 0 on padding."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     A = token_advantages(advantages, entropy).detach()
     psi = torch.minimum(p.alpha * entropy.detach(), A.abs() / p.kappa)
     return torch.where(mask > 0, psi, torch.zeros_like(psi))
@@ -71,6 +71,8 @@ def shaped_advantages(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Para
 
 def advantage_weights(entropy: Tensor, advantages: Tensor, mask: Tensor, p: Params) -> Tensor:
     """w [B, T] = A′/A where A ≠ 0, 1 where A = 0 or on padding (0 there); positive when κ > 1."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     A = token_advantages(advantages, entropy).detach()
     shaped = shaped_advantages(entropy, advantages, mask, p)
     w = torch.where(A != 0, shaped / torch.where(A != 0, A, torch.ones_like(A)), torch.ones_like(A))

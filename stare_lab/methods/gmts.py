@@ -50,13 +50,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import COUNTS, check_choice, check_common, check_fraction, select_top
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 MODES = {"renorm": "selected", "zero_advantage": "valid"}
@@ -108,6 +106,8 @@ def needs(p: Params, trainer=None) -> set[str]:
 def gradient_score(stats: TokenStats, p: Params) -> tuple[Tensor, Tensor]:
     """δ [B, T] (|H·ω|, or its per-sequence-mean share, note 6) and the clipped-side indicator [B, T] bool."""
     # the trainer's values are filled in before a rule runs (registry: fields with metadata "trainer")
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     assert p.eps_low is not None and p.eps_high is not None and p.beta is not None, "gmts: trainer values unset"
     A = stats.token_advantages.float()
     ratio = torch.exp(stats.logp - stats.old_logp).float() if stats.old_logp is not None else torch.ones_like(A)

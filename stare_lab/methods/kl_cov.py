@@ -59,14 +59,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.ppo import refuse_delta, replaces_surrogate, token_advantages
 from stare_lab.methods.registry import LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues, register
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 SCOPES = ("microbatch", "batch")
@@ -87,6 +85,8 @@ class Params:
 
 def selected_tokens(logp: Tensor, advantages: Tensor, mask: Tensor, ratio: float) -> Tensor:
     """S [B, T] bool: the max(1, ⌊ρ·N⌋) valid tokens of largest Cov (plain means over valid tokens)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     valid = mask > 0
     out = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)  # row-major, whatever the input strides
     A = token_advantages(advantages, logp).detach()[valid]  # [N] row-major, as the official code
@@ -111,6 +111,8 @@ def per_token_loss(
     selected: Tensor | None = None,
 ) -> Tensor:
     """ℓ [B, T] = −A·r + β_kl·|log π − log π_old| on S (computed here, micro-batch scope, unless given)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     if selected is None:
         selected = selected_tokens(logp, advantages, mask, p.ratio)
     A = token_advantages(advantages, logp)
@@ -120,6 +122,8 @@ def per_token_loss(
 
 def penalty_coefficient(selected: Tensor, p: Params) -> Tensor:
     """[B, T] the coefficient of |log π − log π_old| per token: β_kl on S, 0 elsewhere."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     return selected.to(torch.get_default_dtype()) * p.kl_coef
 
 

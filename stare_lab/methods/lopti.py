@@ -45,8 +45,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.adv_reweight import Params as AdvReweightParams
 from stare_lab.methods.adv_reweight import advantage_weights
 from stare_lab.methods.ppo import clipped_surrogate, refuse_own_surrogate
@@ -54,7 +52,7 @@ from stare_lab.methods.registry import RuleOutput, RuleState, TrainerValues, reg
 from stare_lab.methods.select import check_choice, check_fraction
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 ORDERS = ("low_first", "high_first")
@@ -78,6 +76,8 @@ class Params:
 
 def first_phase_tokens(old_logp: Tensor, p: Params) -> Tensor:
     """[B, T] bool: the official `indication`, π_old < η (low_first) or π_old ≥ η (high_first)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     prob = torch.exp(old_logp.detach())  # compared in probability, as the official code
     return prob < p.eta if p.order == "low_first" else prob >= p.eta
 

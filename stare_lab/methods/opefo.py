@@ -30,13 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import check_choice, check_common, scope_ids
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 FLOWS = ("simple", "full")
@@ -59,6 +57,8 @@ def needs(p: Params, trainer=None) -> set[str]:
 
 def entropy_flow(stats: TokenStats, flow: str) -> Tensor:
     """ΔH [B, T] (float64), 0 on padding."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     logp, H = stats.logp.double(), stats.need("entropy", rule="opefo").double()
     pi = torch.exp(logp)
     term = pi * (logp + H)
@@ -69,11 +69,15 @@ def entropy_flow(stats: TokenStats, flow: str) -> Tensor:
 
 def scope_sum(x: Tensor, ids: Tensor, n_units: int) -> Tensor:
     """[n_units] sum of x [B, T] over each scope unit."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     return torch.zeros(n_units, dtype=x.dtype, device=x.device).index_add_(0, ids.reshape(-1), x.reshape(-1))
 
 
 @register("opefo", Params, needs=needs)
 def opefo(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     stats.require(*sorted(needs(p)), rule="opefo")
     dH = entropy_flow(stats, p.flow)
     ids = scope_ids(stats.valid, stats.group, p.scope)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab import surrogate
 from stare_lab.loss_types import OWN_SURROGATE, PPO_SURROGATE
 from stare_lab.methods.rule_types import TrainerValues
@@ -44,6 +42,8 @@ def clipped_surrogate(
     `delta` caps r for either sign instead); `clamp_log_ratio` clamps log r to ±20 first, as verl's
     vanilla loss does.
     """
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     A = token_advantages(advantages, logp)
     log_ratio = logp - old_logp
     if clamp_log_ratio:

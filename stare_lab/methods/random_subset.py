@@ -32,8 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from stare_lab.methods.registry import RuleOutput, RuleState, get_method, register
 from stare_lab.methods.select import (
     check_choice,
@@ -45,7 +43,8 @@ from stare_lab.methods.select import (
 )
 from stare_lab.stats import TokenStats, positions
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
+    import torch
     from torch import Tensor
 
 MATCH = ("none", "position")
@@ -85,6 +84,8 @@ def _attn_layers(p: Params):
 
 def match_positions(ref_selected: Tensor, valid: Tensor, unit: Tensor, generator: torch.Generator) -> Tensor:
     """[B, T] bool: in each (scope unit, position) cell, as many uniform valid tokens as `ref_selected` has."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     B, T = valid.shape
     cell = unit * T + positions(valid)  # [B, T] id of (unit, t)
     key = torch.rand((B, T), generator=generator).to(valid.device)  # one draw for the whole batch
@@ -106,6 +107,8 @@ def match_positions(ref_selected: Tensor, valid: Tensor, unit: Tensor, generator
 
 @register("random", Params, needs=_needs, attn_layers=_attn_layers)
 def random_subset(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     valid = stats.valid
     g = state.generator("random")
     if p.match == "none":

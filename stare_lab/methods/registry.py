@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from stare_lab.methods.param_types import conform_params
 from stare_lab.methods.rule_types import NORMALIZE, LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues
 from stare_lab.rule_imports import load_entry_points_once
@@ -249,6 +247,8 @@ class Rule:
         return (layers,) if isinstance(layers, int) else tuple(layers)
 
     def __call__(self, stats: TokenStats, state: RuleState) -> RuleOutput:
+        import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
         out = self._entry.fn(stats, state, self.effective_params(state.trainer))
         w = out.weights
         if w.shape != stats.shape:

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import check_common
 from stare_lab.stats import TokenStats
+
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
+    import torch
 
 H_EPS = 1e-6  # [ours] guard H < 1e-6 → RSI = 0 (note 2)
 
@@ -59,6 +61,8 @@ class Params:
 
 def relative_surprisal(stats: TokenStats) -> torch.Tensor:
     """[B, T] RSI = s / H, 0 where H < 1e-6."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     H = stats.need("entropy", rule="rsi_band").float()
     safe_H = torch.where(H < H_EPS, torch.ones_like(H), H)
     return torch.where(H < H_EPS, torch.zeros_like(H), stats.surprisal.float() / safe_H)

@@ -14,11 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from stare_lab.stats import TokenStats
 
 if TYPE_CHECKING:  # annotations only
+    import torch
     from torch import Tensor
 
 # the normalisations a rule may return (`RuleOutput.normalize`); the trainer passes one to the loss as its
@@ -107,6 +106,8 @@ class RuleState:
         return min(max(self.step / max(self.total_steps - 1, 1), 0.0), 1.0)
 
     def generator(self, salt: str = "") -> torch.Generator:
+        import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
         if self.rng is not None:
             return self.rng
         digest = hashlib.sha256(f"{self.seed}:{self.step}:{salt}".encode()).digest()

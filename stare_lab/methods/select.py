@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-import torch
-
 from stare_lab.methods.rule_types import NORMALIZE
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
+    import torch
     from torch import Tensor
 
 
@@ -62,6 +61,8 @@ def check_common(params) -> None:
 
 def scope_ids(valid: Tensor, group: Tensor, scope: str) -> Tensor:
     """[B, T] long id of each token's scope unit (batch → 0, group → prompt index, sequence → row)."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     B, T = valid.shape
     if scope in ("batch", "microbatch"):  # microbatch: the rule is handed one micro-batch (stare_lab/token_weights.py)
         ids = torch.zeros(B, dtype=torch.long, device=valid.device)
@@ -95,6 +96,8 @@ def select_top(
     count (ties="topk" only): keep ⌈ρ·n⌉ ("ceil") or ⌊ρ·n⌋ ("floor") tokens of a unit of n.
     resolution (ties="topk" only): compare round(score / resolution), see the module docstring.
     """
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     check_choice("count", count, COUNTS)
     if resolution is not None and not (resolution > 0 and ties == "topk"):
         raise ValueError(f"resolution={resolution!r} needs ties='topk' and a value > 0")
@@ -128,6 +131,8 @@ def select_top(
 def _unit_indices(flat_valid: Tensor, group: Tensor, scope: str) -> list[Tensor]:
     """Flat indices of the valid tokens of each scope unit, in unit order (units without one are left out).
     One unit (scope batch, microbatch) skips the id tensor: the loss calls this per micro-batch."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     if scope in ("batch", "microbatch"):
         idx = torch.nonzero(flat_valid).squeeze(1)
         return [idx] if idx.numel() else []
@@ -138,6 +143,8 @@ def _unit_indices(flat_valid: Tensor, group: Tensor, scope: str) -> list[Tensor]
 
 def quantile(x: Tensor, q: float) -> Tensor:
     """`torch.quantile(x, q)` (linear interpolation) by sorting: torch.quantile refuses > 2^24 elements."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     v = torch.sort(x.flatten().double()).values
     pos = q * (v.numel() - 1)
     lo = int(math.floor(pos))
@@ -147,6 +154,8 @@ def quantile(x: Tensor, q: float) -> Tensor:
 
 def rank_normalise(score: Tensor, valid: Tensor, group: Tensor, scope: str = "batch") -> Tensor:
     """[B, T] u ∈ [0, 1]: rank of each valid token's score in its scope unit, rank/(n-1); ties share the mean rank."""
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     valid = valid.bool()
     ids = scope_ids(valid, group, scope)
     u = torch.zeros(score.shape, dtype=torch.float32, device=score.device)  # contiguous: reshape below is a view

@@ -53,8 +53,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import check_choice, check_common, check_fraction, select_top
 from stare_lab.stats import TokenStats
@@ -148,6 +146,8 @@ def controller(stats: TokenStats, state: RuleState, p: Params) -> tuple[float, f
 
 @register("stare", Params, needs={"logp", "entropy"}, step_needs=step_needs)
 def stare(stats: TokenStats, state: RuleState, p: Params) -> RuleOutput:
+    import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
+
     W, M, gate, entropy_mean = controller(stats, state, p)
     valid = stats.valid
     n_valid = int(valid.sum())

@@ -31,7 +31,7 @@ from stare_lab.methods.registry import RuleOutput, RuleState, register
 from stare_lab.methods.select import check_common, check_fraction, select_top, selection_metrics
 from stare_lab.stats import TokenStats
 
-if TYPE_CHECKING:  # annotations only: the command line checks rules before torch is imported
+if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md, "Fast refusals")
     from torch import Tensor
 
 

@@ -34,6 +34,8 @@ from stare_lab.config import (
     rule_params,
     section_schema,
 )
+from stare_lab.methods import TrainerValues
+from stare_lab.methods.registry import is_registered
 from stare_lab.rule_imports import run_entries
 from stare_lab.server_layout import server_layout
 from stare_lab.sweep.records import resolve_from_records
@@ -192,8 +194,6 @@ class Composer:
         """Whether the registry knows the rule; always, but in a reading command (`SweepSpec.reading`)."""
         if not self.spec.reading:
             return True
-        from stare_lab.methods.registry import is_registered  # deferred: the rules import torch
-
         return is_registered(name)
 
     def training_processes(self, trainer: dict, origins: dict[str, str], label: str) -> int:
@@ -368,8 +368,6 @@ class Composer:
         return f"{key}={fmt_value(value)} can not be applied by the sweep expansion (a nested key?)"
 
     def _filled_params(self, method: dict, trainer: dict, origins: dict[str, str], label: str) -> dict:
-        from stare_lab.methods import TrainerValues  # deferred: the rules import torch
-
         params = method.get("params") or {}
         if not self._rule_known(method["name"]):
             return dict(params)  # as the sweep gives them; the record has the rest (stare_lab.sweep.records)

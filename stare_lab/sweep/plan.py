@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from stare_lab.methods.registry import rule_module
 from stare_lab.record import (
     CONFIG_FILE,
     CORRUPT,
@@ -74,8 +75,6 @@ def plan_runs(runs: list[RunSpec], retry_failed: bool = False, rerun_other_code:
     """What to do with each run; the caller holds the sweep lock, so no other launcher is alive.
     A finished run whose last attempt ran other code than this checkout is kept (and counted in
     `other_code`) unless `rerun_other_code`."""
-    from stare_lab.methods.registry import rule_module  # deferred: the registry imports the rules, and torch
-
     own = provenance()
     plan = Plan(current_code=code_version(own))
     statuses = [read_status(run.run_dir) for run in runs]

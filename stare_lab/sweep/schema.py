@@ -33,6 +33,8 @@ from stare_lab.config import (
     section_schema,
     sweep_path,
 )
+from stare_lab.methods import list_methods
+from stare_lab.methods.registry import OUTSIDE_HINT, is_registered
 from stare_lab.rule_imports import Imported, RuleImportError, import_modules, is_reading, module_name_problem
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.keys import check_key
@@ -261,8 +263,6 @@ class _MethodChoices:
         _check_choice("method", value, path, fail)
 
     def all(self) -> list[str]:
-        from stare_lab.methods import list_methods  # deferred: the rules import torch
-
         names = list(list_methods())  # registration order
         if self.reading:
             names += [n for n in recorded_methods(self.folder) if n not in names]
@@ -279,8 +279,6 @@ def recorded_methods(folder: Path) -> list[str]:
 
 def _check_choice(group: str, value: Any, path: str, fail) -> None:
     if group == "method" and isinstance(value, str):
-        from stare_lab.methods.registry import OUTSIDE_HINT, is_registered  # deferred: the rules import torch
-
         if not is_registered(value):
             fail(path, f"unknown method option {value!r}; valid: {', '.join(group_options(group))}; {OUTSIDE_HINT}")
         return

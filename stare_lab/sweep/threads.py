@@ -177,8 +177,7 @@ def openmp_loaded() -> bool:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             return any(lib in line for line in maps for lib in ("libgomp", "libiomp", "libomp"))
     except OSError:
-        module = sys.modules.get("torch")
-        return module is not None and "_real" not in vars(module)  # stare_lab.deferred's stand-in is not torch
+        return "torch" in sys.modules
 
 
 def policy_text(environ: Mapping[str, str]) -> str:

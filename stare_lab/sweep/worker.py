@@ -38,6 +38,7 @@ from typing import Any
 import submitit
 
 from stare_lab.config import load_config
+from stare_lab.methods.registry import rule_module
 from stare_lab.record import (
     CONFIG_FILE,
     CORRUPT,
@@ -85,7 +86,7 @@ def start_worker(threads: WorkerThreads | int | None = None, decide: bool = True
     {"torch", "from", "omp_wait_policy"}."""
     _PLAN[0] = threads if isinstance(threads, WorkerThreads) else WorkerThreads(per_worker=threads or None)
     policy = apply_wait_policy()  # before the first real `import torch` of this process
-    import torch  # noqa: F401 - OpenMP loads with it (here, or at first use under the command line's deferral)
+    import torch  # noqa: F401 - OpenMP loads with it, after the wait policy is set
 
     # TRL 1.16 itself still uses transformers' deprecated gradient_checkpointing names.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
@@ -97,7 +98,7 @@ def run_threads() -> dict[str, Any]:
     """Decide this process's torch threads for the run it starts (stare_lab.sweep.threads): the
     launcher's key, else OMP_NUM_THREADS, else the usable cores shared among the workers and left
     free by other processes just now (a 0.25 s look, only then)."""
-    import torch  # deferred: the command line's refusals come before torch (stare_lab.deferred)
+    import torch  # deferred: the command line's refusals come before torch (docs/design.md, "Fast refusals")
 
     plan = _PLAN[0]
     decided = plan.per_worker is not None or omp_num_threads(os.environ) is not None
@@ -131,8 +132,6 @@ def execute_run(run_dir: Path) -> None:
 def outside_rule_modules(run_dir: Path) -> list[dict[str, Any]]:
     """Import the run's `run.imports` (a failure is the run's one-line error) and return the record of
     every module of rules kept outside the package it uses (stare_lab.rule_imports.rule_modules)."""
-    from stare_lab.methods.registry import rule_module  # deferred: the rules import torch
-
     cfg = load_config(run_dir / CONFIG_FILE)
     imported = import_run_modules(cfg.get("run"))
     return rule_modules(rule_module((cfg.get("method") or {}).get("name")), imported)

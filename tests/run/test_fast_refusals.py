@@ -1,5 +1,6 @@
-"""The command line defers torch (stare_lab/deferred.py): a refusal never imports it, and code that
-goes on to use torch gets the real module, its submodules imported once."""
+"""A refusal never imports torch (docs/design.md, "Fast refusals"): the rule modules, whose `Params`
+the config checks build, import torch inside the functions that compute, so a refused value exits
+before torch's ~1.2 s import; a valid command goes on to train with it."""
 
 from __future__ import annotations
 
@@ -27,10 +28,9 @@ def test_a_refused_value_exits_before_torch_is_imported(argv, message):
     run = run_py(f"""
         import sys
         from stare_lab.cli import main
-        from stare_lab.deferred import is_loaded
         code = main({argv!r})
         heavy = sorted(m for m in ("trl", "transformers") if m in sys.modules)
-        print("torch loaded:", is_loaded("torch"), "heavy:", heavy)
+        print("torch loaded:", "torch" in sys.modules, "heavy:", heavy)
         sys.exit(code)
     """)
     assert run.returncode == 2, run.stderr
@@ -60,9 +60,8 @@ def test_view_refusals_exit_before_torch_is_imported(tmp_path):
         run = run_py(f"""
             import sys
             from stare_lab.cli import main
-            from stare_lab.deferred import is_loaded
             code = main(["view", *{argv!r}])
-            print("torch loaded:", is_loaded("torch"))
+            print("torch loaded:", "torch" in sys.modules)
             sys.exit(code)
         """)
         assert run.returncode == 2, run.stderr
@@ -70,24 +69,20 @@ def test_view_refusals_exit_before_torch_is_imported(tmp_path):
         assert "torch loaded: False" in run.stdout, run.stdout
 
 
-def test_the_deferred_module_is_the_real_one_once_used():
+def test_no_rule_module_imports_torch_at_its_top():
+    """Every rule of the registry, its Params built and checked, and the sweep's dry run: no torch.
+    A rule file that imports torch at its top (a mutation of any of them) fails this test."""
     run = run_py("""
         import sys
-        from stare_lab.deferred import defer, is_loaded
-        defer("torch")
-        import torch                      # binds the stand-in: nothing imported yet
-        assert not is_loaded("torch") and "torch._C" not in sys.modules
-        import torch.nn.functional as F   # a submodule first: loads torch, and torch.nn once
-        assert is_loaded("torch") and sys.modules["torch"] is not torch
-        assert F is sys.modules["torch.nn.functional"] and torch.nn is sys.modules["torch.nn"]
-        assert torch.nn.__spec__.name == "torch.nn" and type(torch.nn.__spec__.loader).__name__ == "SourceFileLoader"
-        assert F.softmax(torch.tensor([0.0, 0.0]), 0).tolist() == [0.5, 0.5]
-        torch.answer = 42                 # writes reach the real module
-        assert sys.modules["torch"].answer == 42 and torch.answer == 42
-        assert isinstance(torch.ones(1), sys.modules["torch"].Tensor)
-        print("ok")
+        from stare_lab.methods import get_method, list_methods, method_params
+        names = list_methods()
+        for name in names:
+            get_method(name)
+        modules = sorted({method_params(n).__module__ for n in names})
+        print(len(names), "rules,", len(modules), "modules; torch:", "torch" in sys.modules)
     """)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "21 rules, 21 modules; torch: False", run.stdout
 
 
 def test_a_valid_train_command_trains_with_the_real_torch(tmp_path):
