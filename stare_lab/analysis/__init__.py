@@ -16,7 +16,7 @@ _HOMES = {
     "run_states": "collect",
     "compare_arms": "compare",
     "holm": "compare",
-    "seeds_needed": "compare",
+    "seeds_needed": "power",
     "plot_forest": "plots",
     "plot_passk": "plots",
     "plot_training": "plots",
@@ -42,8 +42,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from stare_lab.analysis.collect import collect_problems, collect_runs, collect_training, run_states
-    from stare_lab.analysis.compare import compare_arms, holm, seeds_needed
+    from stare_lab.analysis.compare import compare_arms, holm
     from stare_lab.analysis.plots import plot_forest, plot_passk, plot_training
+    from stare_lab.analysis.power import seeds_needed
     from stare_lab.analysis.tables import Table, passk_table, results_table
 
 

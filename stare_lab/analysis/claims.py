@@ -18,8 +18,8 @@ from stare_lab.analysis.compare import (
     TWO_SEEDS,
     ComparisonError,
     compare_arms,
-    seeds_needed,
 )
+from stare_lab.analysis.power import seeds_needed
 from stare_lab.record import RESULT_SETTINGS
 
 _SAMPLE_KEYS = [k for k in RESULT_SETTINGS if k != "n"]  # collect_problems counts n per problem

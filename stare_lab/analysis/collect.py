@@ -214,7 +214,7 @@ def collect_runs(root: Path | list[Path]) -> pd.DataFrame:
 
 def _problem_rows(run_dir: Path, ident: dict[str, Any]) -> list[pd.DataFrame]:
     """Per-problem counts of each final evaluation that kept its samples (the parquet beside its json)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: pyarrow, only for the per-problem tables
 
     frames = []
     for data in read_eval_results(run_dir):

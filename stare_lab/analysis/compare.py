@@ -1,4 +1,4 @@
-"""Arms against a baseline: differences with intervals over seeds and problems, Holm, seeds needed.
+"""Arms against a baseline: differences with intervals over seeds and problems, and Holm.
 
 Method (`compare_arms`). Each arm's score on a benchmark is avg@n: the mean over problems of
 c/n, averaged over its seeds. The difference D to the baseline is modelled with seeds and
@@ -147,7 +147,7 @@ def contrast(arm: list[np.ndarray], base: list[np.ndarray], paired: bool, confid
     if seed_df < MIN_SATTERTHWAITE_SEED_DF and se > 0:  # 2 seeds: module docstring, "Two seeds"
         half_at = _separate_quantiles(terms[: len(known)], terms[len(known) :])
         half = half_at(alpha)
-        nu = _df_with_quantile(half / se, alpha)
+        nu = df_with_quantile(half / se, alpha)
         p_value = _level_at(half_at, abs(delta))
     else:
         half = float(-special.stdtrit(nu, alpha / 2)) * se  # t quantile
@@ -179,7 +179,7 @@ def _satterthwaite(terms: list[tuple[float, float, float]]) -> float:
     return max(var * var / denom, 1.0) if denom > 0 and var > 0 else math.inf
 
 
-def _t(df: float, alpha: float) -> float:
+def t_quantile(df: float, alpha: float) -> float:
     """The two-sided t quantile t(df, 1 − α/2), from the lower tail (exact for tiny α)."""
     return float(-special.stdtrit(df, alpha / 2))
 
@@ -192,9 +192,9 @@ def _separate_quantiles(seed_terms, problem_terms):
     nu_problem = _satterthwaite(problem_terms)
 
     def half(alpha: float) -> float:
-        total = sum(_t(df, alpha) ** 2 * v for v, df in seeds)
+        total = sum(t_quantile(df, alpha) ** 2 * v for v, df in seeds)
         if v_problem > 0:
-            total += _t(nu_problem, alpha) ** 2 * v_problem
+            total += t_quantile(nu_problem, alpha) ** 2 * v_problem
         return math.sqrt(total)
 
     return half
@@ -214,7 +214,7 @@ def _level_at(half, distance: float) -> float:
     return math.exp(hi)
 
 
-def _df_with_quantile(crit, alpha: float):
+def df_with_quantile(crit, alpha: float):
     """The t df whose two-sided quantile at α is `crit` (scalar or array; inf where crit is at or below
     the normal's): the interval's equivalent df, reported as `df`. Bisection on log df in [1, 1e9]."""
     crit = np.asarray(crit, dtype=float)
@@ -501,87 +501,3 @@ def _row(arm, bench, arm_arrays, base_arrays, paired, confidence, rng, views) ->
     if views:
         row.update(_aggregate_views(arm_arrays, base_arrays, confidence, rng))
     return row
-
-
-MAX_SEEDS = 1000
-
-
-def power_at(delta: float, var_problem, var_seed, seeds, df_problem, confidence: float = 0.95) -> np.ndarray:
-    """Power of the two-sided t-test at 1 − confidence to detect `delta` points with `seeds` seeds per arm.
-
-    Var(D) = var_problem + var_seed / seeds (points²; var_seed: arm's plus baseline's one-seed variance);
-    df by Satterthwaite from df_problem and seeds − 1 (one seed term, as paired; a lower bound unpaired); at
-    2 seeds the df equivalent to compare_arms' interval there (the seed term at t(1), the problem term at
-    t(df_problem): `_df_with_quantile`), the power then that of a t-test with this df (an approximation).
-    """
-    seeds = np.asarray(seeds, dtype=float)
-    v_seed = np.asarray(var_seed, dtype=float) / seeds
-    var = var_problem + v_seed
-    with np.errstate(divide="ignore", invalid="ignore"):
-        denom = np.where(var_problem > 0, var_problem**2 / df_problem, 0.0) + v_seed**2 / np.maximum(seeds - 1, 1)
-        nu = np.where(denom > 0, var**2 / denom, np.inf)
-        nu = np.maximum(np.where(np.isfinite(seeds), nu, df_problem), 1.0)
-        two = seeds - 1 < MIN_SATTERTHWAITE_SEED_DF
-        if np.any(two):  # as compare_arms at 2 seeds: each part at its own quantile
-            alpha = 1 - confidence
-            q_problem = -special.stdtrit(np.maximum(df_problem, 1), alpha / 2)
-            crit = np.sqrt(_t(1, alpha) ** 2 * v_seed + q_problem**2 * var_problem) / np.sqrt(var)
-            nu = np.where(two, _df_with_quantile(np.where(var > 0, crit, _t(1, alpha)), alpha), nu)
-        lam = np.where(var > 0, abs(delta) / np.sqrt(var), np.inf)
-    t_c = special.stdtrit(nu, 1 - (1 - confidence) / 2)
-    lam = np.minimum(lam, 1e6)
-    # P(T' > t) + P(T' < −t) for the noncentral T' (cdf(−t, λ) = sf(t, −λ): no NaN far out)
-    power = (1 - special.nctdtr(nu, lam, t_c)) + (1 - special.nctdtr(nu, -lam, t_c))
-    return np.where(lam < 1e6, power, 1.0)
-
-
-def seeds_needed(
-    comparison: pd.DataFrame,
-    delta: float = 2.0,
-    power: float = 0.8,
-    confidence: float = 0.95,
-    max_seeds: int = MAX_SEEDS,
-) -> pd.DataFrame:
-    """Seeds per arm (the arm and the baseline alike) for a `delta`-point difference to be detected
-    with `power` by the test of `compare_arms`, projected from each row's observed seed and problem
-    variance (the same problems). One row per row of `comparison`: arm, benchmark, seeds (now),
-    power_now (at the seeds it has), seeds_needed (≥ 2; NaN where the seed variance is unknown; inf
-    where more than max_seeds are needed), limit ("problems" where even infinitely many seeds would
-    not reach `power`: the problems' own variation is too large, more problems are needed).
-    Per comparison, at α = 1 − confidence: a claim that must survive Holm over m arms needs more."""
-    if not 0 < power < 1:
-        raise ComparisonError(f"power {power!r}: expected a value in (0, 1)")
-    if not delta > 0:
-        raise ComparisonError(f"delta {delta!r}: expected a difference in points > 0")
-    if not 0 < confidence < 1:
-        raise ComparisonError(f"confidence {confidence!r}: expected a value in (0, 1)")
-    rows = []
-    for r in comparison.itertuples(index=False):
-        v_seed = r.var_seed_arm + r.var_seed_base
-        known = np.isfinite(r.var_problem) and np.isfinite(v_seed)
-        row = {"arm": r.arm, "benchmark": r.benchmark, "seeds": r.seeds, "power_now": math.nan}
-        row.update(seeds_needed=math.nan, limit="seed variance unknown" if not known else "")
-        if known:
-
-            def power_with(s: float, r=r, v_seed=v_seed) -> float:
-                return float(power_at(delta, r.var_problem, v_seed, s, r.df_problem, confidence))
-
-            row["power_now"] = power_with(r.seeds)
-            row["seeds_needed"] = _fewest_seeds(power_with, power, max_seeds)
-            if not np.isfinite(row["seeds_needed"]):
-                row["limit"] = "problems" if power_with(math.inf) < power else f"> {max_seeds} seeds"
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["arm", "benchmark", "seeds", "power_now", "seeds_needed", "limit"])
-
-
-def _fewest_seeds(power_with, target: float, max_seeds: int) -> float:
-    """The fewest seeds (≥ 2) whose power reaches `target` (power grows with seeds: bisection); inf if none."""
-    if power_with(2) >= target:
-        return 2.0
-    if power_with(max_seeds) < target:
-        return math.inf
-    lo, hi = 2, max_seeds  # power(lo) < target ≤ power(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if power_with(mid) >= target else (mid, hi)
-    return float(hi)

@@ -50,7 +50,7 @@ def storage_for(spec: SweepSpec):
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix in (".db", ".sqlite", ".sqlite3"):
         return f"sqlite:///{path}"
-    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal import JournalFileBackend  # deferred: as above
 
     return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
 

@@ -200,7 +200,7 @@ def log_sweep_summary(
     """
     import wandb  # deferred: as in log_token_page
 
-    from stare_lab.tracking import wandb_mode
+    from stare_lab.tracking import wandb_mode  # deferred: tracking imports torch and transformers
 
     os.environ.setdefault("WANDB_SILENT", "true")
     out_dir = Path(out_dir)

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from stare_lab.analysis import collect_problems, collect_runs, compare_arms, holm, plot_forest, results_table
-from stare_lab.analysis.compare import AVG_COLUMN, SEED_UNKNOWN, TWO_SEEDS, ComparisonError, power_at, seeds_needed
+from stare_lab.analysis.compare import AVG_COLUMN, SEED_UNKNOWN, TWO_SEEDS, ComparisonError
+from stare_lab.analysis.power import power_at, seeds_needed
 from stare_lab.cli import main
 
 N = 32  # samples per problem
