@@ -21,6 +21,7 @@ imports the helpers, and another test module, by its bare name; basenames stay u
 The fixtures build what a trainer test needs from tests/support/fixtures_trainer.py (read it for the values):
 
 - `tiny_lm`: (tokenizer, tiny random Qwen2), built once per test module; copy the model before training it.
+- `tiny_arithmetic`: (tokenizer, `tiny_lm`'s model, a 64-problem arithmetic task, 16 held out).
 - `builtin_lm`: (tokenizer, the shipped trained built-in model), once per test module.
 - `grpo_args(**overrides)`: GRPOConfig for a 2-step CPU run writing into the test's tmp_path.
 - `make_trainer(rule, dataset, **overrides)`: TokenRuleGRPOTrainer on a copy of `tiny_lm`'s model.
@@ -51,6 +52,15 @@ def tiny_lm():
     import fixtures_trainer
 
     return fixtures_trainer.tiny_lm()
+
+
+@pytest.fixture(scope="module")
+def tiny_arithmetic(tiny_lm):
+    """(tokenizer, tiny_lm's model, an arithmetic task of 64 training and 16 held-out problems)."""
+    from stare_lab.tasks.arithmetic import ArithmeticTask
+
+    tok, model = tiny_lm
+    return tok, model, ArithmeticTask(train_size=64, heldout_size=16)
 
 
 @pytest.fixture(scope="module")

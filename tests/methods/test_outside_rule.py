@@ -19,7 +19,7 @@ import sys
 import pytest
 import yaml
 from outside_rule_fixtures import RULES, env, make_project, sha256, stare_lab, write_sweep
-from sweep_fixtures import TINY, slurm_cluster  # noqa: F401
+from sweep_fixtures import SLURM_LAUNCHER, TINY, slurm_cluster  # noqa: F401
 
 from stare_lab.record import code_version
 
@@ -282,14 +282,7 @@ def test_train_and_eval_of_a_rule_given_by_import(project):
     assert ev.returncode == 0 and re.search(r"^arithmetic: .*\(n=3,", ev.stdout, re.M), ev.stdout + ev.stderr[-2000:]
 
 
-SLURM = {
-    "name": "slurm",
-    "cpus_per_task": 1,
-    "mem_gb": 1,
-    "timeout_min": 15,
-    "array_parallelism": 2,
-    "gpus_per_node": 0,
-}
+SLURM = SLURM_LAUNCHER
 
 
 @pytest.mark.slurm

@@ -15,10 +15,9 @@ import pytest
 from multiproc_fixtures import TWO_PROCESS
 from sweep_fixtures import (
     metric_steps,
-    node_idle,
+    requeue_and_release,
     running_past_checkpoint,
     slurm_cluster,  # noqa: F401
-    squeue_state,
     sweep_env,
     wait_until,
     write_sweep,
@@ -57,11 +56,7 @@ def test_two_task_run_completes_and_a_requeue_resumes_both_ranks(slurm_cluster, 
         assert status["world_size"] == 2
         requeued_at = time.time()
         job = status["slurm_job_id"]
-        subprocess.run(["scontrol", "requeue", job], check=True)
-        wait_until(lambda: squeue_state(job) == "PENDING", 60, "the requeued job to be pending", every=0.2)
-        wait_until(node_idle, 120, "the node to finish cleaning up the first attempt", every=0.5)
-        time.sleep(5)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        requeue_and_release(job)
         out, _ = driver.communicate(timeout=400)
     finally:
         driver.kill()

@@ -16,7 +16,6 @@ from fixtures_trainer import grpo_config, length_reward
 from stare_lab.learning_signal import no_signal_warning
 from stare_lab.methods import get_method
 from stare_lab.record import read_metrics
-from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.tracking import GENERATION_STEP, MetricsLogger, is_train_log
 from stare_lab.trainer import TokenRuleGRPOTrainer
 
@@ -26,14 +25,8 @@ GENERATION_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/
 LOSS_KEYS = ("loss", "grad_norm", "learning_rate", "entropy", "clip_ratio/region_mean", "tokens/trained_frac")
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_lm):
-    tok, model = tiny_lm
-    return tok, model, ArithmeticTask(train_size=64, heldout_size=16)
-
-
-def _train(setup, tmp_path, rule="full", **kw):
-    tok, model, task = setup
+def _train(tiny_arithmetic, tmp_path, rule="full", **kw):
+    tok, model, task = tiny_arithmetic
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     trainer = TokenRuleGRPOTrainer(
@@ -71,10 +64,12 @@ def _expected_generation_steps(max_steps: int, accumulation: int, per_generation
         ("top_entropy", 1, 2, 2),  # a batch-scope rule: its metrics are the generation's, carried
     ],
 )
-def test_every_step_is_a_row_with_trls_values(setup, tmp_path, rule, accumulation, per_generation, iterations):
+def test_every_step_is_a_row_with_trls_values(
+    tiny_arithmetic, tmp_path, rule, accumulation, per_generation, iterations
+):
     steps = 4
     trainer, rows = _train(
-        setup,
+        tiny_arithmetic,
         tmp_path,
         rule,
         max_steps=steps,

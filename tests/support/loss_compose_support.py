@@ -19,7 +19,7 @@ import torch
 from fixtures_trainer import TRL_DEFAULT, grpo_config
 from trl import GRPOTrainer
 
-from stare_lab.methods import get_method
+from stare_lab.methods import NORMALIZE, get_method
 from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
@@ -191,3 +191,11 @@ def selecting_weights(mask, kind, seed):
     else:
         w = torch.rand(mask.shape, generator=gen) * 1.5
     return w * mask
+
+
+def weighted(batch, w, normalize=None):
+    """`batch` with a rule's loss inputs for the weights `w` (and its normalisation, when given)."""
+    out = {**batch, "token_weights": w, "token_weight_total": w.sum(), "token_selected": (w > 0).float()}
+    if normalize is not None:
+        out["token_normalize"] = torch.tensor(NORMALIZE.index(normalize))
+    return out

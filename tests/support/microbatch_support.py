@@ -15,7 +15,7 @@ import zlib
 import pytest
 import torch
 from dist_worker_train import rollout_func  # completions of 2-6 tokens (see microbatch_trainer)
-from fixtures_trainer import grpo_config
+from fixtures_trainer import grpo_config, trainer_kwargs
 from transformers import Qwen2ForCausalLM
 
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
@@ -58,16 +58,8 @@ def microbatch_trainer(setup, tmp_path, rule, steps=3, **kw):
             **kw,
         },
     )
-    return TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
-        rule=rule,
-        rollout_func=rollout_func,
-        **trainer_kw,
-    )
+    kwargs = trainer_kwargs(tok, copy.deepcopy(model), args, task.train_dataset(), reward=length_reward)
+    return TokenRuleGRPOTrainer(**kwargs, rule=rule, rollout_func=rollout_func, **trainer_kw)
 
 
 def plain_entropy(model, batch):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_fixtures import ROOT, SLURM_CONF, _slurm_problem, slurm_required
+from sweep_fixtures import ROOT, _slurm_problem, cluster_conf, cluster_session
 
 SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
 NODES = ("node1", "node2", "node3")
@@ -48,19 +48,8 @@ def cluster_problem(conf: Path) -> str | None:
 @pytest.fixture(scope="session")
 def three_nodes():
     """SLURM_CONF of the 3-node cluster; skip (or fail under CI) without it."""
-    conf = Path(os.environ.get("SLURM_CONF") or SLURM_CONF)
-    problem = cluster_problem(conf)
-    if problem:
-        if slurm_required():
-            pytest.fail(f"{REASON}, but {problem}")
-        pytest.skip(f"{REASON}: {problem}")
-    old = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(conf)
-    yield conf
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
+    conf = cluster_conf()
+    yield from cluster_session(conf, cluster_problem(conf), REASON)
 
 
 def on_node(node: str, *cmd: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:

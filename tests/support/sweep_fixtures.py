@@ -86,15 +86,19 @@ def _slurm_problem(conf: Path) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """SLURM_CONF of a running cluster with accounting; skip (or fail under CI) without one."""
-    conf = Path(os.environ.get("SLURM_CONF") or SLURM_CONF)
-    problem = _slurm_problem(conf)
+def cluster_conf() -> Path:
+    """The cluster config the tests use: $SLURM_CONF, else scripts/slurm_cluster.sh's."""
+    return Path(os.environ.get("SLURM_CONF") or SLURM_CONF)
+
+
+def cluster_session(conf: Path, problem: str | None, needs: str = ""):
+    """The body of a session fixture for a cluster (`yield from`): skip, or fail under CI, naming what the
+    tests need and the `problem`; else `conf` as SLURM_CONF while the session runs."""
+    said = f"{needs}: {problem}" if needs else problem
     if problem:
         if slurm_required():
-            pytest.fail(f"Slurm cluster required (CI / STARE_LAB_REQUIRE_SLURM) but {problem}")
-        pytest.skip(problem)
+            pytest.fail(f"Slurm cluster required (CI / STARE_LAB_REQUIRE_SLURM) but {said}")
+        pytest.skip(said)
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)
     yield conf
@@ -102,6 +106,24 @@ def slurm_cluster():
         os.environ.pop("SLURM_CONF", None)
     else:
         os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """SLURM_CONF of a running cluster with accounting; skip (or fail under CI) without one."""
+    conf = cluster_conf()
+    yield from cluster_session(conf, _slurm_problem(conf))
+
+
+# a sweep's `launcher:` on the local cluster: one CPU and 1 GB a job, two jobs at once
+SLURM_LAUNCHER = {
+    "name": "slurm",
+    "cpus_per_task": 1,
+    "mem_gb": 1,
+    "timeout_min": 15,
+    "array_parallelism": 2,
+    "gpus_per_node": 0,
+}
 
 
 def write_sweep(tmp_path: Path, name: str = "s", overrides: dict | None = None, **fields) -> Path:
@@ -357,6 +379,19 @@ def node_idle() -> bool:
     """Whether the cluster's nodes are all idle (no job left on them)."""
     out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
     return out.returncode == 0 and out.stdout.split() == ["idle"]
+
+
+def requeue_and_release(job: str) -> None:
+    """`scontrol requeue` a running job, then start it again without Slurm's ~2-minute hold.
+
+    Released at once, the job can be re-allocated before slurmd has cleaned up the first attempt
+    ("Killing non-startable batch job: Job credential revoked"); that is what Slurm's own hold
+    (BeginTime) avoids. So: wait for the job to be pending and the node idle again, then a little more."""
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    wait_until(lambda: squeue_state(job) == "PENDING", 60, "the requeued job to be pending", every=0.2)
+    wait_until(node_idle, 120, "the node to finish cleaning up the first attempt", every=0.5)
+    time.sleep(5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
 
 
 UNKNOWN_JOB = "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1"  # squeue's answer, no job known

@@ -13,12 +13,14 @@ import time
 import pytest
 from sweep_fixtures import (
     EXECUTE,
+    SLURM_LAUNCHER,
     STANDIN_STEP_S,
     crash_array_task_1,
     metric_steps,
     node_idle,
     read_json,
     read_json_lines,
+    requeue_and_release,
     run_dirs,
     running_past_checkpoint,
     slurm_cluster,  # noqa: F401
@@ -35,15 +37,7 @@ from stare_lab.sweep.cli import main
 
 pytestmark = pytest.mark.slurm
 
-SLURM = {
-    "name": "slurm",
-    "cpus_per_task": 1,
-    "mem_gb": 1,
-    "timeout_min": 15,
-    "array_parallelism": 2,
-    "gpus_per_node": 0,
-    "signal_delay_s": 10,
-}
+SLURM = {**SLURM_LAUNCHER, "signal_delay_s": 10}
 
 
 def sacct_states(job: str) -> set[str]:
@@ -93,15 +87,7 @@ def test_requeued_job_resumes_from_its_checkpoint_without_duplicated_metrics(slu
         )
         requeued_at = time.time()
         job = status["slurm_job_id"]
-        subprocess.run(["scontrol", "requeue", job], check=True)
-        # Slurm holds a requeued job back (BeginTime, ~2 minutes); release it to keep the test short.
-        wait_until(lambda: squeue_state(job) == "PENDING", 60, "the requeued job to be pending", every=0.2)
-        # Released at once, the job can be re-allocated before slurmd has cleaned up the first
-        # attempt ("Killing non-startable batch job: Job credential revoked"); that is what
-        # Slurm's own ~2-minute hold avoids. Wait for the node to be idle again, then a little more.
-        wait_until(node_idle, 120, "the node to finish cleaning up the first attempt", every=0.5)
-        time.sleep(5)
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+        requeue_and_release(job)  # without Slurm's ~2-minute hold, to keep the test short
         out, _ = proc.communicate(timeout=400)
     finally:
         proc.kill()

@@ -14,7 +14,6 @@ import torch
 from fixtures_trainer import grpo_config, length_reward
 
 from stare_lab.methods import get_method
-from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.token_weights import token_fractions
 from stare_lab.trainer import TokenRuleGRPOTrainer
 from stare_lab.viewer import kept_steps, load_run_batch
@@ -24,16 +23,10 @@ from stare_lab.viewer.selection import apply_all_rules, fractions, replay
 from stare_lab.viewer.wandb_export import page_data
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_lm):
-    tok, model = tiny_lm
-    return tok, model, ArithmeticTask(train_size=64, heldout_size=16)
-
-
-def _train(setup, tmp_path, rule, *, steps=3, every=1, **kw):
+def _train(tiny_arithmetic, tmp_path, rule, *, steps=3, every=1, **kw):
     """Train with keep_batches_every; returns the trainer, the run dir and what each loss call of a kept
     batch's rows had in TRL's inputs after the loss: [(kept rows, weights, selected, step)]."""
-    tok, model, task = setup
+    tok, model, task = tiny_arithmetic
     trainer = TokenRuleGRPOTrainer(
         model=copy.deepcopy(model),
         reward_funcs=[length_reward],
@@ -92,10 +85,10 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_a_rule_in_the_loss_keeps_its_batches_with_what_it_did_there(setup, tmp_path, name):
+def test_a_rule_in_the_loss_keeps_its_batches_with_what_it_did_there(tiny_arithmetic, tmp_path, name):
     rule, kw = CASES[name]
     steps = 4
-    trainer, run, seen = _train(setup, tmp_path, rule, steps=steps, **kw)
+    trainer, run, seen = _train(tiny_arithmetic, tmp_path, rule, steps=steps, **kw)
     accumulation = trainer.args.gradient_accumulation_steps
     per_batch = trainer.args.steps_per_generation * trainer.num_iterations // accumulation  # steps per batch
     assert kept_steps(run) == list(range(0, steps, per_batch))  # every generation step is a multiple of 1
@@ -178,11 +171,11 @@ def test_a_rule_in_the_loss_keeps_its_batches_with_what_it_did_there(setup, tmp_
         assert not torch.equal(batch.updates[0].weights, batch.updates[1].weights)
 
 
-def test_the_page_shows_the_rule_as_it_trained(setup, tmp_path):
+def test_the_page_shows_the_rule_as_it_trained(tiny_arithmetic, tmp_path):
     """`stare-lab view` of a KL-Cov run: its rule as it trained in each pass (replayed: the same), trained
     100 %, touched its penalised tokens; the other rules on the kept batch; signals of the training forward."""
     rule, kw = CASES["kl_cov"]
-    _, run, _ = _train(setup, tmp_path, rule, steps=2, **kw)
+    _, run, _ = _train(tiny_arithmetic, tmp_path, rule, steps=2, **kw)
     page = render_run(run, 0, tmp_path / "page.html")
     html = page.read_text()
     assert "keep_batches_every" not in html

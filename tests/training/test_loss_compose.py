@@ -24,6 +24,7 @@ from loss_compose_support import (
     one_thread,  # noqa: F401
     selecting_weights,
     setup,  # noqa: F401
+    weighted,
 )
 from ref_loss_compose import reference_loss
 
@@ -45,12 +46,7 @@ def test_full_equals_plain_trl_with_feature(setup, tmp_path, feature):
 def test_selecting_rule_equals_loop_reference(setup, tmp_path, feature, kind, normalize):
     _, ours, batch = make_pair(setup, tmp_path, feature)
     w = selecting_weights(batch["completion_mask"], kind, seed=len(feature))
-    batch.update(
-        token_weights=w,
-        token_weight_total=w.sum(),
-        token_selected=(w > 0).float(),
-        token_normalize=torch.tensor(NORMALIZE.index(normalize)),
-    )
+    batch = weighted(batch, w, normalize)
     logp, entropies, aux = current_logps(ours, batch)
     expected = reference_loss(ours, batch, logp, entropies, w, normalize, aux)
     loss = ours._compute_loss(ours.model, batch)
@@ -65,7 +61,7 @@ def test_selected_equals_valid_over_selected_mass_for_dapo(setup, tmp_path):
     """A hand-worked case: dapo's "selected" loss is the "valid" loss × num_items / weight_total."""
     _, ours, batch = make_pair(setup, tmp_path, "gspo_dapo")
     w = selecting_weights(batch["completion_mask"], "fractional", seed=3)
-    batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float())
+    batch = weighted(batch, w)
     losses = {}
     for normalize in ("valid", "selected"):
         batch["token_normalize"] = torch.tensor(NORMALIZE.index(normalize))
@@ -80,7 +76,7 @@ def test_adaptive_controller_measures_the_weighted_tokens(setup, tmp_path):
     _, ours, batch = make_pair(setup, tmp_path, "adaptive_entropy")
     ours.accelerator.gradient_state._set_sync_gradients(False)  # keep the window open to read it
     w = selecting_weights(batch["completion_mask"], "fractional", seed=4)
-    batch.update(token_weights=w, token_weight_total=w.sum(), token_selected=(w > 0).float())
+    batch = weighted(batch, w)
     entropies = current_logps(ours, batch)[1]
     ours._compute_loss(ours.model, batch)
     h_sum, w_sum = ours._entropy_window_stats.tolist()

@@ -22,6 +22,7 @@ from loss_compose_support import (
     length_reward,
     make_pair,  # noqa: F401
     selecting_weights,
+    weighted,
 )
 from ref_loss_compose import reference_loss
 from tiny_vlm import IMAGE, VISION_END, VISION_START, tiny_qwen2_vl
@@ -76,12 +77,7 @@ def test_moe_full_equals_plain_trl_with_aux_loss(moe_setup, tmp_path, feature):
 def test_moe_selecting_rule_equals_loop_reference(moe_setup, tmp_path, normalize):
     _, ours, batch = make_pair(moe_setup, tmp_path, MOE_FEATURES["gspo_bonus"])
     w = selecting_weights(batch["completion_mask"], "fractional", seed=5)
-    batch.update(
-        token_weights=w,
-        token_weight_total=w.sum(),
-        token_selected=(w > 0).float(),
-        token_normalize=torch.tensor(NORMALIZE.index(normalize)),
-    )
+    batch = weighted(batch, w, normalize)
     logp, entropies, aux = current_logps(ours, batch)
     assert aux is not None and aux.item() > 0
     expected = reference_loss(ours, batch, logp, entropies, w, normalize, aux)
@@ -170,13 +166,7 @@ def test_vlm_selecting_rule_equals_loop_reference(vlm_pair, normalize):
     _, ours, batch = vlm_pair
     w = selecting_weights(batch["completion_mask"], "binary", seed=6)
     w[1, 0] = 1.0  # rows 1-3 keep at least one token
-    batch = dict(
-        batch,
-        token_weights=w,
-        token_weight_total=w.sum(),
-        token_selected=(w > 0).float(),
-        token_normalize=torch.tensor(NORMALIZE.index(normalize)),
-    )
+    batch = weighted(batch, w, normalize)
     assert w.shape == batch["completion_ids"].shape  # weights exist for completion tokens only
     logp, entropies, _ = current_logps(ours, batch)
     expected = reference_loss(ours, batch, logp, entropies, w, normalize)

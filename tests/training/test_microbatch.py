@@ -17,6 +17,7 @@ import zlib
 import pytest
 import torch
 from fixtures_trainer import builtin_lm, grpo_config, rule_trainer
+from microbatch_support import plain_entropy  # softmax(logits/0.8), this file's TAU
 
 from stare_lab.methods import RuleState, get_method
 from stare_lab.stats import TokenStats
@@ -51,23 +52,12 @@ def _trainer(setup, tmp_path, rule, **kw):
     return rule_trainer(tok, copy.deepcopy(model), args, task.train_dataset(), rule, length_reward)
 
 
-def _plain_entropy(model, inputs):
-    """[b, T] entropy of softmax(logits/τ) at completion positions, from an ordinary forward."""
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    T = inputs["completion_ids"].size(1)
-    with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, -T - 1 : -1].float() / TAU
-    logp = logits.log_softmax(-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def test_microbatch_equals_a_loop_reference_per_micro_batch(setup, tmp_path):
     trainer = _trainer(setup, tmp_path, get_method("top_entropy", scope="microbatch", rho=0.3))
     weights_fn, seen = trainer._microbatch_weights, []
 
     def spy(inputs, entropies, logp):
-        reference_entropy = _plain_entropy(trainer.model, inputs)  # the current policy, right now
+        reference_entropy = plain_entropy(trainer.model, inputs)  # the current policy, right now
         result = weights_fn(inputs, entropies, logp)
         seen.append(
             (

@@ -8,12 +8,11 @@ import json
 
 import pytest
 import torch
-from fixtures_trainer import grpo_config, length_reward
+from fixtures_trainer import grpo_config, length_reward, trainer_kwargs
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from stare_lab.methods import get_method
-from stare_lab.tasks.arithmetic import ArithmeticTask
 from stare_lab.trainer import TokenRuleGRPOTrainer
 
 G = 4
@@ -23,31 +22,16 @@ def _args(tmp_path, **kw):
     return grpo_config(tmp_path, **{"gradient_accumulation_steps": 2, **kw})
 
 
-@pytest.fixture(scope="module")
-def setup(tiny_lm):
-    tok, model = tiny_lm
-    return tok, model, ArithmeticTask(train_size=64, heldout_size=16)
-
-
-def _pair(setup, tmp_path, rule="full", **kw):
-    tok, model, task = setup
+def _pair(tiny_arithmetic, tmp_path, rule="full", **kw):
+    tok, model, task = tiny_arithmetic
     args = _args(tmp_path, **kw)
     ds = task.train_dataset()
-    plain = GRPOTrainer(
-        model=model if isinstance(model, str) else copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=ds,
-        processing_class=tok,
-    )
-    ours = TokenRuleGRPOTrainer(
-        model=model if isinstance(model, str) else copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=ds,
-        processing_class=tok,
-        rule=get_method(rule),
-    )
+
+    def fresh() -> dict:  # each trainer its own copy of the model
+        return trainer_kwargs(tok, model if isinstance(model, str) else copy.deepcopy(model), args, ds)
+
+    plain = GRPOTrainer(**fresh())
+    ours = TokenRuleGRPOTrainer(**fresh(), rule=get_method(rule))
     return plain, ours, ds
 
 
@@ -67,8 +51,8 @@ def _loss_and_grads(trainer, inputs):
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
-def test_full_equals_plain_trl_bitwise(setup, tmp_path, loss_type):
-    plain, ours, ds = _pair(setup, tmp_path, loss_type=loss_type)
+def test_full_equals_plain_trl_bitwise(tiny_arithmetic, tmp_path, loss_type):
+    plain, ours, ds = _pair(tiny_arithmetic, tmp_path, loss_type=loss_type)
     batch = _generation_batch(ours, ds, n_prompts=2)
     assert torch.equal(batch["token_weights"], batch["completion_mask"].float())
     l_plain, g_plain = _loss_and_grads(plain, batch)
@@ -79,8 +63,8 @@ def test_full_equals_plain_trl_bitwise(setup, tmp_path, loss_type):
     assert any(g.abs().sum() > 0 for g in g_ours), "a batch with mixed rewards must give a gradient"
 
 
-def test_full_equals_plain_trl_with_kl(setup, tmp_path):
-    tok, model, task = setup
+def test_full_equals_plain_trl_with_kl(tiny_arithmetic, tmp_path):
+    tok, model, task = tiny_arithmetic
     saved = tmp_path / "model"  # with β > 0 TRL loads the reference model by path
     model.save_pretrained(saved)
     tok.save_pretrained(saved)
@@ -93,17 +77,12 @@ def test_full_equals_plain_trl_with_kl(setup, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(g_plain, g_ours, strict=True))
 
 
-def test_stare_gate_closed_equals_full_loss(setup, tmp_path):
-    tok, model, task = setup
-    _, full_t, ds = _pair(setup, tmp_path)
-    stare_t = TokenRuleGRPOTrainer(
-        model=copy.deepcopy(full_t.model),
-        reward_funcs=[length_reward],
-        args=full_t.args,
-        train_dataset=ds,
-        processing_class=tok,
-        rule=get_method("stare", H_tgt=0.0),
-    )  # H̄ ≥ 0 = H_tgt: the gate is closed
+def test_stare_gate_closed_equals_full_loss(tiny_arithmetic, tmp_path):
+    tok, model, task = tiny_arithmetic
+    _, full_t, ds = _pair(tiny_arithmetic, tmp_path)
+    stare_t = TokenRuleGRPOTrainer(  # H̄ ≥ 0 = H_tgt: the gate is closed
+        **trainer_kwargs(tok, copy.deepcopy(full_t.model), full_t.args, ds), rule=get_method("stare", H_tgt=0.0)
+    )
     batch = _generation_batch(stare_t, ds, n_prompts=2)
     assert torch.equal(batch["token_weights"], batch["completion_mask"].float())
     # closed gate: every valid token is trained, so every one counts as selected in the metrics
@@ -116,9 +95,9 @@ def test_stare_gate_closed_equals_full_loss(setup, tmp_path):
 
 
 @pytest.mark.parametrize("rule", ["top_entropy", "anchor", "ict", "rsi_band", "opefo"])
-def test_weights_zero_on_padding_and_split_invariant(setup, tmp_path, rule):
+def test_weights_zero_on_padding_and_split_invariant(tiny_arithmetic, tmp_path, rule):
     """The loss summed over micro-batches is the same for a 1-way and a 2-way split of one generation batch."""
-    _, ours, ds = _pair(setup, tmp_path, rule=rule)
+    _, ours, ds = _pair(tiny_arithmetic, tmp_path, rule=rule)
     if rule == "ict":
         ours.rule = get_method("ict", warmup_steps=0)
     if rule == "rsi_band":  # an untrained model has RSI ≈ 1 everywhere: split the batch at the neutral point
@@ -144,10 +123,10 @@ def test_weights_zero_on_padding_and_split_invariant(setup, tmp_path, rule):
     assert one == pytest.approx(two, rel=1e-5, abs=1e-7)
 
 
-def test_group_advantages_match_loop_reference(setup, tmp_path):
+def test_group_advantages_match_loop_reference(tiny_arithmetic, tmp_path):
     """A_i = (R_i − mean_j R_j) / (std_j R_j + 1e-4) within each group of G rows (std with Bessel's correction)."""
-    tok, _, _ = setup
-    _, ours, ds = _pair(setup, tmp_path)
+    tok, _, _ = tiny_arithmetic
+    _, ours, ds = _pair(tiny_arithmetic, tmp_path)
     batch = _generation_batch(ours, ds, n_prompts=3)
     texts = tok.batch_decode(batch["completion_ids"] * batch["completion_mask"], skip_special_tokens=True)
     rewards = length_reward(texts)
@@ -168,33 +147,23 @@ class _CrashOnSave(TrainerCallback):
         raise RuntimeError("simulated crash while saving")
 
 
-def test_rule_state_is_in_the_checkpoint_before_it_counts_as_complete(setup, tmp_path):
+def test_rule_state_is_in_the_checkpoint_before_it_counts_as_complete(tiny_arithmetic, tmp_path):
     """A checkpoint is complete once trainer_state.json exists; rule_state.json must already be there."""
-    tok, model, task = setup
+    tok, model, task = tiny_arithmetic
     args = _args(tmp_path, max_steps=1, save_strategy="steps", save_steps=1, gradient_accumulation_steps=1)
-    trainer = TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
-        rule=get_method("stare", adaptive=True, H_tgt=5.0),
-        callbacks=[_CrashOnSave()],
-    )
+
+    def adaptive_stare(**kw):
+        kwargs = trainer_kwargs(tok, copy.deepcopy(model), args, task.train_dataset())
+        return TokenRuleGRPOTrainer(**kwargs, rule=get_method("stare", adaptive=True, H_tgt=5.0), **kw)
+
+    trainer = adaptive_stare(callbacks=[_CrashOnSave()])
     with pytest.raises(RuntimeError, match="simulated crash"):
         trainer.train()
     ckpt = tmp_path / "checkpoint-1"
     assert (ckpt / "trainer_state.json").is_file()
     saved = json.loads((ckpt / "rule_state.json").read_text())
     assert saved["memory"]["W"] == pytest.approx(1.11) and saved["step"] == 0  # one adaptive step from W = 1.1
-    fresh = TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=args,
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
-        rule=get_method("stare", adaptive=True, H_tgt=5.0),
-    )
+    fresh = adaptive_stare()
     fresh.load_rule_state(ckpt)
     assert fresh.rule_state.memory == saved["memory"] and fresh.rule_state.trainer == fresh.trainer_values
     (ckpt / "rule_state.json").unlink()
@@ -203,19 +172,16 @@ def test_rule_state_is_in_the_checkpoint_before_it_counts_as_complete(setup, tmp
     assert str(ckpt) in str(e.value) and "rule_state.json" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_kept_batches_from_the_trainer_reproduce_the_trained_weights(setup, tmp_path):
+def test_kept_batches_from_the_trainer_reproduce_the_trained_weights(tiny_arithmetic, tmp_path):
     """keep_batches_every=2: steps 0 and 2 are kept by the trainer itself; each record's run rule (random,
     drawn from seed and step) gives the weights the step trained with."""
     from stare_lab.viewer import kept_steps, load_batch
     from stare_lab.viewer.selection import apply_rule
 
-    tok, model, task = setup
+    tok, model, task = tiny_arithmetic
+    args = _args(tmp_path, max_steps=3, gradient_accumulation_steps=1)
     trainer = TokenRuleGRPOTrainer(
-        model=copy.deepcopy(model),
-        reward_funcs=[length_reward],
-        args=_args(tmp_path, max_steps=3, gradient_accumulation_steps=1),
-        train_dataset=task.train_dataset(),
-        processing_class=tok,
+        **trainer_kwargs(tok, copy.deepcopy(model), args, task.train_dataset()),
         rule=get_method("random", rho=0.3),
         keep_batches_every=2,
         run_dir=tmp_path / "run",
