@@ -410,11 +410,7 @@ LEADS = {
 
 @pytest.fixture(scope="module")
 def leads(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("leads")
-    for (method, variant), avgs in LEADS.items():
-        for seed, avg in enumerate(avgs, start=1):
-            fx.write_run(root, method, variant, seed, evals={"aime24": avg})
-    return root / fx.SWEEP
+    return fx.write_arms(tmp_path_factory.mktemp("leads"), LEADS)
 
 
 @pytest.fixture(scope="module")
@@ -439,9 +435,7 @@ def test_only_differences_that_survive_holm_are_bold_and_marked(leads_table):
 
 
 def test_a_lead_within_noise_is_not_bold_even_when_it_is_the_best_mean(tmp_path):
-    for (method, variant), avgs in {("full", None): (0.50, 0.60), ("stare", None): (0.52, 0.66)}.items():
-        for seed, avg in enumerate(avgs, start=1):
-            fx.write_run(tmp_path, method, variant, seed, evals={"aime24": avg})
+    fx.write_arms(tmp_path, {("full", None): (0.50, 0.60), ("stare", None): (0.52, 0.66)})
     t = results_table(collect_runs(tmp_path), per_problem=collect_problems(tmp_path))
     assert t.pivot("best").loc["stare", "aime24"] and "**" not in t.to_markdown()
     assert t.cells.set_index("rule").loc["stare", "verdict"] == "n.s."
@@ -496,9 +490,7 @@ def test_table_numbers_agree_with_compare_arms(leads, leads_table):
 def test_a_sample_without_a_verdict_is_refused_by_the_table_naming_its_run_and_problem(tmp_path, capsys):
     """A null `correct` in a run's samples: its problem's count is missing (not counted as wrong), and the table
     refuses in one line naming the column, the arm, the seed and the problem."""
-    for (method, variant), avgs in LEADS.items():
-        for seed, avg in enumerate(avgs[:2], start=1):
-            fx.write_run(tmp_path, method, variant, seed, evals={"aime24": avg})
+    fx.write_arms(tmp_path, {arm: avgs[:2] for arm, avgs in LEADS.items()})
     samples = next((tmp_path / fx.SWEEP).glob("ict-s2/eval/aime24.parquet"))
     rows = pd.read_parquet(samples).astype({"correct": object})
     rows.loc[rows["problem_id"] == "7", "correct"] = None

@@ -33,11 +33,7 @@ ARMS = {
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("holm")
-    for (method, variant), avgs in ARMS.items():
-        for seed, avg in enumerate(avgs, start=1):
-            fx.write_run(root, method, variant, seed, evals={"aime24": avg})
-    return root / fx.SWEEP
+    return fx.write_arms(tmp_path_factory.mktemp("holm"), ARMS)
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +101,7 @@ def test_the_forest_plot_draws_it_hollow_orange_and_its_legend_says_so(table):
 
 
 def test_a_two_seed_table_states_the_two_seed_rule(tmp_path, table):
-    for (method, variant), avgs in {("full", None): (0.50, 0.60), ("stare", None): (0.52, 0.66)}.items():
-        for seed, avg in enumerate(avgs, start=1):
-            fx.write_run(tmp_path, method, variant, seed, evals={"aime24": avg})
+    fx.write_arms(tmp_path, {("full", None): (0.50, 0.60), ("stare", None): (0.52, 0.66)})
     t = results_table(collect_runs(tmp_path), per_problem=collect_problems(tmp_path))
     assert "at 2 seeds the seed part at t(1)" in t.caption
     assert any(n.startswith("2 seeds: the seed variance rests on 1 degree of freedom") for n in t.notes)

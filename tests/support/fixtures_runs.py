@@ -168,3 +168,11 @@ def write_sweep(root: Path, *, incomplete: bool = False) -> Path:
     if incomplete:
         write_run(root, "ict", None, 1, state="failed", evals=None)
     return root / SWEEP
+
+
+def write_arms(root: Path, arms: dict, benchmark: str = "aime24") -> Path:
+    """A sweep of `arms` {(method, variant): one avg per seed, seeds 1, 2, ...}, evaluated on one benchmark."""
+    for (method, variant), avgs in arms.items():
+        for seed, avg in enumerate(avgs, start=1):
+            write_run(root, method, variant, seed, evals={benchmark: avg})
+    return root / SWEEP
