@@ -22,7 +22,7 @@ import pytest
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 import yaml
-from sweep_fixtures import TINY
+from sweep_fixtures import TINY, sweep_run
 from wandb_files import wandb_records
 from wandb_workspaces.workspaces import internal
 
@@ -55,14 +55,7 @@ def sweep(tmp_path_factory) -> Path:
     file.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if k != "WANDB_API_KEY"}
     env.update(WANDB_MODE="offline", OMP_NUM_THREADS="1")
-    out = subprocess.run(
-        [sys.executable, "-m", "stare_lab.sweep", "run", str(file)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = sweep_run(file, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     _log_summary_run(tmp / "runs" / "dash")
     return file

@@ -162,6 +162,23 @@ def sweep_cli(*args: str, env: dict | None = None, standin: float | None = None,
     )
 
 
+def sweep_run(path: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`stare-lab sweep run PATH ARGS` to its end in a subprocess, its output captured."""
+    cmd = [sys.executable, "-m", "stare_lab.sweep", "run", str(path), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env or sweep_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def standin_run_dir(tmp_path: Path) -> Path:
+    """<tmp_path>/r with the smallest config a stand-in run reads (2 steps, a checkpoint each, avg@2)."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(
+        "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
+        "method: {params: {}}\ntask: {name: arithmetic}\n"
+    )
+    return run_dir
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 import fixtures_runs as fx
-from sweep_fixtures import metric_steps, run_dirs, standin_execute, use_runner, write_sweep
+from sweep_fixtures import metric_steps, run_dirs, standin_execute, standin_run_dir, use_runner, write_sweep
 
 from stare_lab.analysis import collect_runs, results_table, run_states
 from stare_lab.record import code_version, provenance, read_status, write_status
@@ -28,12 +28,7 @@ def head() -> str:
 
 def test_each_attempt_records_code_libraries_python_and_device(tmp_path, monkeypatch):
     use_runner(EXECUTE, monkeypatch.setattr)
-    run_dir = tmp_path / "r"
-    run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(
-        "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
-        "method: {params: {}}\ntask: {name: arithmetic}\n"
-    )
+    run_dir = standin_run_dir(tmp_path)
     run_one(run_dir)
     run_one(run_dir, force=True)
     attempts = read_status(run_dir)["provenance"]

@@ -26,6 +26,7 @@ from sweep_fixtures import (
     read_json_lines,
     run_dirs,
     standin_execute,
+    standin_run_dir,
     sweep_cli,
     sweep_env,
     use_runner,
@@ -158,12 +159,7 @@ def test_run_one_records_each_outcome(tmp_path, monkeypatch):
     def runner(execute):  # the worker's one call of the runner
         monkeypatch.setattr(worker, "execute_run", execute)
 
-    run_dir = tmp_path / "r"
-    run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(
-        "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
-        "method: {params: {}}\ntask: {name: arithmetic}\n"
-    )
+    run_dir = standin_run_dir(tmp_path)
     runner(standin_execute)
     status = run_one(run_dir)
     assert status["state"] == "finished" and status["attempts"] == 1 and status["error"] is None

@@ -18,6 +18,7 @@ from sweep_fixtures import (
     run_dirs,
     standin_after_meeting,
     standin_execute,
+    standin_run_dir,
     use_runner,
     wait_until,
     write_sweep,
@@ -94,12 +95,7 @@ def test_a_killed_queue_worker_fails_its_run_and_a_new_one_takes_the_rest(
 
 def test_only_pending_leaves_a_run_another_worker_took(tmp_path, monkeypatch):
     monkeypatch.setattr(worker, "execute_run", standin_execute)
-    run_dir = tmp_path / "r"
-    run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(
-        "trainer: {max_steps: 2, save_steps: 1}\neval: {n: 2, benchmarks: [arithmetic]}\n"
-        "method: {params: {}}\ntask: {name: arithmetic}\n"
-    )
+    run_dir = standin_run_dir(tmp_path)
     (run_dir / "status.json").write_text(json.dumps({"state": "failed", "attempts": 1, "error": "RuntimeError: x"}))
     status = run_one(run_dir, only_pending=True)
     assert status["skipped"] and read_status(run_dir)["attempts"] == 1 and not (run_dir / "metrics.jsonl").exists()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sweep_fixtures import ROOT, TEST_PATH, read_json, run_dirs, sweep_env, write_sweep
+from sweep_fixtures import ROOT, TEST_PATH, read_json, run_dirs, sweep_env, sweep_run, write_sweep
 
 from stare_lab.sweep.launchers import parse_launcher
 from stare_lab.sweep.launchers.local import LocalLauncher
@@ -196,14 +196,7 @@ def test_a_bad_threads_per_worker_is_refused_in_one_line(tmp_path, value, proble
     path = write_sweep(tmp_path, "bad", launcher={"name": "local", "threads_per_worker": value})
     with pytest.raises(SweepError, match=re.escape(problem)):
         load_sweep(path)
-    out = subprocess.run(
-        [sys.executable, "-m", "stare_lab.sweep", "run", str(path)],
-        cwd=ROOT,
-        env=sweep_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = sweep_run(path, timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and problem in out.stderr, out.stderr
     assert not (tmp_path / "runs").exists()  # nothing half-launched
@@ -326,14 +319,7 @@ def test_a_real_sweep_run_records_its_threads_and_policy(tmp_path):
     )
     drop = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
     env = {k: v for k, v in sweep_env(OMP_DISPLAY_ENV="VERBOSE").items() if k not in drop}
-    out = subprocess.run(
-        [sys.executable, "-m", "stare_lab.sweep", "run", str(path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = sweep_run(path, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     (run,) = run_dirs(tmp_path, "thr")
     status = read_json(run / "status.json")
