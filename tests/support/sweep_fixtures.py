@@ -94,8 +94,8 @@ def cluster_conf() -> Path:
 def cluster_session(conf: Path, problem: str | None, needs: str = ""):
     """The body of a session fixture for a cluster (`yield from`): skip, or fail under CI, naming what the
     tests need and the `problem`; else `conf` as SLURM_CONF while the session runs."""
-    said = f"{needs}: {problem}" if needs else problem
     if problem:
+        said = f"{needs}: {problem}" if needs else problem
         if slurm_required():
             pytest.fail(f"Slurm cluster required (CI / STARE_LAB_REQUIRE_SLURM) but {said}")
         pytest.skip(said)
@@ -152,9 +152,12 @@ def sweep_env(**extra: str) -> dict[str, str]:
     return env
 
 
+SWEEP = [sys.executable, "-m", "stare_lab.sweep"]  # `stare-lab sweep` in this interpreter
+
+
 def sweep_cli(*args: str, env: dict | None = None, standin: float | None = None, **popen) -> subprocess.Popen:
     """`stare-lab sweep ARGS` in a subprocess (the driver); `standin`: seconds per stand-in step."""
-    cmd = [sys.executable, "-m", "stare_lab.sweep", *args]
+    cmd = [*SWEEP, *args]
     if standin is not None:
         cmd = [sys.executable, str(Path(__file__)), "--standin", str(standin), *args]
     return subprocess.Popen(
@@ -164,7 +167,7 @@ def sweep_cli(*args: str, env: dict | None = None, standin: float | None = None,
 
 def sweep_run(path: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """`stare-lab sweep run PATH ARGS` to its end in a subprocess, its output captured."""
-    cmd = [sys.executable, "-m", "stare_lab.sweep", "run", str(path), *args]
+    cmd = [*SWEEP, "run", str(path), *args]
     return subprocess.run(cmd, cwd=ROOT, env=env or sweep_env(), capture_output=True, text=True, timeout=timeout)
 
 

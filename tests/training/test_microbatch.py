@@ -17,13 +17,11 @@ import zlib
 import pytest
 import torch
 from fixtures_trainer import builtin_lm, grpo_config, rule_trainer
-from microbatch_support import plain_entropy  # softmax(logits/0.8), this file's TAU
+from microbatch_support import TAU, G, plain_entropy  # plain_entropy: softmax(logits/TAU)
 
 from stare_lab.methods import RuleState, get_method
 from stare_lab.stats import TokenStats
 from stare_lab.tasks.arithmetic import ArithmeticTask
-
-G, TAU = 4, 0.8
 
 
 def length_reward(completions, **kwargs):
