@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sweep_fixtures import ROOT, TEST_PATH, read_json, run_dirs, sweep_env, sweep_run, write_sweep
+from sweep_fixtures import ROOT, TEST_PATH, read_json, run_dirs, slurm_cluster, sweep_env, sweep_run, write_sweep  # noqa: F401
 
 from stare_lab.sweep.launchers import parse_launcher
 from stare_lab.sweep.launchers.local import LocalLauncher
@@ -156,7 +156,9 @@ def test_launchers_tell_their_workers_the_key_and_who_shares_the_cores():
     assert parse_launcher({"name": "slurm"}, {}, fail).worker_threads() == WorkerThreads(None, 1)
 
 
-def test_the_slurm_job_script_sets_the_policy_unless_the_job_or_its_setup_sets_one(tmp_path):
+@pytest.mark.slurm
+def test_the_slurm_job_script_sets_the_policy_unless_the_job_or_its_setup_sets_one(slurm_cluster, tmp_path):  # noqa: F811
+    # submitit's SlurmExecutor looks for `srun` when it is built: without Slurm this skips (slurm_cluster)
     slurm = parse_launcher({"name": "slurm", "setup": ["module load x"]}, {}, _raise)
     ex = slurm.executor(tmp_path, "t")
     script = ex._make_submission_file_text("python -u -m submitit.core._submit x", "uid")
