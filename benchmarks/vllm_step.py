@@ -61,14 +61,15 @@ def plain_trl(cfg, out: Path):
     from trl import GRPOTrainer
 
     from stare_lab.models import load_model_and_tokenizer
-    from stare_lab.runner import build_grpo_config, task_reward
+    from stare_lab.runner import build_grpo_config
+    from stare_lab.tasks.rewards import verifier_reward
     from stare_lab.tasks import build_task
 
     task = build_task(cfg.task)
     model, tok = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype)
     return GRPOTrainer(
         model=model,
-        reward_funcs=[task_reward(task)],
+        reward_funcs=[verifier_reward(task)],
         args=build_grpo_config(cfg, out),
         train_dataset=task.train_dataset(),
         processing_class=tok,

@@ -45,6 +45,7 @@ from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable fr
     field_problem,
     schema_fields,
 )
+from stare_lab.controls import BASE
 from stare_lab.methods import TrainerValues, get_method, list_methods, method_iterations
 from stare_lab.methods.registry import OUTSIDE_HINT
 from stare_lab.utils import atomic_write_text, plain_dict
@@ -69,7 +70,7 @@ def group_names() -> list[str]:
 
 def group_options(group: str) -> list[str]:
     if group == "method":
-        return sorted(list_methods())
+        return sorted([*list_methods(), BASE])
     return list(_file_options(CONF_DIR, group))
 
 
@@ -83,7 +84,7 @@ def store_methods() -> None:
     """The `method` config group: one ConfigStore node per registered rule (its params come
     from the rule's Params dataclass in `resolve`)."""
     store = ConfigStore.instance()
-    for name in list_methods():
+    for name in [*list_methods(), BASE]:
         store.store(group="method", name=name, node={"name": name, "params": {}})
 
 
@@ -127,7 +128,10 @@ def resolve(raw: DictConfig | dict) -> DictConfig:
 def rule_params(name: str, params: dict[str, Any], trainer: Any) -> dict[str, Any]:
     """The rule's full params (its Params defaults filled in) as plain data, after checking them
     and their agreement with the trainer's values (`trainer`: the trainer block, or the
-    `TrainerValues` read from it). A rule's ValueError becomes a ConfigError."""
+    `TrainerValues` read from it). A rule's ValueError becomes a ConfigError. `base` (the untrained
+    model, stare_lab.controls) is no rule: it has no params and ignores any given."""
+    if name == BASE:
+        return {}
     try:
         rule = get_method(name, **params)
         rule.check_trainer(trainer if isinstance(trainer, TrainerValues) else TrainerValues.from_config(trainer))
@@ -142,10 +146,13 @@ def finalize(cfg: Any, rule_known: bool = True) -> Any:
     `rule_known=False` (a reading command's run of a rule it has not imported): the rule's values
     stay unfilled, and the id is provisional (stare_lab.sweep.records takes the recorded one)."""
     trainer = cfg["trainer"]
+    if cfg["method"]["name"] == BASE:  # the untrained model: no step, whatever the trainer block says
+        trainer["max_steps"] = 0
     if trainer["steps_per_generation"] is None:  # TRL's default: one rollout batch per optimizer step
         trainer["steps_per_generation"] = trainer["gradient_accumulation_steps"]
     if trainer["num_iterations"] is None and rule_known:  # the rule's passes over each generation batch (Lopti: 2)
-        trainer["num_iterations"] = method_iterations(cfg["method"]["name"])
+        name = cfg["method"]["name"]
+        trainer["num_iterations"] = 1 if name == BASE else method_iterations(name)
     if cfg["run"]["id"] is None:
         cfg["run"]["id"] = run_id(cfg)
     return cfg
@@ -166,7 +173,7 @@ def run_id(cfg: Any) -> str:
     × processes); a one-process run hashes neither, so its id is what it was before they existed.
     Likewise the `trainer.vllm_*` keys count only with `use_vllm`, the `trainer.microbatch_*` keys only
     for a rule with `scope: microbatch`, `trainer.delta` only when set, and `eval.engine` only when it is
-    not transformers: a run that
+    not transformers, and `task.reward`/`reward_p` only when the reward is not the verifier's: a run that
     uses none of them keeps the id it had before they could be set."""
     data = plain_dict(cfg)
     body = {k: v for k, v in data.items() if k != "run"}
@@ -184,6 +191,9 @@ def run_id(cfg: Any) -> str:
     body["trainer"] = trainer
     if body.get("eval", {}).get("engine", "transformers") == "transformers":
         body["eval"] = {k: v for k, v in body["eval"].items() if k != "engine"}
+    task = body.get("task") or {}
+    if task.get("reward", "verifier") == "verifier":  # the verifier's reward: the id it had before the keys
+        body["task"] = {k: v for k, v in task.items() if k not in ("reward", "reward_p")}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

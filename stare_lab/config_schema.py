@@ -105,7 +105,7 @@ class MethodConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = bounded(ge=1)
+    max_steps: int = bounded(ge=0)  # 0: the untrained model, evaluated (stare_lab.controls)
     learning_rate: float = bounded(ge=0)
     lr_scheduler_type: str = bounded(choices=LR_SCHEDULERS)
     warmup_steps: int = bounded(ge=0)
@@ -207,6 +207,8 @@ class ArithmeticTaskConfig:
     train_size: int = bounded(ge=1)
     heldout_size: int = bounded(ge=1)
     seed: int = bounded(ge=0, lt=2**32)
+    reward: str = bounded(choices=("verifier", "random"))
+    reward_p: float = bounded(gt=0, lt=1)
 
 
 @dataclass
@@ -225,6 +227,8 @@ class MathTaskConfig:
     template: str = MISSING  # must contain {problem}
     chat: bool = MISSING
     system_prompt: str | None = MISSING
+    reward: str = bounded(choices=("verifier", "random", "format"))
+    reward_p: float = bounded(gt=0, lt=1)
 
 
 # The `task` section is free-form in `Config` (each task has its own keys); these schemas check

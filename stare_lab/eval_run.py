@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from transformers import TrainerCallback
 
 from stare_lab.config import BENCHMARK_DATA_DIR
+from stare_lab.controls import trains
 from stare_lab.evaluation import (
     benchmark_config,
     engine_name,
@@ -30,7 +31,7 @@ from stare_lab.evaluation import (
     load_benchmark,
     resolve_verifier,
 )
-from stare_lab.models import load_model_and_tokenizer
+from stare_lab.models import load_model_and_tokenizer, resolve_model_path
 from stare_lab.record import (
     EVAL_SETTINGS,
     FINAL_DIR,
@@ -143,9 +144,7 @@ def evaluate_run(
     unknown = set(overrides or {}) - set(EVAL_SETTINGS)
     if unknown:
         raise ValueError(f"evaluation settings: unknown {sorted(unknown)}; valid: {list(EVAL_SETTINGS)}")
-    final = Path(run_dir) / FINAL_DIR
-    if not final.is_dir():
-        raise FileNotFoundError(f"{final} does not exist: the run has not finished training")
+    final = model_to_evaluate(Path(run_dir), cfg)
     if ((overrides or {}).get("engine") or cfg.eval.get("engine")) == "vllm":
         model, tokenizer = _vllm_model(final, cfg), None
     else:
@@ -157,7 +156,18 @@ def evaluate_run(
     return evaluate_model(model, tokenizer, cfg, Path(run_dir), step=step, force=force, overrides=overrides)
 
 
-def _vllm_model(final: Path, cfg: DictConfig):
+def model_to_evaluate(run_dir: Path, cfg: DictConfig) -> Path | str:
+    """<run_dir>/final, or for a run of 0 steps (`method=base`, stare_lab.controls) the starting
+    checkpoint itself (its LoRA adapters, if any, are the identity before training: not applied)."""
+    if not trains(cfg):
+        return resolve_model_path(str(cfg.model.name_or_path))  # a hub name stays a name
+    final = run_dir / FINAL_DIR
+    if not final.is_dir():
+        raise FileNotFoundError(f"{final} does not exist: the run has not finished training")
+    return final
+
+
+def _vllm_model(final: Path | str, cfg: DictConfig):
     """A vLLM engine over final/, in the policy's dtype unless trainer.vllm_dtype says otherwise, seeded
     from the run (stare_lab.vllm_engine: the same rules as the training engine)."""
     t = cfg.trainer

@@ -27,6 +27,7 @@ from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig
 
 from stare_lab.config import load_config
+from stare_lab.controls import trains
 from stare_lab.eval_run import IntermediateEval, evaluate_run
 from stare_lab.learning_signal import LearningSignalCheck
 from stare_lab.methods import RuleState, get_method
@@ -48,6 +49,7 @@ from stare_lab.record import (
 )
 from stare_lab.rule_imports import import_run_modules
 from stare_lab.tasks import build_task
+from stare_lab.tasks.rewards import training_rewards
 from stare_lab.tracking import MetricsLogger, StepPrinter, init_wandb, is_train_log, metrics_row
 from stare_lab.trainer import TokenRuleGRPOTrainer
 from stare_lab.utils import plain_dict
@@ -77,7 +79,8 @@ def execute(run_dir: Path | str, callbacks: Sequence[TrainerCallback] = ()) -> N
             f"run.processes = {processes}, but this run has {process_count()} process(es): "
             "start it through `sweep run` with the launcher that expanded it"
         )
-    trained = (run_dir / FINAL_DIR / "config.json").is_file()
+    # a run of 0 steps (method=base, stare_lab.controls) evaluates its starting checkpoint: no trainer
+    trained = not trains(cfg) or (run_dir / FINAL_DIR / "config.json").is_file()
     if trained and not cfg.eval.enabled:
         return
     # One W&B run object from the first step to the token page: no second init, finish and
@@ -218,10 +221,13 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
     )
     rule = get_method(cfg.method.name, **plain_dict(cfg.method.params))
     t = cfg.trainer
+    rewards, weights = training_rewards(task, plain_dict(cfg.task), int(cfg.seed))
+    args = build_grpo_config(cfg, run_dir / CHECKPOINT_DIR)
+    args.reward_weights = weights
     return TokenRuleGRPOTrainer(
         model=model,
-        reward_funcs=[task_reward(task)],
-        args=build_grpo_config(cfg, run_dir / CHECKPOINT_DIR),
+        reward_funcs=rewards,
+        args=args,
         train_dataset=task.train_dataset(),
         processing_class=tokenizer,
         callbacks=list(callbacks),
@@ -236,15 +242,6 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
         microbatch_aggregation=t.microbatch_aggregation,
         microbatch_ranks=t.microbatch_ranks,
     )
-
-
-def task_reward(task):
-    """The task's verifier as a TRL reward function named `accuracy` (logged as rewards/accuracy/mean)."""
-
-    def accuracy(completions, answer, **kwargs):
-        return task.reward(completions, answer, **kwargs)
-
-    return accuracy
 
 
 def resume_point(run_dir: Path) -> Path | None:

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from stare_lab.controls import CONTROLS
 from stare_lab.record import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -64,6 +65,8 @@ def rule_label(method: str, variant: str | None) -> str:
     if variant is None or str(variant) == "":
         return str(method)
     variant = str(variant)
+    if variant in CONTROLS:  # a control is named as such: "random_reward", not "full[random_reward]"
+        return variant
     if variant.startswith(str(method)):
         return variant
     if variant.startswith("["):

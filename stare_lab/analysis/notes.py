@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from stare_lab.controls import BASE, CONTROLS
 from stare_lab.inputs import benchmark_source
 from stare_lab.record import EVAL_SETTINGS, SETTING_DEFAULTS
 
@@ -208,7 +209,8 @@ def confound_notes(values: pd.DataFrame, baseline: str | None) -> list[str]:
     """One note naming every setting besides the rule in which the table's arms differ, with each value's arms
     (the baseline's value first), and the matched control where the table has one (an arm with the baseline's
     rule at the other value); nothing when the arms differ only in their rule."""
-    settings = arm_settings(values)
+    # base trains 0 steps: its trainer settings do not act, and it differs from every arm by design
+    settings = arm_settings(values).drop(index=BASE, errors="ignore")
     if settings.empty or len(settings) < 2:
         return []
     rule_of = values.drop_duplicates("arm").set_index("arm")["rule"].astype(str).to_dict()
@@ -229,9 +231,15 @@ def confound_notes(values: pd.DataFrame, baseline: str | None) -> list[str]:
         for v in ranked:
             arms = groups[v]
             shown = _arm_list(arms, baseline)
-            control = [a for a in arms if a != baseline and base_rule is not None and rule_of.get(a) == base_rule]
+            control = [
+                a
+                for a in arms
+                if a != baseline and a not in CONTROLS and base_rule is not None and rule_of.get(a) == base_rule
+            ]
             if v != first and first is not None:
-                if control:
+                if set(arms) <= set(CONTROLS):  # the control differs from the baseline in this setting by design
+                    shown += ": the control"
+                elif control:
                     shown += f"; matched control: {', '.join(control)}"
                 else:
                     controls_missing = True

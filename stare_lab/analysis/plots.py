@@ -23,6 +23,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from stare_lab.analysis.collect import select_settings
+from stare_lab.controls import BASE
 from stare_lab.figure_stamps import code_stamp, current, digest, frame_stamp, metadata
 
 FIGSIZE = (6.4, 4.0)  # inches
@@ -48,12 +49,14 @@ def _arm_column(df: pd.DataFrame) -> str:
 
 
 def _styles(arms: list[str], baseline: str | None) -> dict[str, dict]:
-    """Stable colour per arm (sorted names → tab10/tab20), the baseline black and dashed."""
+    """Stable colour per arm (sorted names → tab10/tab20), the baseline black and dashed, base grey and dotted."""
     others = sorted(a for a in arms if a != baseline)
     palette = colormaps["tab10" if len(others) <= 10 else "tab20"]
     styles = {a: {"color": palette(i % palette.N), "linestyle": "-"} for i, a in enumerate(others)}
     if baseline in arms:
         styles[baseline] = {"color": "black", "linestyle": "--"}
+    if BASE in arms:  # the untrained model: the level every trained arm starts from
+        styles[BASE] = {"color": "grey", "linestyle": ":"}
     return styles
 
 

@@ -34,6 +34,7 @@ from stare_lab.analysis.notes import (
     missing_notes,
     settings_notes,
 )
+from stare_lab.controls import BASE
 
 _AVG_METRIC = re.compile(r"^avg@(\d+)$")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")
@@ -87,7 +88,9 @@ class Table:
             texts, bests = [], []
             for col in self.columns:
                 row = cells.loc[(rule, col)] if (rule, col) in cells.index else None
-                texts.append(_cell_text(row, rule == self.baseline, latex))
+                texts.append(
+                    _cell_text(row, rule == self.baseline, latex, gain_of=self.baseline if rule == BASE else None)
+                )
                 bests.append(row is not None and bool(row.get("bold", False)))
             rows.append((texts, bests))
         return rows
@@ -168,6 +171,12 @@ class Table:
             if column in frame:  # fractions → the table's percent and points (rounded off float noise)
                 frame[column] = (frame[column].astype(float) * 100).round(10)
         frame = frame.rename(columns=CSV_UNITS)
+        if self.baseline is not None and (frame["rule"] == BASE).any():  # the baseline's RL gain, on base's rows
+            on_base = frame["rule"] == BASE
+            frame["rl_gain_pts"] = (0.0 - frame["delta_pts"]).where(on_base) + 0.0  # + 0.0: no "-0.0"
+            if "ci_lo_pts" in frame:
+                frame["rl_gain_lo_pts"] = (0.0 - frame["ci_hi_pts"]).where(on_base) + 0.0
+                frame["rl_gain_hi_pts"] = (0.0 - frame["ci_lo_pts"]).where(on_base) + 0.0
         buf = io.StringIO()
         frame.to_csv(buf, index=False)
         text = buf.getvalue()
@@ -189,14 +198,17 @@ def _signed(x: float) -> str:
     return f"{0.0 if v == 0 else v:+.1f}"
 
 
-def _cell_text(row, is_baseline: bool, latex: bool) -> str:
+def _cell_text(row, is_baseline: bool, latex: bool, gain_of: str | None = None) -> str:
     """ "54.4 ± 1.2 (+2.1 [-1.0, +5.2])", with " better" / " worse" (after Holm), or " †" where the
-    per-comparison interval excludes 0 but Holm's p does not fall below α; "--" where there is no value."""
+    per-comparison interval excludes 0 but Holm's p does not fall below α; "--" where there is no value.
+    gain_of: the base row's, whose difference is shown as the baseline's RL gain (baseline − base)."""
     if row is None or not np.isfinite(row["mean"]):
         return "--" if latex else "–"
     text = _pct(row["mean"])
     if np.isfinite(row["std"]):
         text += (r" $\pm$ " if latex else " ± ") + _pct(row["std"])
+    if gain_of is not None and np.isfinite(row["delta"]):
+        return text + _gain_text(row, gain_of, latex)
     if not is_baseline and np.isfinite(row["delta"]):
         interval = ""
         if np.isfinite(row.get("ci_lo", np.nan)):
@@ -207,6 +219,19 @@ def _cell_text(row, is_baseline: bool, latex: bool) -> str:
         elif bool(row.get("dagger", False)):  # the interval excludes 0, Holm does not: never bold, explained
             text += r" $^\dagger$" if latex else " †"
     return text
+
+
+def _gain_text(row, baseline: str, latex: bool) -> str:
+    """ " (RL gain of full +40.2 [+35.1, +45.3] significant)": baseline − base, the base row's difference
+    with its sign turned, its interval likewise; "significant" where Holm leaves it better or worse."""
+    gain = f" (RL gain of {baseline} {_signed(-row['delta'])}"
+    if np.isfinite(row.get("ci_lo", np.nan)):
+        gain += f" [{_signed(-row['ci_hi'])}, {_signed(-row['ci_lo'])}]"
+    if row.get("verdict") in ("better", "worse"):
+        gain += " significant"
+    elif bool(row.get("dagger", False)):
+        gain += r" $^\dagger$" if latex else " †"
+    return gain + ")"
 
 
 _LATEX_SPECIAL = {
@@ -320,8 +345,10 @@ def _with_average(cells: pd.DataFrame, rules: list[str], columns: list, baseline
 
 
 def _order_rules(arms: list[str], baseline: str | None) -> list[str]:
+    """base (the untrained model) first, then the baseline, then the other arms alphabetically."""
     arms = sorted(dict.fromkeys(arms))
-    return ([baseline] if baseline in arms else []) + [a for a in arms if a != baseline]
+    first = [a for a in (BASE, baseline) if a in arms]
+    return first + [a for a in arms if a not in first]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,6 +411,17 @@ def results_table(
     elif baseline in rules:
         head += f"; (+x) = difference to {baseline} in points"
     head += f"; {AVG_COLUMN} = mean over benchmarks." if len(benchmarks) > 1 else "."
+    if BASE in rules and baseline in rules and baseline != BASE:
+        head += (
+            f" base: the untrained model (0 training steps, the same evaluation); its cell gives the RL gain of "
+            f"{baseline} ({baseline} − base) in points"
+            + (
+                f" with its {confidence:.0%} interval, 'significant' (bold) after Holm"
+                if comparison is not None
+                else ""
+            )
+            + "."
+        )
     notes = [head, *claims.method_notes(comparison, str(baseline), confidence), *compare_notes] + (
         confound_notes(values, baseline if baseline in rules else None)
         + settings_notes(final, benchmarks)

@@ -12,13 +12,28 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TokenizersBackend
 from stare_lab.config_schema import LoraConfig as Schema
 from stare_lab.models.builtin import BUILTIN_DIR
 
-__all__ = ["BUILTIN_DIR", "load_model_and_tokenizer"]
+__all__ = ["BUILTIN_DIR", "load_model_and_tokenizer", "resolve_model_path"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _looks_local(name: str) -> bool:
     return name.startswith(("/", ".", "~"))
+
+
+def resolve_model_path(name_or_path: str) -> str | Path:
+    """What ``from_pretrained`` loads for ``model.name_or_path``: the built-in model's folder, a local
+    folder (a name starting with ``/``, ``.`` or ``~``, which never reaches the hub), or a hub name."""
+    if name_or_path == "builtin":
+        if not (BUILTIN_DIR / "model.safetensors").is_file():
+            raise ValueError(f"built-in model missing at {BUILTIN_DIR}: run python -m stare_lab.models.train_builtin")
+        return BUILTIN_DIR
+    if _looks_local(name_or_path):
+        local = Path(name_or_path).expanduser()
+        if not local.is_dir():
+            raise ValueError(f"model path {name_or_path!r} does not exist (resolved to {local.resolve()})")
+        return local
+    return name_or_path
 
 
 def load_model_and_tokenizer(
@@ -36,17 +51,7 @@ def load_model_and_tokenizer(
     """
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(_DTYPES)}")
-    if name_or_path == "builtin":
-        path = str(BUILTIN_DIR)
-        if not (BUILTIN_DIR / "model.safetensors").is_file():
-            raise ValueError(f"built-in model missing at {path}: run python -m stare_lab.models.train_builtin")
-    elif _looks_local(name_or_path):
-        local = Path(name_or_path).expanduser()
-        if not local.is_dir():
-            raise ValueError(f"model path {name_or_path!r} does not exist (resolved to {local.resolve()})")
-        path = str(local)
-    else:
-        path = name_or_path
+    path = str(resolve_model_path(name_or_path))
     kwargs: dict[str, Any] = {"dtype": _DTYPES[dtype]}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation

@@ -1,19 +1,27 @@
-"""Train the built-in model: supervised next-token training on the arithmetic train split.
+"""Train the built-in model: supervised next-token training on a mixture of two procedures.
 
     python -m stare_lab.models.train_builtin --out stare_lab/models/builtin
 
-Training stops early, on purpose, at the first checkpoint whose held-out accuracy when sampling
-at temperature 1.0 (top-p 1.0, no top-k) lies in ``--target`` (default 0.40-0.60): RL then
-sees groups with mixed rewards, and has room to improve and to get worse. If no evaluation
-lands in the band within ``--max-steps`` (or the ``--max-minutes`` safety limit), the
-checkpoint closest to the band's middle is kept, provided it lies in 0.2-0.8; otherwise the
-script fails. The budget is counted in steps, not seconds, so the result does not depend on how
-loaded the machine is: two runs with the same seed give the same checkpoint.
+The testbed is designed so that RL has something to learn and token rules something to select.
+Each training example of ``a+b*c=`` is completed by the correct procedure (product first,
+:func:`~stare_lab.tasks.arithmetic.solution`) with probability ``--correct-share`` (default 0.4),
+else by the wrong one, left to right (:func:`~stare_lab.tasks.arithmetic.left_to_right`). The
+model learns to execute both procedures well and to choose between them at random: the first
+completion tokens, which choose the procedure, are the "forking" tokens that decide correctness,
+with entropy near ``H(0.4, 0.6) = 0.67`` nats, while the arithmetic that follows is nearly
+certain. The untrained model then scores about ``correct_share × execution accuracy`` and RL
+with the verifier's reward can raise it by moving the probability of one decision, which GRPO
+does in a few steps; a reward independent of correctness has no such direction.
 
-Shipped result (seed 0, 40,000 train problems, 2 CPU cores; ``builtin/train_log.json``): stopped
-at step 1100 after 288 s of training (about 0.26 s/step on a lightly loaded machine; 1 s/step
-when other jobs share the cores), held-out accuracy 0.425 sampled at T=1 and 0.560 greedy on
-the 200 held-out problems. 998k parameters, 4.0 MB in float32.
+The script trains for a fixed number of steps (the budget is counted in steps, not seconds, so
+two runs with the same seed give the same checkpoint) and evaluates the held-out split as the
+demo evaluates it (T = 1.0, top-p = 0.7): the fraction of samples that choose each procedure,
+the execution accuracy within the correct one, and the accuracy. It fails unless the accuracy
+lies in ``--target`` (default 0.15-0.50) and the execution accuracy reaches 0.85.
+
+Shipped result: ``builtin/train_log.json`` (its ``chosen`` entry and ``history``); docs/demo.md
+says what the testbed is and what it is not (a designed mechanism at 1M parameters, not a
+language model).
 """
 
 from __future__ import annotations
@@ -27,9 +35,17 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from stare_lab.models.builtin import BUILTIN_DIR, build_model, build_tokenizer
-from stare_lab.tasks.arithmetic import ArithmeticTask
+from stare_lab.tasks.arithmetic import ArithmeticTask, left_to_right, solution
 
 MAX_NEW_TOKENS = 24
+EVAL_TOP_P = 0.7  # the demo's evaluation setting (STARE, 80/20: T = 1.0, top-p = 0.7)
+
+
+def operands(problem_id: str) -> tuple[int, int, int]:
+    """``"137+4*6"`` → (137, 4, 6)."""
+    a, rest = problem_id.split("+")
+    b, c = rest.split("*")
+    return int(a), int(b), int(c)
 
 
 def encode_examples(tokenizer, prompts: list[str], solutions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +59,56 @@ def encode_examples(tokenizer, prompts: list[str], solutions: list[str]) -> tupl
     return (
         pad_sequence(ids, batch_first=True, padding_value=tokenizer.pad_token_id),
         pad_sequence(labels, batch_first=True, padding_value=-100),
+    )
+
+
+def _pad_to(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+
+def procedure_of(completion: str, problem_id: str) -> str:
+    """Which procedure a completion follows: ``correct``, ``left_to_right`` or ``other``."""
+    a, b, c = operands(problem_id)
+    if completion.startswith(f"{b}*{c}="):
+        return "correct"
+    if completion.startswith(f"{a}+{b}="):
+        return "left_to_right"
+    return "other"
+
+
+@torch.no_grad()
+def heldout_profile(
+    model, tokenizer, task: ArithmeticTask, problems, *, top_p: float = EVAL_TOP_P, seed: int = 0, batch_size: int = 256
+) -> dict[str, float]:
+    """Sampled at T = 1 with ``top_p``: accuracy, each procedure's share, execution accuracy.
+
+    ``exec_acc`` is the accuracy among samples that chose the correct procedure.
+    """
+    model.eval()
+    torch.manual_seed(seed)
+    counts = {"correct": 0, "left_to_right": 0, "other": 0}
+    right = right_in_correct = 0
+    for start in range(0, len(problems), batch_size):
+        rows = problems[start : start + batch_size]
+        enc = tokenizer(rows["prompt"], return_tensors="pt", padding=True, padding_side="left")
+        out = model.generate(
+            **enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=True, temperature=1.0, top_p=top_p, top_k=0
+        )
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        for text, answer, pid in zip(texts, rows["answer"], rows["problem_id"], strict=True):
+            proc = procedure_of(text, pid)
+            ok = task.verify(text, answer)
+            counts[proc] += 1
+            right += ok
+            right_in_correct += ok and proc == "correct"
+    model.train()
+    n = len(problems)
+    return dict(
+        acc=right / n,
+        share_correct=counts["correct"] / n,
+        share_left_to_right=counts["left_to_right"] / n,
+        share_other=counts["other"] / n,
+        exec_acc=right_in_correct / max(counts["correct"], 1),
     )
 
 
@@ -65,8 +131,26 @@ def heldout_accuracy(
     return correct / len(problems)
 
 
-def _lr(step: int, base: float, warmup: int) -> float:
-    return base * min(1.0, (step + 1) / warmup)
+def _lr(step: int, base: float, warmup: int, total: int) -> float:
+    """Linear warm-up, then linear decay to 10% of ``base`` at ``total``."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * (1.0 - 0.9 * (step - warmup) / max(total - warmup, 1))
+
+
+def _mixture(tokenizer, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids and labels [N, L] of both procedures for every problem (one width for both)."""
+    ops = [operands(pid) for pid in rows["problem_id"]]
+    good_ids, good_labels = encode_examples(tokenizer, rows["prompt"], [solution(*o) for o in ops])
+    bad_ids, bad_labels = encode_examples(tokenizer, rows["prompt"], [left_to_right(*o) for o in ops])
+    width = max(good_ids.shape[1], bad_ids.shape[1])
+    pad = tokenizer.pad_token_id
+    return (
+        _pad_to(good_ids, width, pad),
+        _pad_to(good_labels, width, -100),
+        _pad_to(bad_ids, width, pad),
+        _pad_to(bad_labels, width, -100),
+    )
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -75,58 +159,52 @@ def train(args: argparse.Namespace) -> dict:
     train_rows, heldout = task.train_dataset(), task.heldout_dataset()
     tokenizer = build_tokenizer()
     model = build_model(tokenizer)
-    ids, labels = encode_examples(tokenizer, train_rows["prompt"], train_rows["solution"])
-    attention = (ids != tokenizer.pad_token_id).long()
+    good_ids, good_labels, bad_ids, bad_labels = _mixture(tokenizer, train_rows)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(args.seed)
-    lo, hi = args.target
-    best, history, t0, step = None, [], time.perf_counter(), 0
+    history, t0 = [], time.perf_counter()
     model.train()
-    while step < args.max_steps and time.perf_counter() - t0 < args.max_minutes * 60:
+    for step in range(1, args.steps + 1):
         for g in opt.param_groups:
-            g["lr"] = _lr(step, args.lr, args.warmup)
-        idx = torch.randint(0, len(ids), (args.batch_size,), generator=gen)
-        loss = model(input_ids=ids[idx], attention_mask=attention[idx], labels=labels[idx]).loss
+            g["lr"] = _lr(step - 1, args.lr, args.warmup, args.steps)
+        idx = torch.randint(0, len(good_ids), (args.batch_size,), generator=gen)
+        good = (torch.rand(args.batch_size, generator=gen) < args.correct_share)[:, None]  # [N, 1]
+        ids = torch.where(good, good_ids[idx], bad_ids[idx])
+        labels = torch.where(good, good_labels[idx], bad_labels[idx])
+        attention = (ids != tokenizer.pad_token_id).long()
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
-        if step % args.eval_every:
+        if step % args.eval_every and step != args.steps:
             continue
-        acc_t1 = heldout_accuracy(model, tokenizer, task, heldout, sample=True, seed=args.seed)
-        acc_greedy = heldout_accuracy(model, tokenizer, task, heldout, sample=False)
-        elapsed = time.perf_counter() - t0
-        history.append(dict(step=step, loss=loss.item(), acc_t1=acc_t1, acc_greedy=acc_greedy, seconds=elapsed))
+        profile = heldout_profile(model, tokenizer, task, heldout, seed=args.seed)
+        history.append(dict(step=step, loss=loss.item(), **profile, seconds=time.perf_counter() - t0))
         print(
-            f"step {step:5d}  loss {loss.item():.4f}  held-out acc T=1 {acc_t1:.3f}  greedy {acc_greedy:.3f}  "
-            f"{elapsed:.0f}s",
+            f"step {step:5d}  loss {loss.item():.4f}  acc {profile['acc']:.3f}  "
+            f"correct procedure {profile['share_correct']:.3f}  left-to-right {profile['share_left_to_right']:.3f}  "
+            f"other {profile['share_other']:.3f}  execution {profile['exec_acc']:.3f}  "
+            f"{history[-1]['seconds']:.0f}s",
             flush=True,
         )
-        distance = abs(acc_t1 - (lo + hi) / 2)
-        if best is None or distance < best[0]:
-            best = (distance, history[-1], {k: v.clone() for k, v in model.state_dict().items()})
-        if lo <= acc_t1 <= hi or acc_t1 > hi:
-            break
-    if best is None or not 0.2 <= best[1]["acc_t1"] <= 0.8:
-        raise SystemExit(f"no checkpoint with held-out accuracy at T=1 in [0.2, 0.8]; history: {history}")
-    model.load_state_dict(best[2])
+    chosen = history[-1]
+    lo, hi = args.target
+    if not (lo <= chosen["acc"] <= hi and chosen["exec_acc"] >= 0.85):
+        raise SystemExit(f"the trained model misses the target (acc in [{lo}, {hi}], execution ≥ 0.85): {chosen}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     record = dict(
-        chosen=best[1],
+        chosen=chosen,
         total_seconds=time.perf_counter() - t0,
         args=vars(args),
         history=history,
         n_params=sum(p.numel() for p in model.parameters()),
     )
     (out / "train_log.json").write_text(json.dumps(record, indent=1))
-    print(
-        f"saved step {best[1]['step']} to {out}: held-out acc T=1 {best[1]['acc_t1']:.3f}, "
-        f"greedy {best[1]['acc_greedy']:.3f}, trained {best[1]['seconds']:.0f}s"
-    )
+    print(f"saved step {chosen['step']} to {out}: held-out acc {chosen['acc']:.3f} (T=1, top-p {EVAL_TOP_P})")
     return record
 
 
@@ -138,10 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--max-steps", type=int, default=2000)
-    parser.add_argument("--max-minutes", type=float, default=30.0)
-    parser.add_argument("--target", type=float, nargs=2, default=(0.4, 0.6), metavar=("LOW", "HIGH"))
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument("--correct-share", type=float, default=0.4)
+    parser.add_argument("--target", type=float, nargs=2, default=(0.15, 0.50), metavar=("LOW", "HIGH"))
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

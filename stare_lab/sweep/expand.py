@@ -34,6 +34,7 @@ from stare_lab.config import (
     rule_params,
     section_schema,
 )
+from stare_lab.controls import BASE, control_overrides
 from stare_lab.methods import TrainerValues
 from stare_lab.methods.registry import is_registered
 from stare_lab.rule_imports import run_entries
@@ -105,8 +106,32 @@ def expand_sweep(spec: SweepSpec, composer: Composer | None = None) -> list[RunS
                     )
                 seen[run.id] = label
                 runs.append(run)
+    for run in _control_runs(spec):
+        if run.id in seen:
+            raise SweepError(
+                f"{spec.where()}: control '{run.label}' resolves to the same config as run '{seen[run.id]}' "
+                f"(run id {run.id}); drop one"
+            )
+        seen[run.id] = run.label
+        runs.append(run)
     if spec.reading:
         resolve_from_records(runs, spec.folder)
+    return runs
+
+
+def _control_runs(spec: SweepSpec) -> list[RunSpec]:
+    """The runs of `controls:` (stare_lab.controls), one per seed each, from the sweep's base settings:
+    no grid axis or variant applies, nor the base's rule params (a control sets its own rule)."""
+    if not spec.controls:
+        return []
+    plain = dataclasses.replace(spec, overrides={k: v for k, v in spec.overrides.items() if not k.startswith("method")})
+    composer = Composer(plain)
+    runs = []
+    for i, name in enumerate(spec.controls):
+        assigned = [(k, v, f"controls[{i}]") for k, v in control_overrides(name)]
+        for seed in spec.seeds:
+            variant = None if name == BASE else name  # base is its own method; random_reward a variant of the baseline
+            runs.append(composer.run(assigned, seed=seed, label=f"{name} seed={seed}", variant=variant))
     return runs
 
 
@@ -194,7 +219,7 @@ class Composer:
         """Whether the registry knows the rule; always, but in a reading command (`SweepSpec.reading`)."""
         if not self.spec.reading:
             return True
-        return is_registered(name)
+        return is_registered(name) or name == BASE
 
     def training_processes(self, trainer: dict, origins: dict[str, str], label: str) -> int:
         """The run's world size: the launcher's tasks, less those its vLLM server keeps (stare_lab.server_layout)."""

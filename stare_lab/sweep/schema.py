@@ -12,6 +12,7 @@ refused at once.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import math
@@ -33,6 +34,7 @@ from stare_lab.config import (
     section_schema,
     sweep_path,
 )
+from stare_lab.controls import BASE, CONTROLS
 from stare_lab.methods import list_methods
 from stare_lab.methods.registry import OUTSIDE_HINT, is_registered
 from stare_lab.rule_imports import Imported, RuleImportError, import_modules, is_reading, module_name_problem
@@ -49,6 +51,7 @@ TOP_KEYS = (
     "base",
     "grid",
     "variants",
+    "controls",
     "seeds",
     "eval",
     "launcher",
@@ -83,6 +86,7 @@ class SweepSpec:
     # the modules of rules imported for this sweep (`imports:` and `--import`): every run's `run.imports`
     imported: list[Imported] = field(default_factory=list)
     reading: bool = False  # loaded for a reading command: nothing imported, unknown rules read from records
+    controls: list[str] = field(default_factory=list)  # `controls:` (stare_lab.controls): base, random_reward
 
     @property
     def folder(self) -> Path:
@@ -206,6 +210,7 @@ def parse_sweep(
     grid = _grid(data.get("grid"), fail, choices)
     variants = _variants(data.get("variants"), fail, grid, choices)
     seeds = _seeds(data.get("seeds", [0]), fail)
+    controls = _controls(data.get("controls"), fail)
     launch = parse_launcher(data.get("launcher"), launcher or {}, fail)
     search = None
     if data.get("search") is not None:
@@ -214,6 +219,8 @@ def parse_sweep(
         if len(seeds) != 1:
             fail("seeds", f"a search runs one seed per trial; got {len(seeds)} seeds")
         search = parse_search(data["search"], fail, launch)
+    if search is not None and controls:
+        fail("controls", "a search runs trials, not arms; controls go with a grid")
     _check_run_count(grid, variants, seeds, fail)
     desc = data.get("description") or ""
     return SweepSpec(
@@ -230,7 +237,24 @@ def parse_sweep(
         imports=imports,
         imported=imported,
         reading=reading,
+        controls=controls,
     )
+
+
+def _controls(block: Any, fail) -> list[str]:
+    """`controls: [base, random_reward]`: the arms that are not rules (stare_lab.controls)."""
+    if block is None:
+        return []
+    if not isinstance(block, list) or not all(isinstance(c, str) for c in block):
+        fail("controls", f"expected a list of control names ({', '.join(CONTROLS)}), got {block!r}")
+    for i, name in enumerate(block):
+        if name not in CONTROLS:
+            close = difflib.get_close_matches(name, CONTROLS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            fail(f"controls[{i}]", f"unknown control {name!r}{hint}; valid: {', '.join(CONTROLS)}")
+        if name in block[:i]:
+            fail(f"controls[{i}]", f"{name!r} is listed twice")
+    return list(block)
 
 
 def _imports(block: Any, fail) -> list[str]:
@@ -279,7 +303,7 @@ def recorded_methods(folder: Path) -> list[str]:
 
 def _check_choice(group: str, value: Any, path: str, fail) -> None:
     if group == "method" and isinstance(value, str):
-        if not is_registered(value):
+        if not is_registered(value) and value != BASE:
             fail(path, f"unknown method option {value!r}; valid: {', '.join(group_options(group))}; {OUTSIDE_HINT}")
         return
     options = group_options(group)

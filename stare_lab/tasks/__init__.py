@@ -12,6 +12,7 @@ from typing import Any
 
 from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_boxed, math_reward
+from stare_lab.tasks.rewards import REWARD_KEYS
 from stare_lab.utils import plain_dict
 
 TASK_NAMES = ("arithmetic", "math")
@@ -30,7 +31,8 @@ __all__ = [
 
 def build_task(cfg: Mapping[str, Any] | Any):
     """The task named by `cfg["name"]` (a dict or OmegaConf DictConfig), built from its other keys."""
-    cfg = plain_dict(cfg)
+    # the training reward (task.reward, task.reward_p) is the run's, not the task's: stare_lab.tasks.rewards
+    cfg = {k: v for k, v in plain_dict(cfg).items() if k not in REWARD_KEYS}
     name = cfg.get("name")
     if name == "math":
         return MathTask.from_config(cfg)

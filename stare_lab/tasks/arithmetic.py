@@ -1,17 +1,18 @@
 """Synthetic arithmetic: the built-in verifiable task.
 
-A problem is ``a+b*c`` with two-digit ``a``, ``b`` and one-digit ``c``. The prompt is plain text
-(no chat template) and the reference completion works the product first, then the sum, and ends
-the answer with ``#``::
+A problem is ``a+b*c`` with three-digit ``a`` and one-digit ``b`` and ``c``. The prompt is plain
+text (no chat template) and the reference completion works the product first, then the sum, and
+ends the answer with ``#``::
 
-    prompt      "37+48*2="
-    completion  "48*2=96;37+96=133#"      (then EOS; at most 20 characters)
-    answer      "133"
+    prompt      "137+4*6="
+    completion  "4*6=24;137+24=161#"      (then EOS; at most 20 characters)
+    answer      "161"
 
-Several completion tokens carry real uncertainty for a small model (the digits of the product,
-the carries of the sum), which is what entropy- and surprisal-based token rules select on.
+The built-in model is trained on a mixture of this procedure and a wrong one, left to right
+(:func:`left_to_right`: ``"137+4=141;141*6=846#"``), so that its first completion tokens, which
+choose the procedure, decide correctness and carry real uncertainty (``train_builtin``).
 
-Splits. Each of the 64,800 problems is assigned to a split by a hash of its text (about 10% are
+Splits. Each of the 57,600 problems is assigned to a split by a hash of its text (about 10% are
 held out), so train and held-out are disjoint for every seed and size. The held-out split is
 fixed: it does not depend on ``seed``. The train split is drawn without repetition from a
 ``random.Random(seed)`` stream.
@@ -45,6 +46,15 @@ def solution(a: int, b: int, c: int) -> str:
     return f"{b}*{c}={p};{a}+{p}={a + p}#"
 
 
+def left_to_right(a: int, b: int, c: int) -> str:
+    """The wrong procedure the built-in model also learns: ``(a+b)*c``, ignoring precedence.
+
+    Its answer never equals ``a+b*c`` on this task's ranges: ``(a+b)*c - (a+b*c) = a*(c-1) > 0``.
+    """
+    s = a + b
+    return f"{a}+{b}={s};{s}*{c}={s * c}#"
+
+
 class ArithmeticTask:
     """``a+b*c`` with a worked two-step completion and an exact verifier."""
 
@@ -55,8 +65,8 @@ class ArithmeticTask:
         train_size: int = 2000,
         heldout_size: int = 200,
         seed: int = 0,
-        a_range: tuple[int, int] = (10, 99),
-        b_range: tuple[int, int] = (10, 99),
+        a_range: tuple[int, int] = (100, 999),
+        b_range: tuple[int, int] = (2, 9),
         c_range: tuple[int, int] = (2, 9),
     ):
         self.train_size = train_size

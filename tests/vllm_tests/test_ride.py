@@ -10,7 +10,8 @@ from engine_fixtures import SMALL
 
 from stare_lab.config import compose
 from stare_lab.methods import RuleState, list_methods
-from stare_lab.runner import build_grpo_config, build_trainer, task_reward
+from stare_lab.runner import build_grpo_config, build_trainer
+from stare_lab.tasks.rewards import verifier_reward
 
 pytestmark = pytest.mark.vllm
 
@@ -32,7 +33,7 @@ def _plain_trl(cfg, out_dir):
     model, tok = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype)
     return GRPOTrainer(
         model=model,
-        reward_funcs=[task_reward(task)],
+        reward_funcs=[verifier_reward(task)],
         args=build_grpo_config(cfg, out_dir),
         train_dataset=task.train_dataset(),
         processing_class=tok,
