@@ -55,7 +55,7 @@ SETTINGS = {
     },
 }
 KS = (1, 2, 4, 8, 16, 32)
-REWARD_BASE = {"full": 0.3, "stare": 0.4, "rsi_band": 0.2, "ict": 0.25}
+REWARD_BASE = {"full": 0.3, "stare": 0.4, "rsi_band": 0.2, "ict": 0.25}  # base: no training, no metrics
 RULE_METRICS = {
     "full": {},
     "ict": {},
@@ -136,7 +136,7 @@ def write_run(
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     (run_dir / "status.json").write_text(json.dumps({"state": state, "attempts": 1, "error": None}))
     lines = []
-    for step in STEPS:
+    for step in STEPS if method != "base" else ():
         row = {
             "step": step,
             "time": 1.7e9 + step,
@@ -151,7 +151,8 @@ def write_run(
     text = "\n".join(lines) + "\n"
     if truncate_metrics:
         text += json.dumps({"step": 60, "reward": 0.9})[:15]  # a crash mid-write
-    (run_dir / "metrics.jsonl").write_text(text)
+    if lines:
+        (run_dir / "metrics.jsonl").write_text(text)
     for benchmark, avg in (evals or {}).items():
         s = (settings or SETTINGS)[benchmark]
         _write_eval(run_dir / "eval", benchmark, avg, FINAL_STEP, s)
