@@ -89,7 +89,13 @@ class Table:
             for col in self.columns:
                 row = cells.loc[(rule, col)] if (rule, col) in cells.index else None
                 texts.append(
-                    _cell_text(row, rule == self.baseline, latex, gain_of=self.baseline if rule == BASE else None)
+                    # base's cell: the baseline's RL gain (unless base is the baseline itself: --baseline base)
+                    _cell_text(
+                        row,
+                        rule == self.baseline,
+                        latex,
+                        gain_of=self.baseline if rule == BASE != self.baseline else None,
+                    )
                 )
                 bests.append(row is not None and bool(row.get("bold", False)))
             rows.append((texts, bests))
@@ -347,7 +353,7 @@ def _with_average(cells: pd.DataFrame, rules: list[str], columns: list, baseline
 def _order_rules(arms: list[str], baseline: str | None) -> list[str]:
     """base (the untrained model) first, then the baseline, then the other arms alphabetically."""
     arms = sorted(dict.fromkeys(arms))
-    first = [a for a in (BASE, baseline) if a in arms]
+    first = list(dict.fromkeys(a for a in (BASE, baseline) if a in arms))
     return first + [a for a in arms if a not in first]
 
 

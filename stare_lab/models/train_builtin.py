@@ -13,11 +13,13 @@ certain. The untrained model then scores about ``correct_share × execution accu
 with the verifier's reward can raise it by moving the probability of one decision, which GRPO
 does in a few steps; a reward independent of correctness has no such direction.
 
-The script trains for a fixed number of steps (the budget is counted in steps, not seconds, so
-two runs with the same seed give the same checkpoint) and evaluates the held-out split as the
-demo evaluates it (T = 1.0, top-p = 0.7): the fraction of samples that choose each procedure,
-the execution accuracy within the correct one, and the accuracy. It fails unless the accuracy
-lies in ``--target`` (default 0.15-0.50) and the execution accuracy reaches 0.85.
+Every ``--eval-every`` steps the script evaluates the held-out split as the demo evaluates it
+(T = 1.0, top-p = 0.7): the fraction of samples that choose each procedure, the execution
+accuracy within the correct one, and the accuracy. It stops at the first evaluation where the
+accuracy lies in ``--target`` (default 0.15-0.50) and the execution accuracy reaches
+``--min-execution`` (0.9), and fails if none does within ``--steps``. The budget is counted in
+steps, not seconds (the learning-rate schedule runs over ``--steps``), so two runs with the same
+seed give the same checkpoint.
 
 Shipped result: ``builtin/train_log.json`` (its ``chosen`` entry and ``history``); docs/demo.md
 says what the testbed is and what it is not (a designed mechanism at 1M parameters, not a
@@ -42,7 +44,7 @@ EVAL_TOP_P = 0.7  # the demo's evaluation setting (STARE, 80/20: T = 1.0, top-p 
 
 
 def operands(problem_id: str) -> tuple[int, int, int]:
-    """``"137+4*6"`` → (137, 4, 6)."""
+    """``"37+4*6"`` → (37, 4, 6)."""
     a, rest = problem_id.split("+")
     b, c = rest.split("*")
     return int(a), int(b), int(c)
@@ -153,6 +155,12 @@ def _mixture(tokenizer, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     )
 
 
+def on_target(profile: dict, args: argparse.Namespace) -> bool:
+    """The held-out accuracy lies in ``--target`` and the arithmetic is learnt (``--min-execution``)."""
+    lo, hi = args.target
+    return lo <= profile["acc"] <= hi and profile["exec_acc"] >= args.min_execution
+
+
 def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     task = ArithmeticTask(train_size=args.train_size, heldout_size=200, seed=args.seed)
@@ -188,10 +196,15 @@ def train(args: argparse.Namespace) -> dict:
             f"{history[-1]['seconds']:.0f}s",
             flush=True,
         )
+        if on_target(profile, args):
+            break
     chosen = history[-1]
-    lo, hi = args.target
-    if not (lo <= chosen["acc"] <= hi and chosen["exec_acc"] >= 0.85):
-        raise SystemExit(f"the trained model misses the target (acc in [{lo}, {hi}], execution ≥ 0.85): {chosen}")
+    if not on_target(chosen, args):
+        lo, hi = args.target
+        raise SystemExit(
+            f"no checkpoint on target (acc in [{lo}, {hi}], execution ≥ {args.min_execution}) "
+            f"within {args.steps} steps: {chosen}"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -212,12 +225,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(BUILTIN_DIR))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-size", type=int, default=40_000)
+    parser.add_argument("--train-size", type=int, default=4000)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--eval-every", type=int, default=250)
+    parser.add_argument(
+        "--steps", type=int, default=2000, help="at most; training stops at the first evaluation on target"
+    )
+    parser.add_argument("--eval-every", type=int, default=200)
+    parser.add_argument("--min-execution", type=float, default=0.9)
     parser.add_argument("--correct-share", type=float, default=0.4)
     parser.add_argument("--target", type=float, nargs=2, default=(0.15, 0.50), metavar=("LOW", "HIGH"))
     parser.add_argument("--threads", type=int, default=2)

@@ -1,18 +1,18 @@
 """Synthetic arithmetic: the built-in verifiable task.
 
-A problem is ``a+b*c`` with three-digit ``a`` and one-digit ``b`` and ``c``. The prompt is plain
+A problem is ``a+b*c`` with two-digit ``a`` and one-digit ``b`` and ``c``. The prompt is plain
 text (no chat template) and the reference completion works the product first, then the sum, and
 ends the answer with ``#``::
 
-    prompt      "137+4*6="
-    completion  "4*6=24;137+24=161#"      (then EOS; at most 20 characters)
-    answer      "161"
+    prompt      "37+4*6="
+    completion  "4*6=24;37+24=61#"      (then EOS; at most 17 characters)
+    answer      "61"
 
 The built-in model is trained on a mixture of this procedure and a wrong one, left to right
-(:func:`left_to_right`: ``"137+4=141;141*6=846#"``), so that its first completion tokens, which
+(:func:`left_to_right`: ``"37+4=41;41*6=246#"``), so that its first completion tokens, which
 choose the procedure, decide correctness and carry real uncertainty (``train_builtin``).
 
-Splits. Each of the 57,600 problems is assigned to a split by a hash of its text (about 10% are
+Splits. Each of the 5,760 problems is assigned to a split by a hash of its text (about 10% are
 held out), so train and held-out are disjoint for every seed and size. The held-out split is
 fixed: it does not depend on ``seed``. The train split is drawn without repetition from a
 ``random.Random(seed)`` stream.
@@ -65,7 +65,7 @@ class ArithmeticTask:
         train_size: int = 2000,
         heldout_size: int = 200,
         seed: int = 0,
-        a_range: tuple[int, int] = (100, 999),
+        a_range: tuple[int, int] = (10, 99),
         b_range: tuple[int, int] = (2, 9),
         c_range: tuple[int, int] = (2, 9),
     ):

@@ -7,8 +7,8 @@ import torch
 
 from stare_lab.models import BUILTIN_DIR, load_model_and_tokenizer
 from stare_lab.models.builtin import build_tokenizer
-from stare_lab.models.train_builtin import heldout_accuracy
-from stare_lab.tasks.arithmetic import ArithmeticTask, solution
+from stare_lab.models.train_builtin import heldout_accuracy, heldout_profile, procedure_of
+from stare_lab.tasks.arithmetic import ArithmeticTask, left_to_right, solution
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +67,24 @@ def test_reference_solutions_verify():
         assert len(row["solution"]) <= 24
 
 
+def test_left_to_right_is_never_right():
+    assert left_to_right(37, 4, 6) == "37+4=41;41*6=246#"
+    assert procedure_of("37+4=41;41*6=246#", "37+4*6") == "left_to_right"
+    assert procedure_of("4*6=24;37+24=61#", "37+4*6") == "correct"
+    assert procedure_of("61#", "37+4*6") == "other"
+    for row in ArithmeticTask(train_size=4000, heldout_size=200).train_dataset():
+        a, rest = row["problem_id"].split("+")
+        b, c = rest.split("*")
+        assert not ArithmeticTask.verify(left_to_right(int(a), int(b), int(c)), row["answer"])
+
+
 def test_splits_disjoint_and_deterministic():
-    a = ArithmeticTask(train_size=5000, heldout_size=200, seed=0)
-    b = ArithmeticTask(train_size=5000, heldout_size=200, seed=0)
-    c = ArithmeticTask(train_size=5000, heldout_size=200, seed=1)
+    a = ArithmeticTask(train_size=4000, heldout_size=200, seed=0)
+    b = ArithmeticTask(train_size=4000, heldout_size=200, seed=0)
+    c = ArithmeticTask(train_size=4000, heldout_size=200, seed=1)
     train, heldout = a.train_dataset(), a.heldout_dataset()
-    assert len(train) == 5000 and len(heldout) == 200
-    assert len(set(train["problem_id"])) == 5000 and len(set(heldout["problem_id"])) == 200
+    assert len(train) == 4000 and len(heldout) == 200
+    assert len(set(train["problem_id"])) == 4000 and len(set(heldout["problem_id"])) == 200
     assert train.to_dict() == b.train_dataset().to_dict()
     assert heldout.to_dict() == b.heldout_dataset().to_dict()
     # The held-out split is fixed across seeds; the train split is not, and never overlaps it.
@@ -105,9 +116,24 @@ def test_builtin_heldout_accuracy_at_t1_is_mixed(builtin):
     assert 0.15 <= acc <= 0.85, acc
 
 
+def test_builtin_forks_between_procedures_and_executes_them(builtin):
+    """The testbed's design (train_builtin): the procedure is chosen at random, then carried out well."""
+    model, tokenizer = builtin
+    task = ArithmeticTask()
+    profile = heldout_profile(model, tokenizer, task, task.heldout_dataset(), seed=0)
+    assert 0.2 <= profile["share_correct"] <= 0.6, profile
+    assert profile["share_other"] <= 0.1, profile
+    assert profile["exec_acc"] >= 0.85, profile
+    # the first completion token chooses the procedure: its entropy is high, the arithmetic's low
+    enc = tokenizer(["37+4*6="], return_tensors="pt")
+    with torch.no_grad():
+        logp = model(**enc).logits[0, -1].log_softmax(-1)
+    assert -(logp.exp() * logp).sum() >= 0.5
+
+
 def test_builtin_generation_stops_at_eos(builtin):
     model, tokenizer = builtin
-    enc = tokenizer(["37+48*2=", "5+10*3="], return_tensors="pt", padding=True)
+    enc = tokenizer(["37+4*6=", "15+3*9="], return_tensors="pt", padding=True)
     out = model.generate(**enc, do_sample=False, max_new_tokens=24)
     new = out[:, enc["input_ids"].shape[1] :]
     assert (new == tokenizer.eos_token_id).any(dim=1).all()
