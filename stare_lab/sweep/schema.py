@@ -36,6 +36,7 @@ from stare_lab.config import (
 from stare_lab.methods import list_methods
 from stare_lab.methods.registry import OUTSIDE_HINT, is_registered
 from stare_lab.rule_imports import Imported, RuleImportError, import_modules, is_reading, module_name_problem
+from stare_lab.sweep.claim_spec import Claim, parse_claims
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.keys import check_key
 from stare_lab.sweep.launchers import Launcher, launcher_defaults, parse_launcher  # noqa: F401 - launcher_defaults: tests
@@ -54,6 +55,7 @@ TOP_KEYS = (
     "launcher",
     "output",
     "search",
+    "claims",
 )
 EVAL_KEYS = tuple(schema_fields(EvalConfig))
 # A sweep file is written by hand (the shipped ones are < 3 kB); a bigger one is refused unread.
@@ -83,6 +85,9 @@ class SweepSpec:
     # the modules of rules imported for this sweep (`imports:` and `--import`): every run's `run.imports`
     imported: list[Imported] = field(default_factory=list)
     reading: bool = False  # loaded for a reading command: nothing imported, unknown rules read from records
+    claims: list[Claim] = field(default_factory=list)  # the file's `claims:` (stare_lab.sweep.claim_spec)
+    # control arms (issue 37's top-level `controls:`); set here only by `stare-lab claims` (cli/claims.py)
+    controls: list[str] = field(default_factory=list)
 
     @property
     def folder(self) -> Path:
@@ -130,6 +135,17 @@ def load_sweep(
     line imported already (`--import`), carried to the runs with them. `reading` (default: whether
     this is a reading command, stare_lab.rule_imports.reading): import nothing, accept a rule name
     the registry does not know (its runs are read from their records, sweep.expand)."""
+    path, text, data = read_sweep_file(path)
+    spec = parse_sweep(
+        data, where=str(path), launcher=launcher, output=output, folder=path.parent, imported=imported, reading=reading
+    )
+    spec.path, spec.digest = path, hashlib.sha256(text.encode()).hexdigest()
+    return spec
+
+
+def read_sweep_file(path: Path | str) -> tuple[Path, str, Any]:
+    """(the file's path, its text, its YAML data) of a sweep file or a packaged sweep's name; a file that
+    is missing, too big, not UTF-8 or not YAML (or repeats a key) is a SweepError naming it."""
     path = sweep_path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file (or packaged sweep name: {', '.join(packaged_sweeps())})")
@@ -155,11 +171,7 @@ def load_sweep(
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
         raise SweepError(f"{path}: invalid YAML: {where}{getattr(e, 'problem', None) or e}") from None
-    spec = parse_sweep(
-        data, where=str(path), launcher=launcher, output=output, folder=path.parent, imported=imported, reading=reading
-    )
-    spec.path, spec.digest = path, hashlib.sha256(text.encode()).hexdigest()
-    return spec
+    return path, text, data
 
 
 def parse_sweep(
@@ -215,6 +227,9 @@ def parse_sweep(
             fail("seeds", f"a search runs one seed per trial; got {len(seeds)} seeds")
         search = parse_search(data["search"], fail, launch)
     _check_run_count(grid, variants, seeds, fail)
+    claims = parse_claims(data.get("claims"), fail)
+    if claims and search is not None:
+        fail("claims", "a search has no arms to compare; claims belong to a grid or variants sweep")
     desc = data.get("description") or ""
     return SweepSpec(
         name=name,
@@ -230,6 +245,7 @@ def parse_sweep(
         imports=imports,
         imported=imported,
         reading=reading,
+        claims=claims,
     )
 
 
