@@ -56,15 +56,27 @@ def arm_names(configs: list[dict[str, Any]]) -> list[str]:
     for label, idx in by_label.items():
         if len(idx) < 2:
             continue
-        keys = sorted({k for i in idx for k in configs[i]})
-        differing = [
-            k for k in keys if splits_arm(k) and len({json.dumps(configs[i].get(k), default=str) for i in idx}) > 1
-        ]
+        # (key, type, value): 1, 1.0 and true are different settings, as their JSON is; a key one run lacks differs
+        first = _items(configs[idx[0]])
+        differing = set().union(*({k for k, _, _ in first ^ _items(configs[i])} for i in idx[1:]))
+        differing = sorted(k for k in differing if splits_arm(k))
         for i in idx:
             suffix = " ".join(f"{k}={configs[i].get(k)}" for k in differing)
             if suffix:
                 out[i] = f"{label} {suffix}"
     return out
+
+
+def _items(config: dict[str, Any]) -> set[tuple[str, str, Any]]:
+    return {(k, *_typed(v)) for k, v in config.items()}
+
+
+def _typed(value: Any) -> tuple[str, Any]:
+    try:
+        hash(value)
+    except TypeError:
+        value = json.dumps(value, default=str)
+    return type(value).__name__, value
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

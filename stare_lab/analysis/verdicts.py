@@ -16,6 +16,14 @@ import pandas as pd
 
 from stare_lab.analysis.compare import ComparisonError
 from stare_lab.analysis.hypotheses import ALPHA, Outcome, score_outcome, score_tables, seed_outcome, verdicts
+from stare_lab.record import (
+    RESULT_SETTINGS,
+    problem_counts,
+    read_eval_results,
+    read_metric_values,
+    read_status,
+    result_setting,
+)
 from stare_lab.sweep.claim_spec import Claim, Quantity
 
 
@@ -35,7 +43,13 @@ def _outcome(claim: Claim, problems: pd.DataFrame, training: pd.DataFrame | None
     if q.kind == "metric":
         values = metric_values(training, q, claim.arms)
     else:
-        rows = _setting_rows(problems, q)
+        rows = _setting_rows(problems[problems["arm"].isin(claim.arms)], q)
+        if "settings" in rows.columns and (rows.groupby("benchmark")["settings"].nunique() > 1).any():
+            mixed = rows.groupby(["benchmark", "settings"])["arm"].unique()
+            raise ComparisonError(
+                "the arms were evaluated under different settings: "
+                + "; ".join(f"{b} {s}: {', '.join(a)}" for (b, s), a in mixed.items())
+            )
         if q.kind == "score":
             arms = score_tables(rows, claim)
             lacking = [a for a in claim.arms if a not in arms]
@@ -93,18 +107,53 @@ def metric_values(training: pd.DataFrame | None, q: Quantity, arms: tuple[str, .
 # -- from the records ------------------------------------------------------------------------------
 
 
-def sweep_frames(runs) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(problems, training, states) of the runs (a folder or run folders): the per-problem counts and the
-    training metrics of the finished runs, and every run's state (collect.run_states)."""
-    from stare_lab.analysis.collect import collect_problems, collect_training, run_states
+def sweep_frames(runs, claims: list[Claim]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(problems, training, states) of the runs (a folder or run folders): the per-problem counts of every
+    final evaluation and the claims' training metrics, of the finished runs of the claims' arms, and every
+    run's state. Only what the claims read is read (`stare-lab claims` over 500 runs: docs/performance.md)."""
+    from stare_lab.analysis.collect import _runs  # one parse of each config, arms named as everywhere
 
-    states = run_states(runs)
-    finished = [Path(p) for p in states.loc[states["state"] == "finished", "path"]]
-    if not finished:
-        return pd.DataFrame(columns=["arm", "seed", "benchmark", "problem", "correct", "n"]), pd.DataFrame(), states
-    problems = collect_problems(finished)
-    problems = problems.assign(seed=_seed_labels(problems))
-    return problems, collect_training(finished), states
+    arms = {a for c in claims for a in c.arms}
+    metrics = sorted({c.quantity.metric for c in claims if c.quantity.kind == "metric"})
+    metric_arms = {a for c in claims if c.quantity.kind == "metric" for a in c.arms}
+    states: list[dict] = []
+    problems: dict[str, list] = {k: [] for k in PROBLEMS}
+    training: dict[str, list] = {k: [] for k in TRAIN}
+    for run_dir, ident, _ in _runs(runs):
+        state = (read_status(run_dir) or {}).get("state", "unknown")
+        states.append({**ident, "state": state, "path": str(run_dir)})
+        if state != "finished" or ident["arm"] not in arms:
+            continue
+        for result in read_eval_results(run_dir):
+            samples = Path(result["path"]).with_suffix(".parquet")
+            if result["final"] and samples.is_file():
+                ids, correct, n = problem_counts(samples)
+                settings = ", ".join(str(result_setting(result, k)) for k in RESULT_SETTINGS if k != "num_problems")
+                _extend(problems, ident, len(ids), problem=ids, correct=correct, n=n,
+                        benchmark=[str(result["benchmark"])] * len(ids), settings=[settings] * len(ids))  # fmt: skip
+        if ident["arm"] in metric_arms:
+            for metric, pairs in read_metric_values(run_dir, metrics).items():
+                steps, values = zip(*pairs, strict=True) if pairs else ((), ())
+                _extend(training, ident, len(steps), step=steps, value=values, metric=[metric] * len(steps))
+    problems_frame = pd.DataFrame({k: np.concatenate(v) if v else [] for k, v in problems.items()})
+    problems_frame = problems_frame.assign(correct=problems_frame["correct"].astype(float))
+    if len(problems_frame):
+        problems_frame = problems_frame.assign(seed=_seed_labels(problems_frame))
+    training_frame = pd.DataFrame({k: np.concatenate(v) if v else [] for k, v in training.items()})
+    return problems_frame, training_frame, pd.DataFrame(states)
+
+
+PROBLEMS = ["arm", "seed", "run", "benchmark", "settings", "problem", "correct", "n"]
+TRAIN = ["arm", "seed", "run", "step", "metric", "value"]
+
+
+def _extend(columns: dict[str, list], ident: dict, length: int, **arrays) -> None:
+    """Append one run's arrays, its arm, seed and run repeated on every row."""
+    for key in ("arm", "seed", "run"):
+        columns[key].append(np.full(length, ident[key], dtype=object))
+    for key, values in arrays.items():
+        text = key in ("problem", "benchmark", "settings", "metric")
+        columns[key].append(np.asarray(values, dtype=object if text else None))
 
 
 def _seed_labels(problems: pd.DataFrame) -> pd.Series:

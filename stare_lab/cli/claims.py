@@ -15,12 +15,12 @@ import hashlib
 import sys
 from pathlib import Path
 
-import yaml
-
-from stare_lab.analysis.arms import rule_label
+from stare_lab.analysis.arms import flatten, rule_label
 from stare_lab.cli.common import UserError, parse
+from stare_lab.record import CONFIG_FILE
 from stare_lab.sweep.claim_spec import CONTROL_ARMS, check_claims, parse_claims
 from stare_lab.sweep.errors import SweepError
+from stare_lab.sweep.liveness import read_manifest
 from stare_lab.sweep.schema import SweepSpec, parse_sweep, read_sweep_file
 from stare_lab.utils import atomic_write_text
 
@@ -39,7 +39,11 @@ def cmd_claims(argv: list[str]) -> int:
     spec, claims, runs = _checked(a.file)
     report = _report(spec, claims, runs, a.alpha)
     rendered = {"md": report.to_markdown(), "latex": report.to_latex(), "csv": report.to_csv()}
-    print(rendered[a.format])
+    try:
+        print(rendered[a.format])
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        sys.stderr.close()
+        return 0
     if a.out:
         for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv")):
             atomic_write_text(a.out / f"claims.{ext}", rendered[fmt])
@@ -80,34 +84,45 @@ def _fail(where: str):
 
 def _checked(file: str) -> tuple[SweepSpec, list, list[Path]]:
     """The sweep, its claims checked against its plan, and the run folders to read."""
-    from stare_lab.sweep.expand import expand_sweep  # deferred: Hydra, once the file itself is good
-
     spec, claims = load_claims(file)
     if not claims:
         raise UserError(f"{spec.where()}: no claims: (declare them in the sweep, or in a claims file)")
     if spec.search is not None:
         raise UserError(f"{spec.where()}: a search has no arms to compare")
-    planned = expand_sweep(spec)
-    check_claims(claims, [r.config for r in planned], spec.controls, spec.where())
-    return spec, claims, _run_folders(spec, {r.run_dir.name for r in planned})
+    planned = _plan(spec)
+    check_claims(claims, list(planned.values()), spec.controls, spec.where())
+    return spec, claims, _run_folders(spec, set(planned))
+
+
+def _plan(spec: SweepSpec) -> dict[str, dict]:
+    """{run folder name: flat resolved config} of the sweep's current plan: the runs its last `sweep run`
+    wrote in the manifest, with the configs they recorded, when the file has not changed since and every
+    one has its record (no Hydra composition); else the file expanded again."""
+    from stare_lab.analysis.collect import _read_config  # deferred: pandas
+
+    manifest = read_manifest(spec.folder) or {}
+    if manifest.get("digest") == spec.digest and manifest.get("runs"):
+        dirs = [spec.folder / str(r["id"]) for r in manifest["runs"]]
+        if all((d / CONFIG_FILE).is_file() for d in dirs):
+            return {d.name: _read_config(d) for d in dirs}
+    from stare_lab.sweep.expand import expand_sweep  # deferred: Hydra
+
+    return {r.run_dir.name: flatten(r.config) for r in expand_sweep(spec)}
 
 
 def _run_folders(spec: SweepSpec, planned: set[str]) -> list[Path]:
     """The recorded runs of the plan, and those of the declared controls (which issue 37's expansion adds
     to the plan; until then they are found by their arm label)."""
-    from stare_lab.analysis.collect import find_run_dirs
+    from stare_lab.analysis.collect import _read_config, find_run_dirs
 
     if not spec.folder.is_dir():
         raise UserError(f"no records under {spec.folder} yet: run `stare-lab sweep run {spec.path}` first")
     present = find_run_dirs(spec.folder)
     keep = [d for d in present if d.name in planned]
-    if spec.controls:
-        for d in present:
-            if d.name in planned:
-                continue
-            cfg = yaml.safe_load((d / "config.yaml").read_text()) or {}
-            label = rule_label(str((cfg.get("method") or {}).get("name")), (cfg.get("run") or {}).get("variant"))
-            if label in spec.controls:
+    for d in present:
+        if d.name not in planned and spec.controls:
+            cfg = _read_config(d)
+            if rule_label(str(cfg.get("method.name")), cfg.get("run.variant")) in spec.controls:
                 keep.append(d)
     return keep
 
@@ -116,7 +131,7 @@ def _report(spec: SweepSpec, claims: list, runs: list[Path], alpha: float):
     from stare_lab.analysis.claims_report import ClaimsReport  # deferred: pandas, scipy
     from stare_lab.analysis.verdicts import decide, missing_metrics, not_finished, sweep_frames
 
-    problems, training, states = sweep_frames(runs)
+    problems, training, states = sweep_frames(runs, claims)
     finished = int((states["state"] == "finished").sum()) if len(states) else 0
     if not finished:
         raise UserError(f"no finished runs under {spec.folder} yet (`stare-lab sweep status {spec.path}`)")

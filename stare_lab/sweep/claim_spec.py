@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from stare_lab.analysis.arms import CONTROL_ARMS, arm_names, flatten
+from stare_lab.analysis.arms import CONTROL_ARMS, arm_names
 from stare_lab.sweep.errors import SweepError
 
 # form → (its statement, whether it needs a margin, whether it needs base and a fraction)
@@ -281,11 +281,11 @@ def _fraction(value: Any, at: str, fail) -> float:
     return float(value)
 
 
-def check_claims(claims: list[Claim], configs: list[dict], controls: list[str], where: str) -> None:
-    """Refuse (SweepError, one line) a claim the planned runs (resolved configs, nested) can not decide:
+def check_claims(claims: list[Claim], flat: list[dict], controls: list[str], where: str) -> None:
+    """Refuse (SweepError, one line) a claim the planned runs (resolved configs, flat: analysis.arms.flatten)
+    can not decide:
     an arm not in the sweep, a benchmark or n the arms are not evaluated with, a metric they do not log,
     a spread or a training metric with too few seeds."""
-    flat = [flatten(c) for c in configs]
     by_arm: dict[str, list[dict]] = {}
     for arm, cfg in zip(arm_names(flat), flat, strict=True):
         by_arm.setdefault(arm, []).append(cfg)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from stare_lab.analysis.arms import flatten
 from stare_lab.config import ConfigError
 from stare_lab.dashboard import publish_after_sweep
 from stare_lab.inputs import hub_problem, input_problems, overlap_warnings
@@ -138,7 +139,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _checked_runs(spec, dry_run: bool = False) -> list:
     """The sweep's runs, each one's inputs checked (`_check_inputs`), and its claims against them."""
     runs = expand_sweep(spec)
-    check_claims(spec.claims, [r.config for r in runs], spec.controls, spec.where())
+    if spec.claims:
+        check_claims(spec.claims, [flatten(r.config) for r in runs], spec.controls, spec.where())
     _check_inputs(runs, dry_run)
     return runs
 
