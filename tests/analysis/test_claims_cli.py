@@ -186,3 +186,23 @@ def test_a_claims_file_of_its_own_names_its_sweep(sweep):
     run = cli("claims", str(own))
     assert run.returncode == 0, run.stderr
     assert "Claims of sweep cl: 1 claims from 18 finished runs: 1 supported." in run.stdout
+
+
+def test_the_packaged_claims_sweep_checks_against_its_plan():
+    """Every claim of stare_lab/sweeps/claims.yaml names an arm of its plan or a declared control, a
+    metric its arms log (the gradient cosine where grad_geometry_every is set), and a source."""
+    from stare_lab.cli.claims import _plan
+    from stare_lab.rule_imports import reading
+    from stare_lab.sweep.claim_spec import check_claims
+
+    with reading():
+        spec, claims = load_claims("claims")
+        check_claims(claims, list(_plan(spec).values()), spec.controls, spec.where())
+    assert spec.controls == ["base", "random_reward"]
+    assert {c.id for c in claims} >= {
+        "top20_not_worse", "low80_hurts", "random20_keeps_half", "explorer_unstable", "anchor_gradient_aligned",
+        "stare_beats_full", "rsi_band_beats_full", "ict_beats_full_pass4", "gmts_beats_top_entropy",
+        "opefo_keeps_entropy", "clip_cov_keeps_entropy", "kl_cov_keeps_entropy", "rl_narrows_pass_at_k",
+        "random_reward_below_half",
+    }  # fmt: skip
+    assert all(c.source.get("arxiv") and c.source.get("number") and c.source.get("model") for c in claims)
