@@ -58,8 +58,8 @@ def arm_names(configs: list[dict[str, Any]]) -> list[str]:
             continue
         # (key, type, value): 1, 1.0 and true are different settings, as their JSON is; a key one run lacks differs
         first = _items(configs[idx[0]])
-        differing = set().union(*({k for k, _, _ in first ^ _items(configs[i])} for i in idx[1:]))
-        differing = sorted(k for k in differing if splits_arm(k))
+        changed = set().union(*({k for k, _, _ in first ^ _items(configs[i])} for i in idx[1:]))
+        differing = sorted(k for k in changed if splits_arm(k))
         for i in idx:
             suffix = " ".join(f"{k}={configs[i].get(k)}" for k in differing)
             if suffix:

@@ -31,7 +31,9 @@ variances (power 0.8, one-sided at α/(m − d), the Holm level of the next clai
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -68,7 +70,7 @@ class Outcome:
     test: str
     note: str = ""
     # level → seeds per arm (inf: more than MAX_SEEDS; −inf: no number of seeds, more problems are needed)
-    seeds_at: object = field(default=None, repr=False)
+    seeds_at: Callable[[float], float] | None = field(default=None, repr=False)
 
 
 def pass_at_k(n: np.ndarray, c: np.ndarray, k: int) -> np.ndarray:
@@ -312,7 +314,12 @@ def verdicts(claims: list[Claim], outcomes: list[Outcome | str], alpha: float = 
     """One row per claim (CLAIM_COLUMNS); an outcome given as text is a claim without data (its reason)."""
     rows = []
     for claim, out in zip(claims, outcomes, strict=True):
-        row = {"id": claim.id, "formula": claim.formula, "quantity": claim.quantity.name, "unit": claim.quantity.unit}
+        row: dict[str, Any] = {
+            "id": claim.id,
+            "formula": claim.formula,
+            "quantity": claim.quantity.name,
+            "unit": claim.quantity.unit,
+        }
         if isinstance(out, str):
             row.update(p_support=math.nan, p_contra=math.nan, note=out)
         else:

@@ -14,11 +14,12 @@ import argparse
 import hashlib
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from stare_lab.analysis.arms import flatten, rule_label
 from stare_lab.cli.common import UserError, parse
 from stare_lab.record import CONFIG_FILE
-from stare_lab.sweep.claim_spec import CONTROL_ARMS, check_claims, parse_claims
+from stare_lab.sweep.claim_spec import CONTROL_ARMS, Fail, check_claims, parse_claims
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.liveness import read_manifest
 from stare_lab.sweep.schema import SweepSpec, parse_sweep, read_sweep_file
@@ -75,8 +76,8 @@ def load_claims(file: str) -> tuple[SweepSpec, list]:
     return spec, spec.claims
 
 
-def _fail(where: str):
-    def fail(key: str, msg: str) -> None:
+def _fail(where: str) -> Fail:
+    def fail(key: str, msg: str) -> NoReturn:
         raise SweepError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
 
     return fail

@@ -24,8 +24,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, TypeGuard
 
 from stare_lab.analysis.arms import CONTROL_ARMS, arm_names
 from stare_lab.sweep.errors import SweepError
@@ -53,6 +54,7 @@ ALWAYS_LOGGED = (
     "tokens/rollout_entropy",
 )  # fmt: skip
 GEOMETRY = ("geometry/cosine", "geometry/norm_ratio")
+Fail = Callable[[str, str], NoReturn]  # the caller's one-line refusal: fail(key, message)
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SCORE = re.compile(r"^(avg|pass)@(\d+)$")
 _MARGIN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*([A-Za-z]+)\s*$")
@@ -122,13 +124,14 @@ class Claim:
         }[self.form]
 
 
-def parse_claims(block: Any, fail) -> list[Claim]:
+def parse_claims(block: Any, fail: Fail) -> list[Claim]:
     """The `claims:` list checked alone; `fail(key, message)` raises the caller's one-line error."""
     if block is None:
         return []
     if not isinstance(block, list) or not block:
         fail("claims", "expected a non-empty list of claims (each a mapping with id, source, form, a, b, quantity)")
-    claims, seen = [], {}
+    claims: list[Claim] = []
+    seen: dict[str, int] = {}
     for i, item in enumerate(block):
         claim = _claim(item, f"claims[{i}]", fail)
         if claim.id in seen:
@@ -138,7 +141,7 @@ def parse_claims(block: Any, fail) -> list[Claim]:
     return claims
 
 
-def _claim(item: Any, at: str, fail) -> Claim:
+def _claim(item: Any, at: str, fail: Fail) -> Claim:
     if not isinstance(item, dict):
         fail(at, f"expected a mapping with keys {', '.join(CLAIM_KEYS)}, got {item!r}")
     for k in item:
@@ -192,7 +195,7 @@ def _claim(item: Any, at: str, fail) -> Claim:
     )
 
 
-def _source(value: Any, at: str, fail) -> dict[str, str]:
+def _source(value: Any, at: str, fail: Fail) -> dict[str, str]:
     if value == "own":
         return {}
     if not isinstance(value, dict):
@@ -206,7 +209,7 @@ def _source(value: Any, at: str, fail) -> dict[str, str]:
     return {k: str(v) for k, v in value.items()}
 
 
-def _quantity(value: Any, at: str, fail) -> Quantity:
+def _quantity(value: Any, at: str, fail: Fail) -> Quantity:
     if not isinstance(value, dict):
         fail(at, "expected a mapping: {score: avg@32, benchmarks: [..]}, {metric: entropy, at: last} or {spread: ..}")
     kinds = [k for k in ("score", "metric", "spread") if k in value]
@@ -234,7 +237,7 @@ def _quantity(value: Any, at: str, fail) -> Quantity:
     return Quantity(kind, score=m.group(1), k=int(m.group(2)), benchmarks=tuple(benchmarks))
 
 
-def _metric_quantity(value: dict, at: str, fail) -> Quantity:
+def _metric_quantity(value: dict, at: str, fail: Fail) -> Quantity:
     metric = value["metric"]
     if not isinstance(metric, str) or not metric:
         fail(f"{at}.metric", f"expected a metric name of metrics.jsonl (e.g. entropy), got {metric!r}")
@@ -256,11 +259,11 @@ def _metric_quantity(value: dict, at: str, fail) -> Quantity:
     return Quantity("metric", metric=metric, steps=steps, last_steps=int(last))
 
 
-def _is_int(x: Any) -> bool:
+def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _margin(value: Any, quantity: Quantity, at: str, fail) -> float:
+def _margin(value: Any, quantity: Quantity, at: str, fail: Fail) -> float:
     m = _MARGIN.match(str(value)) if isinstance(value, str) else None
     if m is None:
         fail(at, f"{value!r}: a margin carries its unit, e.g. '{value} {quantity.unit}' (the unit of {quantity.name})")
@@ -273,7 +276,7 @@ def _margin(value: Any, quantity: Quantity, at: str, fail) -> float:
     return number
 
 
-def _fraction(value: Any, at: str, fail) -> float:
+def _fraction(value: Any, at: str, fail: Fail) -> float:
     if value is None:
         fail(at, "missing: the fraction f of B's gain over base (e.g. fraction: 0.5)")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -291,9 +294,7 @@ def check_claims(claims: list[Claim], flat: list[dict], controls: list[str], whe
         by_arm.setdefault(arm, []).append(cfg)
     known = list(by_arm) + [c for c in controls if c not in by_arm]
     for i, claim in enumerate(claims):
-
-        def fail(key: str, msg: str, i=i) -> None:
-            raise SweepError(f"{where}: claims[{i}]{'.' + key if key else ''} ({claims[i].id}): {msg}")
+        fail = _failer(f"{where}: claims[{i}]", claim.id)
 
         for key, arm in zip(("a", "b", "base"), claim.arms, strict=False):
             if arm not in known:
@@ -306,7 +307,14 @@ def check_claims(claims: list[Claim], flat: list[dict], controls: list[str], whe
             _check_score(claim, runs, fail)
 
 
-def _check_metric(claim: Claim, runs: dict[str, list[dict]], fail) -> None:
+def _failer(at: str, cid: str) -> Fail:
+    def fail(key: str, msg: str) -> NoReturn:
+        raise SweepError(f"{at}{'.' + key if key else ''} ({cid}): {msg}")
+
+    return fail
+
+
+def _check_metric(claim: Claim, runs: dict[str, list[dict]], fail: Fail) -> None:
     metric = claim.quantity.metric
     for arm, cfgs in runs.items():
         if arm == "base" or any(c.get("trainer.max_steps") == 0 for c in cfgs):
@@ -324,7 +332,7 @@ def _check_metric(claim: Claim, runs: dict[str, list[dict]], fail) -> None:
         )
 
 
-def _check_score(claim: Claim, runs: dict[str, list[dict]], fail) -> None:
+def _check_score(claim: Claim, runs: dict[str, list[dict]], fail: Fail) -> None:
     q = claim.quantity
     for arm, cfgs in runs.items():
         if q.kind == "spread" and 0 < len(cfgs) < 3:

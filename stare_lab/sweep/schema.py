@@ -18,7 +18,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -186,7 +186,7 @@ def parse_sweep(
 ) -> SweepSpec:
     """A sweep's data checked (`load_sweep`; `folder`: where its `imports:` are searched first)."""
 
-    def fail(key: str, msg: str) -> None:
+    def fail(key: str, msg: str) -> NoReturn:
         raise SweepError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
 
     reading = is_reading() if reading is None else reading
