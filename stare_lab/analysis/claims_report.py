@@ -153,9 +153,9 @@ def _nan(x) -> bool:
 def _estimate_text(r, claim: Claim) -> str:
     if _nan(r.estimate):
         return "no data"
-    bounds = f"[{_num(r.lo)}, {_num(r.hi)}]"
     if claim.form in ("retained_gain", "gain_below"):
-        return f"keeps {r.estimate:.2f} {bounds} of the gain"
+        return f"keeps {_num(r.estimate)} [{_num(r.lo)}, {_num(r.hi)}] of the gain"
+    bounds = f"[{_num(r.lo, sign=True)}, {_num(r.hi, sign=True)}]"
     unit = "points" if r.unit == "points" else r.unit
     return f"{_num(r.estimate, sign=True)} {bounds} {unit}"
 
