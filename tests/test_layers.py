@@ -60,7 +60,9 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "stare_lab.sweep.threads",
         "stare_lab.sweep.liveness",
         "stare_lab.sweep.lock",
+        "stare_lab.analysis.arms",
         "stare_lab.analysis.collect",
+        "stare_lab.sweep.claim_spec",
     ),
     3: (
         "stare_lab.signals",

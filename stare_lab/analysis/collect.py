@@ -5,17 +5,12 @@ needs W&B. Every reader tolerates a record that is still being written: a run wi
 yet, a missing `status.json`, a `metrics.jsonl` whose last line a crash cut short.
 
 Arms. Runs are grouped into *arms*: runs differing only in seed belong to one arm and aggregate
-together. An arm is named by its rule label (`method.name`, plus the run's variant when the
-config has `run.variant`, e.g. `rsi_band[0.5,1]`). When runs sharing a rule label still differ in
-other config keys (a grid over the learning rate without variants), the differing keys are
-appended, e.g. `stare trainer.learning_rate=1e-06`, so such runs are never averaged together.
-Keys that differ per run by construction (seeds, `run.*`, `logger.*`, directories and paths) do
-not split arms.
+together, named as stare_lab.analysis.arms says (the rule label, e.g. `rsi_band[0.5,1]`, a control's
+name, and the other config keys that differ within a label appended).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from stare_lab.controls import CONTROLS
+from stare_lab.analysis.arms import arm_names, flatten, rule_label
 from stare_lab.record import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
@@ -56,24 +51,6 @@ class SettingsMismatch(ValueError):
 _SKIP_DIRS = {CHECKPOINT_DIR, EVAL_DIR, WANDB_DIR}
 
 
-def rule_label(method: str, variant: str | None) -> str:
-    """`method`, or `method` with its variant: "rsi_band" + "[0.5,1]" → "rsi_band[0.5,1]".
-
-    A variant that already starts with the method name is used as is; any other variant name is
-    put in brackets: ("rsi_band", "low") → "rsi_band[low]".
-    """
-    if variant is None or str(variant) == "":
-        return str(method)
-    variant = str(variant)
-    if variant in CONTROLS:  # a control is named as such: "random_reward", not "full[random_reward]"
-        return variant
-    if variant.startswith(str(method)):
-        return variant
-    if variant.startswith("["):
-        return f"{method}{variant}"
-    return f"{method}[{variant}]"
-
-
 def find_run_dirs(root: Path | str | Iterable[Path | str]) -> list[Path]:
     """Run directories (those holding `config.yaml`) at or below each root, sorted."""
     roots = [root] if isinstance(root, (str, Path)) else list(root)
@@ -92,20 +69,6 @@ def _walk(path: Path, depth: int) -> list[Path]:
     for child in sorted(path.iterdir()):
         if child.is_dir() and child.name not in _SKIP_DIRS and not child.name.startswith("."):
             out.extend(_walk(child, depth - 1))
-    return out
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict → {"a.b.c": value}; lists and other non-scalars become JSON strings."""
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        elif isinstance(value, (list, tuple)):
-            out[name] = json.dumps(value)
-        else:
-            out[name] = value
     return out
 
 
@@ -143,34 +106,14 @@ def _identity(run_dir: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _splits_arm(key: str) -> bool:
-    """Whether a differing config key separates arms (see the module docstring)."""
-    if key in ("seed",) or key.startswith(("run.", "logger.")):
-        return False
-    leaf = key.rsplit(".", 1)[-1].lower()
-    return not any(word in leaf for word in ("seed", "dir", "path", "output"))
-
-
 def _runs(root) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
     """[(run_dir, identity, flat config)] with arms split on differing non-seed config keys."""
     runs = []
     for run_dir in find_run_dirs(root):
         cfg = _read_config(run_dir)
         runs.append((run_dir, _identity(run_dir, cfg), cfg))
-    by_arm: dict[str, list[int]] = {}
-    for i, (_, ident, _) in enumerate(runs):
-        by_arm.setdefault(ident["arm"], []).append(i)
-    for arm, idx in by_arm.items():
-        if len(idx) < 2:
-            continue
-        keys = sorted({k for i in idx for k in runs[i][2]})
-        differing = [
-            k for k in keys if _splits_arm(k) and len({json.dumps(runs[i][2].get(k), default=str) for i in idx}) > 1
-        ]
-        for i in idx:
-            suffix = " ".join(f"{k}={runs[i][2].get(k)}" for k in differing)
-            if suffix:
-                runs[i][1]["arm"] = f"{arm} {suffix}"
+    for (_, ident, _), arm in zip(runs, arm_names([cfg for _, _, cfg in runs]), strict=True):
+        ident["arm"] = arm
     return runs
 
 

@@ -172,7 +172,7 @@ def _counts(key: str, cfg: pd.Series) -> bool:
     if not key.startswith(SETTING_PREFIXES) or leaf in NOT_COMPUTING:
         return False
     if any(word in leaf.lower() for word in ("seed", "dir", "path", "output")):
-        return False  # differ per run by construction (collect._splits_arm)
+        return False  # differ per run by construction (arms.splits_arm)
     if leaf.startswith("vllm_") and cfg.get("cfg.trainer.use_vllm") is not True:
         return False
     if leaf.startswith("microbatch_") and cfg.get("cfg.method.params.scope") != "microbatch":

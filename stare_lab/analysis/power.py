@@ -98,3 +98,25 @@ def _fewest_seeds(power_with, target: float, max_seeds: int) -> float:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if power_with(mid) >= target else (mid, hi)
     return float(hi)
+
+
+def welch_power(delta: float, var_terms, seeds, alpha: float) -> np.ndarray:
+    """Power of the one-sided Welch t-test at level `alpha` to detect `delta` (the quantity's units) in a
+    combination Σ c_a · mean_a of arms with `seeds` seeds each, seeds as the unit: var_terms are each arm's
+    c_a² · (one seed's variance); the df is Welch-Satterthwaite's, the power the noncentral t's."""
+    seeds = np.asarray(seeds, dtype=float)
+    terms = np.asarray(var_terms, dtype=float)
+    var = terms.sum() / seeds
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = np.maximum(var**2 / ((terms**2).sum() / (seeds**2 * np.maximum(seeds - 1, 1))), 1.0)
+        lam = np.where(var > 0, abs(delta) / np.sqrt(var), np.inf)
+    t_c = special.stdtrit(df, 1 - alpha)
+    return np.where(np.isfinite(lam), 1 - special.nctdtr(df, np.minimum(lam, 1e6), t_c), 1.0)
+
+
+def welch_seeds_needed(delta: float, var_terms, alpha: float, power: float = 0.8, max_seeds: int = MAX_SEEDS) -> float:
+    """The fewest seeds per arm (≥ 2) at which `welch_power` reaches `power`; inf beyond max_seeds, NaN where
+    the variances are unknown or `delta` is 0."""
+    if not np.all(np.isfinite(var_terms)) or not delta > 0:
+        return math.nan
+    return _fewest_seeds(lambda s: float(welch_power(delta, var_terms, s, alpha)), power, max_seeds)

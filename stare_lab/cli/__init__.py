@@ -6,6 +6,7 @@
     stare-lab sweep status sweeps/X.yaml
     stare-lab eval runs/X/<run-id> [--n 32] [--import MODULE]
     stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
+    stare-lab claims sweeps/X.yaml [--format md|latex|csv] [--out DIR] [--alpha 0.05]
     stare-lab plot sweeps/X.yaml [--no-selection]
     stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
     stare-lab dashboard sweeps/X.yaml [--offline] [--name NAME] [--out FILE]
@@ -20,6 +21,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
+from stare_lab.cli.claims import cmd_claims
 from stare_lab.cli.common import UserError, parse
 from stare_lab.cli.reading import (
     READING_COMMANDS,
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": sweep_main,
         "eval": cmd_eval,
         "table": cmd_table,
+        "claims": cmd_claims,
         "plot": cmd_plot,
         "view": cmd_view,
         "dashboard": cmd_dashboard,

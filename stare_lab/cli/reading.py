@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
     from stare_lab.analysis.tables import Table
 
-READING_COMMANDS = ("table", "plot", "view", "dashboard")  # and `sweep status` (stare_lab.sweep.cli)
+# and `sweep status` (stare_lab.sweep.cli), `claims` (cli/claims.py)
+READING_COMMANDS = ("table", "plot", "view", "dashboard", "claims")
 Runs = Path | list[Path]  # a folder of run directories, or the run directories of a plan
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
-from stare_lab.analysis.collect import _splits_arm, flatten, rule_label
+from stare_lab.analysis.arms import flatten, rule_label, splits_arm
 from stare_lab.dashboard.logged import LoggedRun
 
 # (section, [(key or compiled pattern, title or None)]); a history key goes to the first section that names it
@@ -126,7 +126,7 @@ def grouping_keys(runs: Iterable[LoggedRun]) -> list[str]:
         arms.setdefault(rule_label(str(c.get("method.name")), c.get("run.variant")), []).append(c)
     for members in arms.values():
         for k in sorted({k for c in members for k in c}):
-            if k not in keys and _splits_arm(k) and len({repr(c.get(k)) for c in members}) > 1:
+            if k not in keys and splits_arm(k) and len({repr(c.get(k)) for c in members}) > 1:
                 keys.append(k)
     return keys
 

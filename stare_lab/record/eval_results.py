@@ -136,3 +136,27 @@ def eval_metric(run_dir: Path | str, benchmark: str, metric: str, step: int | No
         return None
     newest = max(found, key=lambda r: Path(r["path"]).stat().st_mtime)
     return float(newest["metrics"][metric])
+
+
+def problem_counts(samples: Path | str):
+    """(problem ids, correct samples, samples) per problem of an evaluation's per-sample parquet, problems
+    in first-seen order; `correct` is NaN for a problem with a sample without a verdict (a null `correct`),
+    so that no comparison counts it as wrong. Arrays: str, float, int (numpy)."""
+    import numpy as np
+    import pyarrow.parquet as pq  # deferred: `sweep status` reads records without it
+
+    # problem ids read as a dictionary: the codes count without a string per sample
+    table = pq.read_table(samples, columns=["problem_id", "correct"], read_dictionary=["problem_id"])
+    table = table.unify_dictionaries().combine_chunks()
+    problem = table.column("problem_id").chunk(0) if table.num_rows else None
+    if problem is None:
+        return np.array([], dtype=str), np.array([], dtype=float), np.array([], dtype=int)
+    ids, codes = np.asarray(problem.dictionary.to_pylist(), dtype=object), problem.indices.to_numpy()
+    correct = table.column("correct")
+    judged = ~correct.is_null().to_numpy(zero_copy_only=False)
+    hits = correct.fill_null(False).to_numpy(zero_copy_only=False).astype(float)
+    n = np.bincount(codes, minlength=len(ids))
+    c = np.bincount(codes, weights=hits, minlength=len(ids))
+    c[np.bincount(codes, weights=~judged, minlength=len(ids)) > 0] = np.nan
+    seen = n > 0  # a dictionary may hold an id no sample has
+    return ids[seen].astype(str), c[seen], n[seen]

@@ -5,7 +5,9 @@ the good rows; a resumed run drops the rows after its checkpoint, keeping a dama
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +79,58 @@ def truncate_metrics(run_dir_or_file: Path | str, last_step: int) -> tuple[int, 
     # rewritten even when nothing is dropped: a torn last line must go too
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
     return len(rows) - len(keep), kept_copy
+
+
+def read_metric_values(run_dir_or_file: Path | str, names: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """{name: [(step, value)]} of a few metrics, in file order, as `scan_metrics` would give them (a null
+    value is NaN, a row without the name has no entry, an unparsable line is skipped) without parsing every
+    row: each whole row (one `json.dumps` line, as `append_metrics` writes it) is searched for the names'
+    `"name": value` pairs; a row the search can not read is parsed as JSON."""
+    try:
+        lines = metrics_path(run_dir_or_file).read_text(errors="replace").splitlines()
+    except OSError:
+        return {n: [] for n in names}
+    patterns = {n: re.compile(r'[{,] "' + re.escape(json.dumps(n)[1:-1]) + r'": ([^,}]+)') for n in names}
+    out: dict[str, list[tuple[int, float]]] = {n: [] for n in names}
+    for line in lines:
+        step = _STEP.match(line)
+        if step is None or not line.endswith("}"):
+            _parsed(line, out)
+            continue
+        for name, pattern in patterns.items():
+            found = pattern.search(line)
+            if found:
+                value = _number(found.group(1))
+                if value is not None:
+                    out[name].append((int(step.group(1)), value))
+    return out
+
+
+_STEP = re.compile(r'^\{"step": (\d+)[,}]')
+
+
+def _number(text: str) -> float | None:
+    """A JSON value as `scan_metrics`' readers take it: null is NaN; true, false and strings are not numbers."""
+    if text == "null":
+        return math.nan
+    try:
+        return float(text) if text not in ("true", "false") and not text.startswith('"') else None
+    except ValueError:
+        return None
+
+
+def _parsed(line: str, out: dict[str, list[tuple[int, float]]]) -> None:
+    """A row the fast search can not read (another key order, a torn line): parsed as `scan_metrics` does."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, (int, float)) or isinstance(step, bool):
+        return
+    for name in out:
+        value = row.get(name, ...)
+        if value is None:
+            out[name].append((int(step), math.nan))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name].append((int(step), float(value)))

@@ -20,11 +20,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from stare_lab.analysis.arms import flatten
 from stare_lab.config import ConfigError
 from stare_lab.dashboard import publish_after_sweep
 from stare_lab.inputs import hub_problem, input_problems, overlap_warnings
 from stare_lab.record import read_status
 from stare_lab.rule_imports import RuleImportError, import_modules, reading
+from stare_lab.sweep.claim_spec import check_claims
 from stare_lab.sweep.expand import Composer, expand_sweep, verify_run
 from stare_lab.sweep.launchers import launcher_names
 from stare_lab.sweep.liveness import write_manifest
@@ -135,8 +137,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _checked_runs(spec, dry_run: bool = False) -> list:
-    """The sweep's runs, each one's inputs checked (`_check_inputs`)."""
+    """The sweep's runs, each one's inputs checked (`_check_inputs`), and its claims against them."""
     runs = expand_sweep(spec)
+    if spec.claims:
+        check_claims(spec.claims, [flatten(r.config) for r in runs], spec.controls, spec.where())
     _check_inputs(runs, dry_run)
     return runs
 

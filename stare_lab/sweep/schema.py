@@ -19,7 +19,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -38,6 +38,7 @@ from stare_lab.controls import BASE, CONTROLS
 from stare_lab.methods import list_methods
 from stare_lab.methods.registry import OUTSIDE_HINT, is_registered
 from stare_lab.rule_imports import Imported, RuleImportError, import_modules, is_reading, module_name_problem
+from stare_lab.sweep.claim_spec import Claim, parse_claims
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.keys import check_key
 from stare_lab.sweep.launchers import Launcher, launcher_defaults, parse_launcher  # noqa: F401 - launcher_defaults: tests
@@ -57,6 +58,7 @@ TOP_KEYS = (
     "launcher",
     "output",
     "search",
+    "claims",
 )
 EVAL_KEYS = tuple(schema_fields(EvalConfig))
 # A sweep file is written by hand (the shipped ones are < 3 kB); a bigger one is refused unread.
@@ -86,6 +88,7 @@ class SweepSpec:
     # the modules of rules imported for this sweep (`imports:` and `--import`): every run's `run.imports`
     imported: list[Imported] = field(default_factory=list)
     reading: bool = False  # loaded for a reading command: nothing imported, unknown rules read from records
+    claims: list[Claim] = field(default_factory=list)  # the file's `claims:` (stare_lab.sweep.claim_spec)
     controls: list[str] = field(default_factory=list)  # `controls:` (stare_lab.controls): base, random_reward
 
     @property
@@ -134,6 +137,17 @@ def load_sweep(
     line imported already (`--import`), carried to the runs with them. `reading` (default: whether
     this is a reading command, stare_lab.rule_imports.reading): import nothing, accept a rule name
     the registry does not know (its runs are read from their records, sweep.expand)."""
+    path, text, data = read_sweep_file(path)
+    spec = parse_sweep(
+        data, where=str(path), launcher=launcher, output=output, folder=path.parent, imported=imported, reading=reading
+    )
+    spec.path, spec.digest = path, hashlib.sha256(text.encode()).hexdigest()
+    return spec
+
+
+def read_sweep_file(path: Path | str) -> tuple[Path, str, Any]:
+    """(the file's path, its text, its YAML data) of a sweep file or a packaged sweep's name; a file that
+    is missing, too big, not UTF-8 or not YAML (or repeats a key) is a SweepError naming it."""
     path = sweep_path(path)
     if not path.is_file():
         raise SweepError(f"{path}: no such sweep file (or packaged sweep name: {', '.join(packaged_sweeps())})")
@@ -159,11 +173,7 @@ def load_sweep(
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""
         raise SweepError(f"{path}: invalid YAML: {where}{getattr(e, 'problem', None) or e}") from None
-    spec = parse_sweep(
-        data, where=str(path), launcher=launcher, output=output, folder=path.parent, imported=imported, reading=reading
-    )
-    spec.path, spec.digest = path, hashlib.sha256(text.encode()).hexdigest()
-    return spec
+    return path, text, data
 
 
 def parse_sweep(
@@ -178,7 +188,7 @@ def parse_sweep(
 ) -> SweepSpec:
     """A sweep's data checked (`load_sweep`; `folder`: where its `imports:` are searched first)."""
 
-    def fail(key: str, msg: str) -> None:
+    def fail(key: str, msg: str) -> NoReturn:
         raise SweepError(f"{where}: {key}: {msg}" if key else f"{where}: {msg}")
 
     reading = is_reading() if reading is None else reading
@@ -222,6 +232,9 @@ def parse_sweep(
     if search is not None and controls:
         fail("controls", "a search runs trials, not arms; controls go with a grid")
     _check_run_count(grid, variants, seeds, fail)
+    claims = parse_claims(data.get("claims"), fail)
+    if claims and search is not None:
+        fail("claims", "a search has no arms to compare; claims belong to a grid or variants sweep")
     desc = data.get("description") or ""
     return SweepSpec(
         name=name,
@@ -238,6 +251,7 @@ def parse_sweep(
         imported=imported,
         reading=reading,
         controls=controls,
+        claims=claims,
     )
 
 
