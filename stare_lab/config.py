@@ -247,9 +247,22 @@ def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
 
 
 def check_benchmarks(names: list[str], task_name: str | None) -> None:
-    """Each name is a benchmark of conf/benchmark/ or the run's own task (its held-out split)."""
+    """Each name is a benchmark of conf/benchmark/, the run's own task (its held-out split), or a
+    Reasoning Gym dataset `rg:<name>`."""
     known = set(group_options("benchmark")) | ({task_name} if task_name else set())
     for i, name in enumerate(names):
+        if str(name).startswith("rg:"):  # a Reasoning Gym dataset (docs/tasks.md)
+            from stare_lab.tasks.reasoning_gym import benchmark_problem  # deferred: reasoning_gym, only when named
+
+            problem = benchmark_problem(str(name))
+            if problem:
+                raise ConfigError(f"eval.benchmarks[{i}]: {problem}")
+            continue
+        if name == "reasoning_gym" and task_name != name:
+            raise ConfigError(
+                f"eval.benchmarks[{i}]: 'reasoning_gym' is the held-out set of a reasoning_gym task; "
+                "name its datasets instead (rg:<dataset>)"
+            )
         if name not in known:
             raise ConfigError(f"eval.benchmarks[{i}]: unknown benchmark {name!r}; valid: {', '.join(sorted(known))}")
 

@@ -45,6 +45,7 @@ from stare_lab.record import (
     read_metrics,
     truncate_metrics,
     write_metrics,
+    write_task_record,
 )
 from stare_lab.rule_imports import import_run_modules
 from stare_lab.tasks import build_task
@@ -216,13 +217,18 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
     model, tokenizer = load_model_and_tokenizer(
         m.name_or_path, dtype=m.dtype, lora=lora, attn_implementation=m.attn_implementation
     )
+    if hasattr(task, "bind_tokenizer"):  # chat: auto follows the model's chat template (reasoning_gym)
+        task.bind_tokenizer(tokenizer)
+    train_dataset = task.train_dataset()
+    if hasattr(task, "split_record") and process_rank() == 0:  # its splits' sizes, seeds, collisions removed
+        write_task_record(run_dir, task.split_record())
     rule = get_method(cfg.method.name, **plain_dict(cfg.method.params))
     t = cfg.trainer
     return TokenRuleGRPOTrainer(
         model=model,
         reward_funcs=[task_reward(task)],
         args=build_grpo_config(cfg, run_dir / CHECKPOINT_DIR),
-        train_dataset=task.train_dataset(),
+        train_dataset=train_dataset,
         processing_class=tokenizer,
         callbacks=list(callbacks),
         rule=rule,

@@ -14,7 +14,7 @@ from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_boxed, math_reward
 from stare_lab.utils import plain_dict
 
-TASK_NAMES = ("arithmetic", "math")
+TASK_NAMES = ("arithmetic", "math", "reasoning_gym")
 
 __all__ = [
     "MATH_TEMPLATE",
@@ -40,4 +40,8 @@ def build_task(cfg: Mapping[str, Any] | Any):
         if hasattr(ArithmeticTask, "from_config"):
             return ArithmeticTask.from_config(cfg)
         return ArithmeticTask(**{k: v for k, v in cfg.items() if k != "name"})
+    if name == "reasoning_gym":
+        from stare_lab.tasks.reasoning_gym import ReasoningGymTask  # deferred: reasoning_gym (~1.6 s)
+
+        return ReasoningGymTask.from_config(cfg)
     raise ValueError(f"task.name: unknown task {name!r}; valid names: {list(TASK_NAMES)}")
