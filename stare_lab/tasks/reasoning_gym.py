@@ -164,6 +164,11 @@ def heldout_seed_of(name: str, heldout_seed: int) -> int:
     return (int(heldout_seed) + zlib.crc32(name.encode())) % 2**31
 
 
+def heldout_budget(heldout_size: int) -> int:
+    """How far a dataset's held-out stream is drawn (and its generator's `size`) to find its distinct questions."""
+    return 2 * int(heldout_size) + 64
+
+
 @functools.lru_cache(maxsize=256)
 def benchmark_problem(name: str) -> str | None:
     """Why `rg:<dataset>` is not a benchmark, or None."""
@@ -232,6 +237,11 @@ class ReasoningGymTask:
     def dataset_names(self) -> list[str]:
         return [s.name for s in self.specs]
 
+    @staticmethod
+    def category_of(name: str) -> str:
+        """The library's category of a dataset (its package: logic, games, graphs, ...)."""
+        return registry()[name][0].__module__.split(".")[1]
+
     def bind_chat(self, chat_template: bool) -> None:
         """Resolve `chat: auto` with whether the model's tokenizer has a chat template."""
         if self.chat == "auto":
@@ -267,7 +277,7 @@ class ReasoningGymTask:
         if name not in self._heldout:
             spec = next(s for s in self.specs if s.name == name)
             seed = heldout_seed_of(name, self.heldout_seed)
-            budget = 2 * self.heldout_size + 64
+            budget = heldout_budget(self.heldout_size)
             generator = create(name, spec.kwargs, seed=seed, size=budget)
             kept: dict[str, tuple[str, dict[str, Any]]] = {}
             draws = 0
@@ -348,7 +358,8 @@ class ReasoningGymTask:
 
     def split_record(self) -> dict[str, Any]:
         """What the run records of its splits (task.json): sizes, seeds, draws, collisions removed."""
-        return {"task": self.name, "datasets": [s.name for s in self.specs], **self._report}
+        categories = {s.name: self.category_of(s.name) for s in self.specs}
+        return {"task": self.name, "datasets": [s.name for s in self.specs], "categories": categories, **self._report}
 
     # ------------------------------------------------------------------------------ scores
     def extract(self, completion: Any) -> str | None:

@@ -1,0 +1,70 @@
+"""A 2-step sweep on Reasoning Gym: a tiny byte-level Qwen2 built here (chat template, so the prompts go
+through it) trains on a mix of two datasets and is evaluated on both; `table` shows both columns, and the
+run records its splits (task.json) and each sample's score."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import yaml
+from tiny_qwen2 import tiny_qwen2
+
+from stare_lab.cli import main
+from stare_lab.tasks.reasoning_gym import ReasoningGymTask
+
+MIX = [
+    {"name": "knights_knaves", "weight": 1.0, "config": {"n_people": 2}},
+    {"name": "chain_sum", "weight": 1.0, "config": {}},
+]
+
+
+def test_a_two_step_sweep_trains_and_evaluates_on_two_datasets(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    texts = [r["prompt"] for r in ReasoningGymTask(MIX, train_size=64, heldout_size=4, chat=False).train_rows()]
+    model = tiny_qwen2(tmp_path / "qwen2-tiny", texts)
+    sweep = {
+        "name": "gym",
+        "base": {
+            "model": "builtin",
+            "task": "reasoning_gym",
+            "logger": "none",
+            "overrides": {
+                "model.name_or_path": str(model),
+                "task.datasets": MIX,
+                "task.train_size": 16,
+                "task.heldout_size": 3,
+                "trainer.max_steps": 2,
+                "trainer.per_device_train_batch_size": 4,
+                "trainer.num_generations": 4,
+                "trainer.gradient_accumulation_steps": 1,
+                "trainer.max_completion_length": 8,
+            },
+        },
+        "grid": {"method": ["full"]},
+        "seeds": 1,
+        "eval": {"benchmarks": ["rg:knights_knaves", "rg:chain_sum"], "n": 2, "max_tokens": 8},
+        "launcher": {"name": "local", "workers": 1},
+    }
+    path = tmp_path / "gym.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    assert main(["sweep", "run", str(path)]) == 0
+    capsys.readouterr()
+    (run,) = [p.parent for p in (tmp_path / "runs" / "gym").glob("*/config.yaml")]
+    record = json.loads((run / "task.json").read_text())
+    assert record["train"]["problems"] == 16 and sum(record["train"]["per_dataset"].values()) == 16
+    assert set(record["heldout"]) == {"knights_knaves", "chain_sum"}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all("task/no_answer" in r for r in rows)
+    for bench in ("rg:knights_knaves", "rg:chain_sum"):
+        (result,) = [json.loads(p.read_text()) for p in (run / "eval" / bench).glob("*.json")]
+        samples = pd.read_parquet(run / "eval" / bench / f"{result['settings_key']}.parquet")
+        assert result["verifier"] == "reasoning_gym" and result["num_problems"] == 3 and len(samples) == 6
+        assert samples["problem_id"].str.startswith(bench[3:] + "/heldout/").all()
+        assert result["metrics"]["score@2"] == samples.groupby("problem_id")["score"].mean().mean()
+        assert result["metrics"]["no_answer"] == samples["extracted"].isna().mean()
+        assert (samples["correct"] == (samples["score"] == 1.0)).all()
+    assert main(["table", str(path)]) == 0
+    table = capsys.readouterr().out
+    header = next(line for line in table.splitlines() if "rg:" in line)
+    assert "rg:knights_knaves" in header and "rg:chain_sum" in header and "| full |" in table
