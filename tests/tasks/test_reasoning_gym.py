@@ -87,7 +87,7 @@ def scored(name: str, config: dict) -> list[tuple[list[str], list[float], list[f
 def test_the_reward_is_the_datasets_own_score(category, name, config):
     assert ReasoningGymTask.category_of(name) == category
     for answers, rewards, expected, logged in scored(name, config):
-        assert rewards[0] == 1.0 and rewards[:-1] == expected, (name, list(zip(answers, rewards, expected, strict=False)))
+        assert rewards[0] == 1.0 and rewards[:-1] == expected, (name, answers, rewards, expected)
         assert rewards[-1] == 0.0 and logged["task/no_answer"] == 1 / len(rewards)
         assert logged[f"task/{name}/score"] == pytest.approx(sum(rewards) / len(rewards))
 
