@@ -68,3 +68,24 @@ def test_a_two_step_sweep_trains_and_evaluates_on_two_datasets(tmp_path, monkeyp
     table = capsys.readouterr().out
     header = next(line for line in table.splitlines() if "rg:" in line)
     assert "rg:knights_knaves" in header and "rg:chain_sum" in header and "| full |" in table
+
+
+def test_the_packaged_gym_sweep_expands_in_a_dry_run(tmp_path, monkeypatch, capsys):
+    """sweeps/gym.yaml: a real model by name, a logic and algorithmic mix, the field's main rules; the
+    dry run composes every run (task.datasets checked by the library) and writes nothing."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "run", "gym", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep gym: 21 runs" in out and not (tmp_path / "runs").exists()
+    for arm in ("grpo", "grpo_microbatch", "stare", "top_entropy", "clip_cov", "kl_cov", "entropy_adv"):
+        assert f"{arm} seed=2" in out
+    from stare_lab.config import sweep_path
+    from stare_lab.sweep.expand import expand_sweep
+    from stare_lab.sweep.schema import load_sweep
+
+    run = expand_sweep(load_sweep(sweep_path("gym"), output=tmp_path))[0]
+    task, benchmarks = run.config["task"], run.config["eval"]["benchmarks"]
+    assert run.config["model"]["name_or_path"] == "Qwen/Qwen2.5-1.5B-Instruct" and task["name"] == "reasoning_gym"
+    names = [d["name"] for d in task["datasets"]]
+    assert {ReasoningGymTask.category_of(n) for n in names} == {"logic", "algorithmic"}
+    assert benchmarks == [f"rg:{n}" for n in names] + ["math500"]
