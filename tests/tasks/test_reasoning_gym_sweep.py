@@ -1,6 +1,7 @@
 """A 2-step sweep on Reasoning Gym: a tiny byte-level Qwen2 built here (chat template, so the prompts go
-through it) trains on a mix of two datasets and is evaluated on both; `table` shows both columns, and the
-run records its splits (task.json) and each sample's score."""
+through it) trains on a mix of two datasets with two rules and is evaluated on both; `table` shows both
+columns with the claims' intervals, `plot` draws both, W&B's items name them, and the run records its
+splits (task.json) and each sample's score."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tiny_qwen2 import tiny_qwen2
 
 from stare_lab.cli import main
 from stare_lab.tasks.reasoning_gym import ReasoningGymTask
+from stare_lab.viewer.wandb_export import eval_items
 
 MIX = [
     {"name": "knights_knaves", "weight": 1.0, "config": {"n_people": 2}},
@@ -41,7 +43,7 @@ def test_a_two_step_sweep_trains_and_evaluates_on_two_datasets(tmp_path, monkeyp
                 "trainer.max_completion_length": 8,
             },
         },
-        "grid": {"method": ["full"]},
+        "grid": {"method": ["full", "top_entropy"]},
         "seeds": 1,
         "eval": {"benchmarks": ["rg:knights_knaves", "rg:chain_sum"], "n": 2, "max_tokens": 8},
         "launcher": {"name": "local", "workers": 1},
@@ -50,10 +52,30 @@ def test_a_two_step_sweep_trains_and_evaluates_on_two_datasets(tmp_path, monkeyp
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
     assert main(["sweep", "run", str(path)]) == 0
     capsys.readouterr()
-    (run,) = [p.parent for p in (tmp_path / "runs" / "gym").glob("*/config.yaml")]
+    runs = sorted(p.parent for p in (tmp_path / "runs" / "gym").glob("*/config.yaml"))
+    assert len(runs) == 2
+    for run in runs:
+        check_run(run)
+    assert main(["table", str(path)]) == 0
+    table = capsys.readouterr().out
+    header = next(line for line in table.splitlines() if line.startswith("| rule"))
+    assert "| rg:chain_sum (3) | rg:knights_knaves (3) |" in header, table
+    assert "| full |" in table and "| top_entropy |" in table and "verifier=reasoning_gym" in table
+    # the claims: each difference to full with its interval over seeds and problems
+    assert "problems: rg:chain_sum 3, rg:knights_knaves 3. Differences to full in points" in table
+    assert main(["table", str(path), "--metric", "score@2", "--baseline", "none"]) == 0
+    assert "score@2" in capsys.readouterr().out
+    assert main(["plot", str(path), "--out", str(tmp_path / "plots")]) == 0
+    drawn = {p.name for p in (tmp_path / "plots").iterdir()}
+    assert {"passk_rg_knights_knaves.png", "passk_rg_chain_sum.png"} <= drawn, drawn
+
+
+def check_run(run):
+    """The run's splits, its logged task metrics and its two evaluations with their scores."""
     record = json.loads((run / "task.json").read_text())
     assert record["train"]["problems"] == 16 and sum(record["train"]["per_dataset"].values()) == 16
     assert set(record["heldout"]) == {"knights_knaves", "chain_sum"}
+    assert record["categories"] == {"knights_knaves": "logic", "chain_sum": "arithmetic"}
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all("task/no_answer" in r for r in rows)
     for bench in ("rg:knights_knaves", "rg:chain_sum"):
@@ -64,10 +86,7 @@ def test_a_two_step_sweep_trains_and_evaluates_on_two_datasets(tmp_path, monkeyp
         assert result["metrics"]["score@2"] == samples.groupby("problem_id")["score"].mean().mean()
         assert result["metrics"]["no_answer"] == samples["extracted"].isna().mean()
         assert (samples["correct"] == (samples["score"] == 1.0)).all()
-    assert main(["table", str(path)]) == 0
-    table = capsys.readouterr().out
-    header = next(line for line in table.splitlines() if "rg:" in line)
-    assert "rg:knights_knaves" in header and "rg:chain_sum" in header and "| full |" in table
+        assert eval_items(result)[f"eval/{bench}/score@2"] == result["metrics"]["score@2"]  # W&B's summary
 
 
 def test_the_packaged_gym_sweep_expands_in_a_dry_run(tmp_path, monkeypatch, capsys):
