@@ -252,7 +252,7 @@ def check_benchmarks(names: list[str], task_name: str | None) -> None:
     known = set(group_options("benchmark")) | ({task_name} if task_name else set())
     for i, name in enumerate(names):
         if str(name).startswith("rg:"):  # a Reasoning Gym dataset (docs/tasks.md)
-            from stare_lab.tasks.reasoning_gym import benchmark_problem  # deferred: reasoning_gym, only when named
+            from stare_lab.tasks.reasoning_gym_specs import benchmark_problem  # deferred: only for an rg: name
 
             problem = benchmark_problem(str(name))
             if problem:

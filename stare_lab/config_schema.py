@@ -229,7 +229,7 @@ class MathTaskConfig:
 
 def _rg_datasets(value: Any) -> str | None:
     """task.datasets of reasoning_gym: names, weights and generator configs, checked by the library itself."""
-    from stare_lab.tasks.reasoning_gym import datasets_problem  # deferred: reasoning_gym, only for this task
+    from stare_lab.tasks.reasoning_gym_specs import datasets_problem  # deferred: the schemas import no task module
 
     return datasets_problem(value)
 
