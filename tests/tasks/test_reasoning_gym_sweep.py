@@ -45,7 +45,8 @@ def test_a_two_step_sweep_trains_and_evaluates_on_two_datasets(tmp_path, monkeyp
         },
         "grid": {"method": ["full", "top_entropy"]},
         "seeds": 1,
-        "eval": {"benchmarks": ["rg:knights_knaves", "rg:chain_sum"], "n": 2, "max_tokens": 8},
+        # each dataset's benchmark, and the task's own name: both held-out sets together
+        "eval": {"benchmarks": ["rg:knights_knaves", "rg:chain_sum", "reasoning_gym"], "n": 2, "max_tokens": 8},
         "launcher": {"name": "local", "workers": 1},
     }
     path = tmp_path / "gym.yaml"
@@ -59,10 +60,10 @@ def test_a_two_step_sweep_trains_and_evaluates_on_two_datasets(tmp_path, monkeyp
     assert main(["table", str(path)]) == 0
     table = capsys.readouterr().out
     header = next(line for line in table.splitlines() if line.startswith("| rule"))
-    assert "| rg:chain_sum (3) | rg:knights_knaves (3) |" in header, table
+    assert "| reasoning_gym (6) | rg:chain_sum (3) | rg:knights_knaves (3) |" in header, table
     assert "| full |" in table and "| top_entropy |" in table and "verifier=reasoning_gym" in table
     # the claims: each difference to full with its interval over seeds and problems
-    assert "problems: rg:chain_sum 3, rg:knights_knaves 3. Differences to full in points" in table
+    assert "rg:chain_sum 3, rg:knights_knaves 3. Differences to full in points" in table
     assert main(["table", str(path), "--metric", "score@2", "--baseline", "none"]) == 0
     assert "score@2" in capsys.readouterr().out
     assert main(["plot", str(path), "--out", str(tmp_path / "plots")]) == 0
@@ -78,6 +79,7 @@ def check_run(run):
     assert record["categories"] == {"knights_knaves": "logic", "chain_sum": "arithmetic"}
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all("task/no_answer" in r for r in rows)
+    ids = {}
     for bench in ("rg:knights_knaves", "rg:chain_sum"):
         (result,) = [json.loads(p.read_text()) for p in (run / "eval" / bench).glob("*.json")]
         samples = pd.read_parquet(run / "eval" / bench / f"{result['settings_key']}.parquet")
@@ -87,6 +89,9 @@ def check_run(run):
         assert result["metrics"]["no_answer"] == samples["extracted"].isna().mean()
         assert (samples["correct"] == (samples["score"] == 1.0)).all()
         assert eval_items(result)[f"eval/{bench}/score@2"] == result["metrics"]["score@2"]  # W&B's summary
+        ids[bench] = set(samples["problem_id"])
+    (mixed,) = (run / "eval" / "reasoning_gym").glob("*.parquet")
+    assert set(pd.read_parquet(mixed)["problem_id"]) == ids["rg:knights_knaves"] | ids["rg:chain_sum"]
 
 
 def test_the_packaged_gym_sweep_expands_in_a_dry_run(tmp_path, monkeypatch, capsys):
