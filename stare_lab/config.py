@@ -192,6 +192,11 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
     and the combinations TRL or evaluation would refuse later. ConfigError naming the key."""
     _check_section(Config, cfg, "")
     _check_task(cfg["task"])
+    if cfg["task"].get("name") == "reasoning_gym" and cfg["model"]["name_or_path"] == "builtin":
+        raise ConfigError(
+            "model.name_or_path: the built-in model reads 64 tokens and Reasoning Gym's prompts are hundreds; "
+            "train task=reasoning_gym on a real model (model=qwen2_5_1_5b, or a path)"
+        )
     t = cfg["trainer"]
     processes = int(cfg["run"].get("processes") or 1)
     per_generation = t["steps_per_generation"] or t["gradient_accumulation_steps"]

@@ -134,7 +134,9 @@ def test_every_value_has_a_comment_above_it(path):
 
 
 COMPOSE_CASES = [
-    [f"{g}={o}"] + (["task.train_source=x.jsonl"] if o == "math" and g == "task" else [])
+    [f"{g}={o}"]
+    + (["task.train_source=x.jsonl"] if o == "math" and g == "task" else [])
+    + (["model=qwen2_5_1_5b"] if o == "reasoning_gym" and g == "task" else [])
     for g in ("model", "task", "trainer", "logger", "eval")
     for o in group_options(g)
 ]

@@ -213,7 +213,7 @@ def test_evaluation_rows_keep_the_score_and_report_the_mean_score():
 )
 def test_bad_input_is_refused_with_one_line(override, message):
     with pytest.raises(ConfigError) as err:
-        compose(["task=reasoning_gym", override])
+        compose(["task=reasoning_gym", "model=qwen2_5_1_5b", override])
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -221,6 +221,13 @@ def test_the_closest_names_are_offered():
     with pytest.raises(ConfigError, match=r"closest: zebra_puzzles"):
         compose(["task=reasoning_gym", "task.datasets=[{name:zebra_puzzle,weight:1,config:{}}]"])
     assert compose(["eval.benchmarks=[rg:knights_knaves,arithmetic]"]).eval.benchmarks[0] == "rg:knights_knaves"
+
+
+def test_the_built_in_model_is_refused_for_the_task():
+    """Its 64 positions can not hold the prompts: refused before launch, not an index error at step 1."""
+    with pytest.raises(ConfigError, match=r"^model.name_or_path: the built-in model reads 64 tokens"):
+        compose(["task=reasoning_gym"])
+    assert compose(["task=reasoning_gym", "model=qwen2_5_1_5b"]).task.name == "reasoning_gym"
 
 
 REFUSE = """
