@@ -2,7 +2,9 @@
 
 A task has `name`, `train_dataset()`, `heldout_dataset()` (datasets with columns `prompt`,
 `answer`, `problem_id`), `extract(completion)`, `verify(completion, answer)` and
-`reward(completions, answer, **kwargs)` (a TRL reward function).
+`reward(completions, answer, **kwargs)` (a TRL reward function). A task whose score needs the problem
+itself (reasoning_gym: each dataset scores against its entry, partial credit included) also has
+`score(completion, extracted, record)`, which evaluation uses instead of `verify` (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def build_task(cfg: Mapping[str, Any] | Any):
             return ArithmeticTask.from_config(cfg)
         return ArithmeticTask(**{k: v for k, v in cfg.items() if k != "name"})
     if name == "reasoning_gym":
-        from stare_lab.tasks.reasoning_gym import ReasoningGymTask  # deferred: reasoning_gym (~1.6 s)
+        from stare_lab.tasks.reasoning_gym import ReasoningGymTask  # deferred: only for this task
 
         return ReasoningGymTask.from_config(cfg)
     raise ValueError(f"task.name: unknown task {name!r}; valid names: {list(TASK_NAMES)}")
