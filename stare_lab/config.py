@@ -202,6 +202,11 @@ def check_values(cfg: Mapping[str, Any], *, rule: bool = True) -> None:
     and the combinations TRL or evaluation would refuse later. ConfigError naming the key."""
     _check_section(Config, cfg, "")
     _check_task(cfg["task"])
+    if cfg["task"].get("name") == "reasoning_gym" and cfg["model"]["name_or_path"] == "builtin":
+        raise ConfigError(
+            "model.name_or_path: the built-in model reads 64 tokens and Reasoning Gym's prompts are hundreds; "
+            "train task=reasoning_gym on a real model (model=qwen2_5_1_5b, or a path)"
+        )
     t = cfg["trainer"]
     processes = int(cfg["run"].get("processes") or 1)
     per_generation = t["steps_per_generation"] or t["gradient_accumulation_steps"]
@@ -257,9 +262,22 @@ def _check_section(schema: type, data: Mapping[str, Any], prefix: str) -> None:
 
 
 def check_benchmarks(names: list[str], task_name: str | None) -> None:
-    """Each name is a benchmark of conf/benchmark/ or the run's own task (its held-out split)."""
+    """Each name is a benchmark of conf/benchmark/, the run's own task (its held-out split), or a
+    Reasoning Gym dataset `rg:<name>`."""
     known = set(group_options("benchmark")) | ({task_name} if task_name else set())
     for i, name in enumerate(names):
+        if str(name).startswith("rg:"):  # a Reasoning Gym dataset (docs/tasks.md)
+            from stare_lab.tasks.reasoning_gym_specs import benchmark_problem  # deferred: only for an rg: name
+
+            problem = benchmark_problem(str(name))
+            if problem:
+                raise ConfigError(f"eval.benchmarks[{i}]: {problem}")
+            continue
+        if name == "reasoning_gym" and task_name != name:
+            raise ConfigError(
+                f"eval.benchmarks[{i}]: 'reasoning_gym' is the held-out set of a reasoning_gym task; "
+                "name its datasets instead (rg:<dataset>)"
+            )
         if name not in known:
             raise ConfigError(f"eval.benchmarks[{i}]: unknown benchmark {name!r}; valid: {', '.join(sorted(known))}")
 

@@ -231,9 +231,36 @@ class MathTaskConfig:
     reward_p: float = bounded(gt=0, lt=1)
 
 
+def _rg_datasets(value: Any) -> str | None:
+    """task.datasets of reasoning_gym: names, weights and generator configs, checked by the library itself."""
+    from stare_lab.tasks.reasoning_gym_specs import datasets_problem  # deferred: the schemas import no task module
+
+    return datasets_problem(value)
+
+
+@dataclass
+class ReasoningGymTaskConfig:
+    name: str = MISSING
+    datasets: list[Any] = bounded(check=_rg_datasets)  # [{name, weight, config}]
+    train_size: int = bounded(ge=1)
+    heldout_size: int = bounded(ge=1)  # per dataset
+    seed: int = bounded(ge=0, lt=2**32)
+    heldout_seed: int = bounded(ge=0, lt=2**32)
+    template: str = MISSING  # must contain {question} and {tag}
+    answer_tag: str = MISSING
+    chat: Any = bounded(choices=(True, False, "auto"))
+    system_prompt: str | None = MISSING
+    reward: str = bounded(choices=("verifier", "random"))
+    reward_p: float = bounded(gt=0, lt=1)
+
+
 # The `task` section is free-form in `Config` (each task has its own keys); these schemas check
 # the keys a task's YAML or an override sets (keys left out take the task's own defaults).
-TASK_SCHEMAS: dict[str, type] = {"arithmetic": ArithmeticTaskConfig, "math": MathTaskConfig}
+TASK_SCHEMAS: dict[str, type] = {
+    "arithmetic": ArithmeticTaskConfig,
+    "math": MathTaskConfig,
+    "reasoning_gym": ReasoningGymTaskConfig,
+}
 
 
 @functools.cache

@@ -41,6 +41,7 @@ from stare_lab.record import (
     process_count,
 )
 from stare_lab.tasks import build_task
+from stare_lab.tasks.reasoning_gym import chat_template_present
 from stare_lab.vllm_engine import build_llm
 
 # Where neither the command, the run's eval config nor the benchmark sets a value: the usual
@@ -58,9 +59,18 @@ def local_benchmark_file(name: str) -> Path | None:
     return None
 
 
-def _benchmark(name: str, task) -> tuple[list[dict], Any, dict[str, Any]]:
+def _benchmark(name: str, task, chat_template: bool = False) -> tuple[list[dict], Any, dict[str, Any]]:
     """(records, verifier, the benchmark's own settings) of one benchmark; the run's own task
-    supplies its held-out split and its verifier."""
+    supplies its held-out split and its verifier; `rg:<dataset>` is a Reasoning Gym dataset's held-out
+    problems (stare_lab.tasks.reasoning_gym.benchmark_task), prompted through the chat template when the
+    model has one (`chat_template`)."""
+    if name.startswith("rg:"):
+        from stare_lab.tasks.reasoning_gym import benchmark_task  # deferred: reasoning_gym, only when named
+
+        own = benchmark_config("reasoning_gym")
+        rg_task = benchmark_task(name, task, own)
+        rg_task.bind_chat(chat_template)
+        return rg_task.benchmark_records(name[len("rg:") :]), rg_task, own
     if name == task.name and hasattr(task, "heldout_dataset"):
         records = [
             {
@@ -110,9 +120,12 @@ def evaluate_model(
     settings and step (then not recomputed unless `force`). The engine in the settings is the one
     `model` is (a `vllm.LLM` or a transformers model), whatever the config asked for."""
     task = build_task(cfg.task)
+    chat_template = chat_template_present(model, tokenizer)
+    if hasattr(task, "bind_chat"):  # a task whose prompts follow the model's chat template (reasoning_gym)
+        task.bind_chat(chat_template)
     results = {}
     for name in cfg.eval.benchmarks:
-        records, verifier, own = _benchmark(name, task)
+        records, verifier, own = _benchmark(name, task, chat_template)
         s = {**eval_settings(cfg, own, verifier, overrides), "engine": engine_name(model)}
         found = find_eval_result(out_dir, name, s, step, final=not intermediate)
         if found is not None and not force:

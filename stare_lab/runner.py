@@ -46,6 +46,7 @@ from stare_lab.record import (
     read_metrics,
     truncate_metrics,
     write_metrics,
+    write_task_record,
 )
 from stare_lab.rule_imports import import_run_modules
 from stare_lab.tasks import build_task
@@ -219,6 +220,11 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
     model, tokenizer = load_model_and_tokenizer(
         m.name_or_path, dtype=m.dtype, lora=lora, attn_implementation=m.attn_implementation
     )
+    if hasattr(task, "bind_tokenizer"):  # chat: auto follows the model's chat template (reasoning_gym)
+        task.bind_tokenizer(tokenizer)
+    train_dataset = task.train_dataset()
+    if hasattr(task, "split_record") and process_rank() == 0:  # its splits' sizes, seeds, collisions removed
+        write_task_record(run_dir, task.split_record())
     rule = get_method(cfg.method.name, **plain_dict(cfg.method.params))
     t = cfg.trainer
     rewards, weights = training_rewards(task, plain_dict(cfg.task), int(cfg.seed))
@@ -228,7 +234,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks=()):
         model=model,
         reward_funcs=rewards,
         args=args,
-        train_dataset=task.train_dataset(),
+        train_dataset=train_dataset,
         processing_class=tokenizer,
         callbacks=list(callbacks),
         rule=rule,

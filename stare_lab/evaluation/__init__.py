@@ -23,6 +23,7 @@ from stare_lab.evaluation.benchmarks import (
     list_benchmarks,
     load_benchmark,
     record_prompt,
+    resolve_scorer,
     resolve_verifier,
 )
 from stare_lab.evaluation.sampling import (
@@ -54,6 +55,7 @@ __all__ = [
     "maj_at_k",
     "pass_at_k",
     "per_problem_counts",
+    "resolve_scorer",
     "resolve_verifier",
     "sample_units",
     "summarize",
@@ -89,13 +91,13 @@ def evaluate_benchmark(
     records: dicts with `problem_id`, `answer` (gold) and `problem` (formatted with `template`,
     default the fixed `\\boxed{}` template) or an already formatted `prompt`.
     """
-    verifier, extract, check = resolve_verifier(task_or_verifier)
+    verifier, extract, _ = resolve_verifier(task_or_verifier)
     prompts = [record_prompt(r, template or MATH_TEMPLATE, chat) for r in records]
     rank, processes = eval_shard()
     samples = generate_samples(
         model, tokenizer, prompts, n, temperature, top_p, max_tokens, batch_size, seed, shard=(rank, processes)
     )
-    rows = checked_rows(records, samples, extract, check)
+    rows = checked_rows(records, samples, extract, resolve_scorer(task_or_verifier))
     if processes > 1:
         rows = gather_rows(rows)
     rows = [
@@ -110,7 +112,11 @@ def evaluate_benchmark(
         **settings,
         "engine": engine_name(model),
         "num_problems": len(records),
-        "metrics": summarize(pd.DataFrame(rows, columns=list(PARQUET_COLUMNS)), n),
+        "metrics": summarize(
+            pd.DataFrame(rows, columns=list(PARQUET_COLUMNS)),
+            n,
+            partial=bool(getattr(task_or_verifier, "partial_credit", False)),
+        ),
     }
     path = write_eval_result(out_dir, result, rows) if rank == 0 else eval_result_path(out_dir, name, result, step)
     if processes > 1:
@@ -122,15 +128,17 @@ def checked_rows(
     records: Sequence[Mapping[str, Any]],
     samples: Sequence[Sequence[tuple[str, int]] | None],
     extract: Callable[[str], Any],
-    check: Callable[[str, Any, str], bool],
+    score: Callable[[str, Any, Mapping[str, Any]], float],
 ) -> list[dict[str, Any]]:
-    """One row per sample of this process's records (None: another rank's problem), checked against the
-    gold; `_order` is the record's index, by which the rows of every rank are put back in order."""
+    """One row per sample of this process's records (None: another rank's problem), scored against the
+    gold (stare_lab.evaluation.benchmarks.resolve_scorer: correct at 1.0); `_order` is the record's
+    index, by which the rows of every rank are put back in order."""
     rows = []
     for index, (record, outputs) in enumerate(zip(records, samples, strict=True)):
         gold = str(record["answer"])
         for j, (text, length) in enumerate(outputs or []):
             extracted = extract(text)
+            value = float(score(text, extracted, record))
             rows.append(
                 {
                     "problem_id": str(record["problem_id"]),
@@ -138,8 +146,9 @@ def checked_rows(
                     "answer": text,
                     "extracted": None if extracted is None else str(extracted),
                     "gold": gold,
-                    "correct": bool(check(text, extracted, gold)),
+                    "correct": value == 1.0,
                     "length": int(length),
+                    "score": value,
                     "_order": index,
                 }
             )

@@ -19,7 +19,7 @@ from stare_lab.tasks.math import build_prompt, chat_messages, extract_boxed, ver
 from stare_lab.utils import plain_dict
 
 BENCHMARK_DIRS = (CONF_DIR / "benchmark",)
-VERIFIERS = ("math_verify", "exact")
+VERIFIERS = ("math_verify", "exact", "reasoning_gym")
 
 
 def resolve_verifier(task_or_verifier: Any) -> tuple[str, Callable[[str], Any], Callable[[str, Any, str], bool]]:
@@ -29,11 +29,23 @@ def resolve_verifier(task_or_verifier: Any) -> tuple[str, Callable[[str], Any], 
             return "math_verify", extract_boxed, lambda text, ext, gold: verify_boxed(ext, gold)
         if task_or_verifier == "exact":
             task_or_verifier = build_task({"name": "arithmetic"})
+        elif task_or_verifier == "reasoning_gym":
+            raise ValueError("verifier reasoning_gym scores against each problem's entry: pass the task itself")
         else:
             raise ValueError(f"verifier: unknown {task_or_verifier!r}; valid: {list(VERIFIERS)}")
     task = task_or_verifier
     name = getattr(task, "verifier", None) or ("math_verify" if getattr(task, "name", "") == "math" else "exact")
     return name, task.extract, lambda text, ext, gold: bool(task.verify(text, gold))
+
+
+def resolve_scorer(task_or_verifier: Any) -> Callable[[str, Any, Mapping[str, Any]], float]:
+    """score(text, extracted, record) of a verifier: the task's own `score` (a dataset's partial credit,
+    against the problem's entry), else 1.0 where the verifier's check passes and 0.0 elsewhere."""
+    score = getattr(task_or_verifier, "score", None)
+    if callable(score):
+        return score
+    _, _, check = resolve_verifier(task_or_verifier)
+    return lambda text, ext, record: float(bool(check(text, ext, str(record["answer"]))))
 
 
 def record_prompt(record: Mapping[str, Any], template: str, chat: bool) -> Any:

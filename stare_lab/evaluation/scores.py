@@ -105,8 +105,11 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
-def summarize(records_df: Any, n: int) -> dict[str, Any]:
-    """`{"avg@n", "avg@n_ci", "pass@1", "pass@2", "pass@4", ... (k ≤ n, powers of 2), "maj@n"}`."""
+def summarize(records_df: Any, n: int, partial: bool = False) -> dict[str, Any]:
+    """`{"avg@n", "avg@n_ci", "pass@1", "pass@2", "pass@4", ... (k ≤ n, powers of 2), "maj@n"}`; with
+    `partial` (a verifier that gives partial credit, rows with `score`) also `score@n` (the mean score per
+    problem, then over problems, with `score@n_ci`) and `no_answer` (the fraction of samples without an
+    extracted answer)."""
     df = _records_frame(records_df)
     counts = per_problem_counts(df)
     short = counts[counts["n"] != n]
@@ -119,4 +122,9 @@ def summarize(records_df: Any, n: int) -> dict[str, Any]:
         metrics[f"pass@{k}"] = float(np.mean(pass_at_k(counts["n"].to_numpy(), counts["c"].to_numpy(), k)))
         k *= 2
     metrics[f"maj@{n}"] = maj_at_k(df, n)
+    if partial:
+        scores = df.groupby("problem_id", sort=False)["score"].mean().to_numpy(dtype=np.float64)
+        metrics[f"score@{n}"] = float(scores.mean())
+        metrics[f"score@{n}_ci"] = list(bootstrap_ci(scores))
+        metrics["no_answer"] = float(df["extracted"].isna().mean())
     return metrics

@@ -55,6 +55,7 @@ from stare_lab.record.files import (
     METRICS_FILE,
     RULE_STATE_FILE,
     STATUS_FILE,
+    TASK_FILE,
     WANDB_DIR,
     RecordError,
     bad_copy_path,
@@ -63,6 +64,7 @@ from stare_lab.record.files import (
     now_iso,
     read_json,
     set_aside,
+    write_task_record,
 )
 from stare_lab.record.metrics import (
     append_metrics,
@@ -103,6 +105,7 @@ __all__ = [
     "SETTING_DEFAULTS",
     "STATES",
     "STATUS_FILE",
+    "TASK_FILE",
     "WANDB_DIR",
     "RecordError",
     "RunClaim",
@@ -145,4 +148,5 @@ __all__ = [
     "write_eval_result",
     "write_metrics",
     "write_status",
+    "write_task_record",
 ]

@@ -50,6 +50,7 @@ SAMPLE_COLUMNS = (
     ("gold", "string"),
     ("correct", "bool_"),
     ("length", "int64"),  # completion tokens
+    ("score", "float64"),  # the verifier's score: 1.0 / 0.0, or a dataset's partial credit (correct: 1.0)
 )
 
 

@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from stare_lab.utils import atomic_write_text
+
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
@@ -19,6 +21,7 @@ EVAL_DIR = "eval"
 WANDB_DIR = "wandb"
 CLAIM_FILE = ".claim"  # flock'ed by the one worker executing the run
 RULE_STATE_FILE = "rule_state.json"  # written by the trainer into each checkpoint
+TASK_FILE = "task.json"  # a generated task's splits: sizes, seeds, held-out collisions removed
 
 
 class RecordError(Exception):
@@ -46,6 +49,13 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def write_task_record(run_dir: Path | str, record: dict[str, Any]) -> Path:
+    """`<run_dir>/task.json`: what a task that generates its problems records of its splits, atomically."""
+    path = Path(run_dir) / TASK_FILE
+    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path
 
 
 def bad_copy_path(path: Path) -> Path:

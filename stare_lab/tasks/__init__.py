@@ -2,7 +2,9 @@
 
 A task has `name`, `train_dataset()`, `heldout_dataset()` (datasets with columns `prompt`,
 `answer`, `problem_id`), `extract(completion)`, `verify(completion, answer)` and
-`reward(completions, answer, **kwargs)` (a TRL reward function).
+`reward(completions, answer, **kwargs)` (a TRL reward function). A task whose score needs the problem
+itself (reasoning_gym: each dataset scores against its entry, partial credit included) also has
+`score(completion, extracted, record)`, which evaluation uses instead of `verify` (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_
 from stare_lab.tasks.rewards import REWARD_KEYS
 from stare_lab.utils import plain_dict
 
-TASK_NAMES = ("arithmetic", "math")
+TASK_NAMES = ("arithmetic", "math", "reasoning_gym")
 
 __all__ = [
     "MATH_TEMPLATE",
@@ -42,4 +44,8 @@ def build_task(cfg: Mapping[str, Any] | Any):
         if hasattr(ArithmeticTask, "from_config"):
             return ArithmeticTask.from_config(cfg)
         return ArithmeticTask(**{k: v for k, v in cfg.items() if k != "name"})
+    if name == "reasoning_gym":
+        from stare_lab.tasks.reasoning_gym import ReasoningGymTask  # deferred: only for this task
+
+        return ReasoningGymTask.from_config(cfg)
     raise ValueError(f"task.name: unknown task {name!r}; valid names: {list(TASK_NAMES)}")

@@ -16,6 +16,7 @@ from sweep_fixtures import ROOT
 
 from stare_lab import config
 from stare_lab.config import CONF_DIR, Config, ConfigError, compose, group_options
+from stare_lab.evaluation.benchmarks import VERIFIERS
 from stare_lab.methods import list_methods
 from stare_lab.sweep.expand import expand_sweep
 from stare_lab.sweep.launchers import LAUNCHERS
@@ -133,7 +134,9 @@ def test_every_value_has_a_comment_above_it(path):
 
 
 COMPOSE_CASES = [
-    [f"{g}={o}"] + (["task.train_source=x.jsonl"] if o == "math" and g == "task" else [])
+    [f"{g}={o}"]
+    + (["task.train_source=x.jsonl"] if o == "math" and g == "task" else [])
+    + (["model=qwen2_5_1_5b"] if o == "reasoning_gym" and g == "task" else [])
     for g in ("model", "task", "trainer", "logger", "eval")
     for o in group_options(g)
 ]
@@ -156,7 +159,7 @@ def test_every_launcher_and_benchmark_file_loads():
             assert config.field_problem(values[key], hint, rules) is None, (name, key)
     for path in sorted((CONF_DIR / "benchmark").glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
-        assert data["name"] == path.stem and data["verifier"] in ("math_verify", "exact") and data["n"] >= 1, path
+        assert data["name"] == path.stem and data["verifier"] in VERIFIERS and data["n"] >= 1, path
         assert data["temperature"] >= 0 and 0 < data["top_p"] <= 1, path
 
 

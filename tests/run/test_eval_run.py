@@ -48,7 +48,8 @@ def test_intermediate_and_final_evaluation_records(tmp_path, capsys):
         result = found[key]
         rows = pd.read_parquet(d / "eval" / "arithmetic" / f"{key}.parquet")
         assert len(rows) == 12 * 4 and rows.groupby("problem_id").size().eq(4).all()
-        assert list(rows.columns) == ["problem_id", "sample_index", "answer", "extracted", "gold", "correct", "length"]
+        columns = ["problem_id", "sample_index", "answer", "extracted", "gold", "correct", "length", "score"]
+        assert list(rows.columns) == columns and rows["score"].tolist() == rows["correct"].astype(float).tolist()
         counts = rows.groupby("problem_id")["correct"].sum()
         assert result["metrics"]["avg@4"] == rows["correct"].mean()
         assert abs(result["metrics"]["pass@2"] - float(pass_at_k(4, counts.to_numpy(), 2).mean())) < 1e-12

@@ -13,6 +13,7 @@ import pytest
 
 from stare_lab.evaluation import (
     PARQUET_COLUMNS,
+    VERIFIERS,
     avg_at_n,
     bootstrap_ci,
     evaluate_benchmark,
@@ -279,7 +280,7 @@ def test_benchmark_configs_are_complete():
 
     for path in (d / f"{n}.yaml" for d in BENCHMARK_DIRS for n in names if (d / f"{n}.yaml").is_file()):
         cfg = OmegaConf.to_container(OmegaConf.load(path))
-        assert cfg["name"] == path.stem and cfg["verifier"] in {"math_verify", "exact"} and cfg["n"] in {4, 32}
+        assert cfg["name"] == path.stem and cfg["verifier"] in set(VERIFIERS) and cfg["n"] in {4, 32}
         assert cfg["source"]
     with pytest.raises(ValueError, match="known:"):
         load_benchmark("nope")

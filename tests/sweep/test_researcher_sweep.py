@@ -9,53 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tiny_qwen2 import tiny_qwen2
 
 from stare_lab.cli import main
 from stare_lab.config import BENCHMARK_DATA_DIR
 from stare_lab.tasks.loaders import load_records
 
 MATH500 = BENCHMARK_DATA_DIR / "math500.jsonl"
-
-
-def tiny_qwen2(out: Path) -> Path:
-    import torch
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    t.decoder = decoders.ByteLevel()
-    problems = [r["problem"] for r in load_records(str(MATH500))]
-    t.train_from_iterator(
-        problems,
-        trainers.BpeTrainer(
-            vocab_size=400,
-            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def write(path: Path, sweep: dict) -> Path:
@@ -65,7 +25,7 @@ def write(path: Path, sweep: dict) -> Path:
 
 def test_a_researchers_sweep_on_a_local_qwen2_runs_to_a_table(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    model = tiny_qwen2(tmp_path / "qwen2-tiny")
+    model = tiny_qwen2(tmp_path / "qwen2-tiny", [r["problem"] for r in load_records(str(MATH500))])
     sweep = {
         "name": "mine",
         "base": {

@@ -173,7 +173,7 @@ def test_math_task_from_files(files):
 
 
 def test_build_task_rejects_unknown_names_and_keys():
-    with pytest.raises(ValueError, match=r"'nope'.*\['arithmetic', 'math'\]"):
+    with pytest.raises(ValueError, match=r"'nope'.*\['arithmetic', 'math', 'reasoning_gym'\]"):
         build_task({"name": "nope"})
     with pytest.raises(ValueError, match="task.bogus"):
         build_task({"name": "math", "bogus": 1})
