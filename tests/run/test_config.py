@@ -185,7 +185,9 @@ def test_derived_defaults_and_run_id_come_from_one_function():
 
 def test_method_group_is_the_registry():
     assert not (CONF_DIR / "method").exists()
-    assert group_options("method") == sorted(list_methods())
+    # the registry's rules, and `base` (the untrained model: stare_lab.controls, not a rule)
+    assert group_options("method") == sorted([*list_methods(), "base"])
+    assert "base" not in list_methods()
     for name in list_methods():
         assert compose([f"method={name}"]).method.name == name
     with pytest.raises(ConfigError) as e:
@@ -193,7 +195,7 @@ def test_method_group_is_the_registry():
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("unknown method option 'nope'; valid: ")
     valid, hint = msg.split("valid: ")[1].split("; ")
-    assert valid.split(", ") == sorted(list_methods())
+    assert valid.split(", ") == sorted([*list_methods(), "base"])
     assert "--import MODULE" in hint and "imports:" in hint and "stare_lab.rules" in hint
 
 
@@ -231,7 +233,7 @@ def test_a_new_rule_reaches_configs_and_the_demo_sweep_by_itself(throwaway_rule,
     mine = [r for r in runs if r.config["method"]["name"] == throwaway_rule]
     assert [r.label for r in mine] == [f"{throwaway_rule} seed=0", f"{throwaway_rule} seed=1"]
     assert mine[0].config["method"]["params"] == {"rho": 0.5}
-    assert len(runs) == 2 * len(list_methods())
+    assert len(runs) == 2 * (len(list_methods()) + len(spec.controls))  # every rule and each control, 2 seeds
 
 
 def test_the_throwaway_rule_is_gone_afterwards():
@@ -250,7 +252,7 @@ def test_sweeps_are_found_by_path_or_by_packaged_name(tmp_path, monkeypatch):
     (tmp_path / "demo").mkdir()  # a path that exists wins over the name
     assert sweep_path("demo") == Path("demo")
     assert sweep_path("sweeps/demo.yaml") == Path("sweeps/demo.yaml")
-    with pytest.raises(SweepError, match=r"^nope: no such sweep file \(or packaged sweep name: anchor_explorer, demo,"):
+    with pytest.raises(SweepError, match=r"^nope: no such sweep file \(or packaged sweep name: anchor_explorer, .*demo,"):
         load_sweep("nope")
 
 

@@ -10,12 +10,11 @@ N(mean_a, sd_a) over seeds.
 Records: the sweep file's planned runs (stare_lab.sweep.expand) get their resolved config.yaml, a
 finished status.json, metrics.jsonl rows and eval/<benchmark>/<settings>.json + .parquet written by
 stare_lab.record's own writers; the control arms (`base`: method base, no training metrics;
-`random_reward`: full trained on random rewards) are written beside them from the first `full` run.
+`random_reward`: full trained on random rewards) are planned runs of the expansion like the others.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from pathlib import Path
@@ -105,29 +104,13 @@ def sweep_file(folder: Path, name: str, arms: dict[str, dict], seeds: list[int],
 
 
 def write_records(path: Path, problems: pd.DataFrame, training: pd.DataFrame | None) -> list[Path]:
-    """The records of the sweep at `path`: its planned runs and its controls' (see the module docstring)."""
-    data = yaml.safe_load(path.read_text())
-    controls = data.pop("controls", [])
-    spec = parse_sweep(data, where=str(path), folder=path.parent, reading=True)
+    """The records of the sweep at `path`: its planned runs, its controls' included (see the module docstring)."""
+    spec = parse_sweep(yaml.safe_load(path.read_text()), where=str(path), folder=path.parent, reading=True)
     runs = [(r.config, r.run_dir, _label(r)) for r in expand_sweep(spec)]
-    template = next(c for c, _, label in runs if label == "full")
-    for control in controls:
-        for seed in spec.seeds:
-            cfg = copy.deepcopy(template)
-            cfg["seed"] = seed
-            if control == "base":
-                cfg["method"] = {"name": "base", "params": {}}
-                cfg["trainer"]["max_steps"] = 0
-                cfg["run"]["variant"] = None
-            else:
-                cfg["task"]["reward"] = "random"
-                cfg["run"]["variant"] = control
-            cfg["run"]["id"] = f"{control}-s{seed}"
-            runs.append((cfg, spec.folder / cfg["run"]["id"], control))
     for cfg, run_dir, label in runs:
         _write_run(run_dir, cfg, label, problems, training)
     planned = [{"id": c["run"]["id"], "label": c["run"]["label"], "variant": c["run"]["variant"], "seed": c["seed"]}
-               for c, _, label in runs if label not in controls]  # fmt: skip
+               for c, _, _ in runs]  # fmt: skip
     digest = hashlib.sha256(path.read_text().encode()).hexdigest()
     write_manifest(spec.folder, spec.name, digest, runs=planned, launcher="local")  # as `sweep run` writes it
     return [d for _, d, _ in runs]
