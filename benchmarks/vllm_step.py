@@ -62,8 +62,8 @@ def plain_trl(cfg, out: Path):
 
     from stare_lab.models import load_model_and_tokenizer
     from stare_lab.runner import build_grpo_config
-    from stare_lab.tasks.rewards import verifier_reward
     from stare_lab.tasks import build_task
+    from stare_lab.tasks.rewards import verifier_reward
 
     task = build_task(cfg.task)
     model, tok = load_model_and_tokenizer(cfg.model.name_or_path, dtype=cfg.model.dtype)

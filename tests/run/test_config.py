@@ -252,7 +252,9 @@ def test_sweeps_are_found_by_path_or_by_packaged_name(tmp_path, monkeypatch):
     (tmp_path / "demo").mkdir()  # a path that exists wins over the name
     assert sweep_path("demo") == Path("demo")
     assert sweep_path("sweeps/demo.yaml") == Path("sweeps/demo.yaml")
-    with pytest.raises(SweepError, match=r"^nope: no such sweep file \(or packaged sweep name: anchor_explorer, .*demo,"):
+    with pytest.raises(
+        SweepError, match=r"^nope: no such sweep file \(or packaged sweep name: anchor_explorer, .*demo,"
+    ):
         load_sweep("nope")
 
 
