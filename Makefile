@@ -39,10 +39,19 @@ vllm-env: $(STAMP_VLLM)
 demo: $(STAMP)
 	$(VENV)/bin/stare-lab demo
 
+# Both suites run whatever the first one gives, and the target fails at the end if either failed: one red
+# part never hides the other's result. $(1): extra pytest options.
+define both_suites
+	@echo '$(PY) -m pytest -q -rs $(1) --durations=10'; $(PY) -m pytest -q -rs $(1) --durations=10; main=$$?; \
+	echo '$(PY_VLLM) -m pytest -q -rs $(1) --durations=10 tests/vllm_tests'; \
+	$(PY_VLLM) -m pytest -q -rs $(1) --durations=10 tests/vllm_tests; vllm=$$?; \
+	echo "make $@: tests exit $$main, tests/vllm_tests exit $$vllm"; \
+	[ $$main -eq 0 ] && [ $$vllm -eq 0 ]
+endef
+
 # The vLLM tests run in the vllm extra's own environment (built once, ~4 min; docs/vllm.md).
 test: $(STAMP) $(STAMP_VLLM)
-	$(PY) -m pytest -q -rs --durations=10
-	$(PY_VLLM) -m pytest -q -rs --durations=10 tests/vllm_tests
+	$(call both_suites,)
 
 test-vllm: $(STAMP_VLLM)
 	$(PY_VLLM) -m pytest -q -rs --durations=10 tests/vllm_tests
@@ -54,8 +63,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test-all: $(STAMP) $(STAMP_VLLM)
-	$(PY) -m pytest -q -rs -m "" --durations=10
-	$(PY_VLLM) -m pytest -q -rs -m "" --durations=10 tests/vllm_tests
+	$(call both_suites,-m "")
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py

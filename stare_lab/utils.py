@@ -1,13 +1,14 @@
-"""Small shared helpers: atomic writes, and a config section as a plain dict."""
+"""Small shared helpers: atomic writes, a config section as a plain dict, and the commands' argument parser."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -47,3 +48,17 @@ def plain_dict(section: DictConfig | Any) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise TypeError(f"expected a mapping, got {type(data).__name__}")
     return {str(k): v for k, v in data.items()}
+
+
+class CommandLineError(Exception):
+    """A bad command line, as one line: `<prog>: <argparse's message>`; the command prints it after
+    `stare-lab: error: ` and exits 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that refuses a bad command line by raising CommandLineError instead of printing its usage
+    block and exiting: every stare-lab refusal is one line (`--help` still prints and exits 0). The
+    parsers of `add_subparsers` are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CommandLineError(f"{self.prog}: {message}")

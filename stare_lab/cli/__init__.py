@@ -16,13 +16,12 @@ User mistakes print one line on stderr and exit 2; no traceback.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from contextlib import nullcontext
 from pathlib import Path
 
 from stare_lab.cli.claims import cmd_claims
-from stare_lab.cli.common import UserError, parse
+from stare_lab.cli.common import OneLineParser, UserError, parse
 from stare_lab.cli.reading import (
     READING_COMMANDS,
     _plot,
@@ -84,7 +83,7 @@ def _fail(msg: str) -> int:
 
 def cmd_demo(argv: list[str]) -> int:
     """sweeps/demo.yaml on the built-in model with the local launcher, then the table and plots."""
-    p = argparse.ArgumentParser(prog="stare-lab demo")
+    p = OneLineParser(prog="stare-lab demo")
     p.add_argument("--sweep", type=Path, default=SWEEP_DIR / "demo.yaml")
     p.add_argument("--out", type=Path, default=Path("analysis") / "demo", help="default: ./analysis/demo")
     a = parse(p, argv)

@@ -10,7 +10,6 @@ never re-trained: finished runs of the current plan (the declared `controls:` in
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import sys
 from pathlib import Path
@@ -23,13 +22,13 @@ from stare_lab.sweep.claim_spec import Fail, check_claims, parse_claims
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.liveness import read_manifest
 from stare_lab.sweep.schema import SweepSpec, parse_sweep, read_sweep_file
-from stare_lab.utils import atomic_write_text
+from stare_lab.utils import OneLineParser, atomic_write_text
 
 CLAIMS_FILE_KEYS = ("sweep", "claims", "description")
 
 
 def cmd_claims(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="stare-lab claims")
+    p = OneLineParser(prog="stare-lab claims")
     p.add_argument("file", help="a sweep file with claims:, or a claims file (sweep: and claims:)")
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md")
     p.add_argument("--out", type=Path, default=None, help="also write claims.md, .tex, .csv and claims.png here")

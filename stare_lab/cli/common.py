@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from stare_lab.utils import CommandLineError, OneLineParser
+
+__all__ = ["OneLineParser", "UserError", "parse"]
+
 
 class UserError(Exception):
     """A user's mistake: the command line prints its first line on stderr and exits 2 (no traceback)."""
 
 
-def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """`p.parse_args(argv)`; bad arguments (after argparse's own usage lines) end as a UserError, so
-    the command exits like every other refusal; `--help` exits 0 as argparse does."""
+def parse(p: OneLineParser, argv: list[str]) -> argparse.Namespace:
+    """`p.parse_args(argv)`; bad arguments end as a UserError naming the command and argparse's reason
+    (`stare-lab table: argument --format: invalid choice: ...`), without the usage block, so the command
+    exits like every other refusal; `--help` exits 0 as argparse does."""
     try:
         return p.parse_args(argv)
-    except SystemExit as e:
-        if e.code == 0:
-            raise
-        raise UserError(f"bad arguments for {p.prog}: {' '.join(argv)}") from None
+    except CommandLineError as e:
+        raise UserError(str(e)) from None

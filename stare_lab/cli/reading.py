@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from stare_lab.cli.common import UserError, parse
+from stare_lab.cli.common import OneLineParser, UserError, parse
 from stare_lab.dashboard import main as dashboard_main
 from stare_lab.record import CONFIG_FILE
 from stare_lab.sweep.plan import current_runs
@@ -113,8 +113,8 @@ def cmd_table(argv: list[str]) -> int:
     return 0
 
 
-def _table_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stare-lab table")
+def _table_parser() -> OneLineParser:
+    p = OneLineParser(prog="stare-lab table")
     p.add_argument("sweep", type=Path, help="sweep YAML or a folder of run directories")
     p.add_argument("--format", choices=["md", "latex", "csv"], default="md")
     p.add_argument("--baseline", default="full", help="the arm differences are taken against; none: means only")
@@ -222,7 +222,7 @@ def _wandb_target(runs: Runs) -> dict[str, str]:
 
 
 def cmd_plot(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="stare-lab plot")
+    p = OneLineParser(prog="stare-lab plot")
     p.add_argument("sweep", type=Path)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--baseline", default="full", help="the arm of the forest plot's differences")
@@ -329,19 +329,19 @@ def cmd_view(argv: list[str]) -> int:
 
 
 def _view_refusal(argv: list[str]) -> None:
-    """UserError (one line, the viewer's own words) for a target that is neither a run directory nor
-    a sweep YAML, a sweep file that does not load, a run that kept no batch, or a step the run did not
-    keep; else nothing (bad options, and what needs the batches, are left to the viewer). Reads file
-    names and the run's config only: the kept-batch module imports no torch."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("target", nargs="?")
+    """UserError (one line, the viewer's own words) for bad options, a target that is neither a run
+    directory nor a sweep YAML, a sweep file that does not load, a run that kept no batch, or a step the
+    run did not keep; else nothing (what needs the batches is left to the viewer, and so is `--help`).
+    Reads file names and the run's config only: the kept-batch module imports no torch."""
+    if "-h" in argv or "--help" in argv:
+        return
+    # the viewer's own options (viewer/page.py main_view), so that its argparse never refuses with a usage block
+    p = OneLineParser(prog="stare-lab view", add_help=False)
+    p.add_argument("target")
     p.add_argument("--step", type=int, default=None)
-    try:
-        known, _ = p.parse_known_args(argv)
-    except SystemExit:
-        return
-    if known.target is None:
-        return
+    p.add_argument("--out", default=None)
+    p.add_argument("--all-runs", action="store_true")
+    known = parse(p, argv)
     target = Path(known.target)
     if target.suffix in (".yaml", ".yml") and target.is_file():
         load_sweep(target)  # a SweepError names the file once

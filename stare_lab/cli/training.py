@@ -5,14 +5,13 @@ so that a refusal never pays for them (docs/design.md, "Fast refusals")."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import open_dict
 
-from stare_lab.cli.common import UserError, parse
+from stare_lab.cli.common import OneLineParser, UserError, parse
 from stare_lab.config import compose, load_config, save_config
 from stare_lab.config_schema import missing_vllm
 from stare_lab.inputs import check_inputs, overlap_warnings
@@ -155,8 +154,8 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
-def _eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stare-lab eval")
+def _eval_parser() -> OneLineParser:
+    p = OneLineParser(prog="stare-lab eval")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--n", type=int, default=None, help="samples per problem (default: the benchmark's own)")
     p.add_argument("--temperature", type=float, default=None)

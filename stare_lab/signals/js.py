@@ -13,6 +13,13 @@ float32 arithmetic here (rollouts of one prompt that agree give JS of 1e-10..1e-
 float32 with errors of the same size), so float32 sums made the value depend on how a reduction was
 vectorised and chunked (the CPU's vector width, `chunk_positions`, the recorder's flush size); in
 float64 every chunking gives the same float32 result. ict.py compares the values on a grid.
+
+Layout [ours]: a group's values depend on its own rows only, to the bit, on every CPU kernel set. Its
+chunks stop at the group's last position with two live rows (not at the batch's T) and each chunk is
+projected from a fresh contiguous copy, so the same rollouts in another batch (padded to another T,
+other rows around them, a group split over ranks and completed by `distributed.js_for_split_groups`)
+give the projection the same shapes, strides and alignment. The logits of a float32 matrix product
+depend on those (tests/signals/test_js_layout.py); `chunk_positions` still changes them.
 """
 
 from __future__ import annotations
@@ -50,6 +57,17 @@ def _js_chunk(logp: Tensor, live: Tensor) -> Tensor:
     return (0.5 * (kl_p + kl_mean)).clamp_(0.0, _LOG2)
 
 
+def _group_extent(live: Tensor) -> int:
+    """1 + the last position where at least two of the group's rows are live (0 when there is none).
+
+    The group's chunks cover [0, extent) only: the extent depends on the group's own rows, never on the
+    batch's T (another layout of the same rollouts, e.g. a group split over ranks, pads to another T), so
+    every chunk has the same shape in every layout and the kernels do the same arithmetic.
+    """
+    several = (live.sum(0) >= 2).nonzero()
+    return int(several[-1]) + 1 if several.numel() else 0
+
+
 @torch.no_grad()
 def chunked_js_to_group_mean(
     hidden: Tensor,  # [B, T, H]
@@ -75,15 +93,16 @@ def chunked_js_to_group_mean(
     live_all = live_mask.bool()
     out = torch.zeros(B, T, dtype=torch.float32, device=hidden.device)
     for r0, r1 in group_slices(group):
-        if r1 - r0 < 2:
-            continue
-        for s in range(0, T, chunk_positions):
-            e = min(s + chunk_positions, T)
+        T_g = _group_extent(live_all[r0:r1])
+        for s in range(0, T_g, chunk_positions):
+            e = min(s + chunk_positions, T_g)
             live = live_all[r0:r1, s:e]  # [G, c]
             several = live.sum(0) >= 2  # [c]
             if not several.any():
                 continue
-            z = project(hidden[r0:r1, s:e]).float()  # [G, c, V]
+            # a fresh contiguous copy: the projection's kernel (and so the logits' last bits) depends on the
+            # strides and alignment of its input, which the batch around the group would otherwise set
+            z = project(hidden[r0:r1, s:e].clone(memory_format=torch.contiguous_format)).float()  # [G, c, V]
             if final_logit_softcapping is not None:
                 z = torch.tanh(z / final_logit_softcapping).mul_(final_logit_softcapping)
             z = z.double()

@@ -35,11 +35,11 @@ from stare_lab.sweep.plan import check_output, plan_runs
 from stare_lab.sweep.schema import SweepError, load_sweep
 from stare_lab.sweep.server_task import describe_run
 from stare_lab.sweep.status import collect, format_status
-from stare_lab.utils import atomic_write_text
+from stare_lab.utils import CommandLineError, OneLineParser, atomic_write_text
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stare-lab sweep", description="Run and inspect sweeps (docs/sweeps.md).")
+    p = OneLineParser(prog="stare-lab sweep", description="Run and inspect sweeps (docs/sweeps.md).")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="launch a sweep's runs (safe to repeat: finished runs are skipped)")
     run.add_argument("file")
@@ -80,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sweep"]:
         argv = argv[1:]
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         if args.command == "run":
             return cmd_run(args)
         with reading():  # from the records: no rule kept outside the package is imported
             return cmd_status(args)
-    except (SweepError, ConfigError, RuleImportError) as e:
+    except (SweepError, ConfigError, RuleImportError, CommandLineError) as e:
         print(f"stare-lab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the launcher has already said what it stopped, in one line

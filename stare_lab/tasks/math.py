@@ -27,10 +27,10 @@ from stare_lab.tasks.loaders import load_records
 MATH_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)")
-# aime25.jsonl (SOURCES.md) writes `\frac` and `\triangle` with one backslash in JSON, so they
-# decode to a form feed + "rac" and a tab + "riangle". A form feed never occurs in a math problem:
-# each one is restored to `\f`. A tab is restored to `\t` only when a LaTeX command name follows,
-# so real tabs (MATH-500 rows 17 and 426: Asymptote code, "have\tequal") stay as they are.
+# aime25.jsonl (stare_lab/data/benchmarks/README.md, "Known quirks") writes `\frac` and `\triangle` with
+# one backslash in JSON, so they decode to a form feed + "rac" and a tab + "riangle". A form feed never
+# occurs in a math problem: each one is restored to `\f`. A tab is restored to `\t` only when a LaTeX
+# command name follows, so real tabs (MATH-500 rows 17 and 426: Asymptote code, "have\tequal") stay as they are.
 # Short names whose tail is an English word (\tan, \to, \tau, \top) are left out on purpose.
 _TAB_COMMANDS = ("triangle", "times", "theta", "text", "textbf", "textit", "tfrac", "tilde", "therefore")
 _BROKEN_TAB_RE = re.compile(

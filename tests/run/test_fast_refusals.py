@@ -105,3 +105,45 @@ def test_a_valid_train_command_trains_with_the_real_torch(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert (tmp_path / "r" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+# A bad flag of each command that parses with argparse: a choice, a type, an unknown flag, a missing
+# argument. argparse alone prints its usage block before its error; every refusal is one line.
+BAD_FLAGS = [
+    (["table", "X.yaml", "--format", "xml"], "stare-lab table: argument --format: invalid choice: 'xml'"),
+    (["table", "X.yaml", "--confidence", "high"], "stare-lab table: argument --confidence: invalid float value"),
+    (["plot", "X.yaml", "--bogus"], "stare-lab plot: unrecognized arguments: --bogus"),
+    (["plot"], "stare-lab plot: the following arguments are required: sweep"),
+    (["eval", "runs/x", "--n", "many"], "stare-lab eval: argument --n: invalid int value: 'many'"),
+    (["eval", "runs/x", "--engine", "gpt"], "stare-lab eval: argument --engine: invalid choice: 'gpt'"),
+    (["view", "runs/x", "--step", "last"], "stare-lab view: argument --step: invalid int value: 'last'"),
+    (["view", "runs/x", "--bogus"], "stare-lab view: unrecognized arguments: --bogus"),
+    (["sweep", "run", "X.yaml", "--launcher", "k8s"], "stare-lab sweep run: argument --launcher: invalid choice"),
+    (["sweep", "run", "X.yaml", "--workers", "two"], "stare-lab sweep run: argument --workers: invalid int value"),
+    (["sweep", "stop", "X.yaml"], "stare-lab sweep: argument command: invalid choice: 'stop'"),
+    (["sweep", "status"], "stare-lab sweep status: the following arguments are required: file"),
+    (["demo", "--fast"], "stare-lab demo: unrecognized arguments: --fast"),
+    (["dashboard", "X.yaml", "--bogus"], "stare-lab dashboard: unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_a_bad_flag_is_one_line_exit_2_before_torch(argv, message):
+    run = run_py(f"""
+        import sys
+        from stare_lab.cli import main
+        code = main({argv!r})
+        print("torch loaded:", "torch" in sys.modules)
+        sys.exit(code)
+    """)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith(f"stare-lab: error: {message}"), run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert run.stdout == "torch loaded: False\n", run.stdout
+
+
+def test_help_still_prints_the_usage_and_exits_0():
+    for argv in (["table", "--help"], ["sweep", "run", "--help"], ["view", "--help"]):
+        cmd = [sys.executable, "-m", "stare_lab.cli", *argv]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and run.stdout.startswith(f"usage: stare-lab {' '.join(argv[:-1])}"), run
