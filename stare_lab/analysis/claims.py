@@ -20,6 +20,7 @@ from stare_lab.analysis.compare import (
     compare_arms,
 )
 from stare_lab.analysis.power import seeds_needed
+from stare_lab.controls import BASE
 from stare_lab.record import RESULT_SETTINGS
 
 _SAMPLE_KEYS = [k for k in RESULT_SETTINGS if k != "n"]  # collect_problems counts n per problem
@@ -103,10 +104,25 @@ def compare_values(
     notes = [f"{b}: not every run kept its per-problem samples: no interval." for b in comparable if b not in complete]
     if not complete or data.empty or set(data["arm"]) == {baseline}:
         return None, notes
-    comparison = compare_arms(data, baseline=baseline, confidence=confidence, seed=seed)
+    comparison = _families(data, baseline, confidence, seed)
     if len(complete) < len(benchmarks):
         comparison = comparison[comparison["benchmark"] != AVG_COLUMN]  # an Avg. over fewer benchmarks differs
     return comparison.reset_index(drop=True), notes
+
+
+def _families(data: pd.DataFrame, baseline: str, confidence: float, seed: int) -> pd.DataFrame:
+    """compare_arms with two Holm families: the arms against the baseline, and, apart, the baseline's RL
+    gain over `base` (the untrained model). The gain is the table's own check that training did anything,
+    declared by `controls: [base]`, not one of the comparisons of rules; in the arms' family its p-value
+    would take a Holm step from every rule (and need p < α/m itself), so it is a family of one."""
+    arms = set(data["arm"])
+    parts = []
+    if arms - {baseline, BASE}:
+        parts.append(compare_arms(data[data["arm"] != BASE], baseline=baseline, confidence=confidence, seed=seed))
+    if BASE in arms and baseline != BASE:
+        gain = data[data["arm"].isin([BASE, baseline])]
+        parts.append(compare_arms(gain, baseline=baseline, confidence=confidence, seed=seed))
+    return pd.concat(parts, ignore_index=True)
 
 
 def attach(cells: pd.DataFrame, comparison: pd.DataFrame | None, delta: float) -> pd.DataFrame:
@@ -130,7 +146,8 @@ def attach(cells: pd.DataFrame, comparison: pd.DataFrame | None, delta: float) -
 
 def _arms_compared(comparison: pd.DataFrame) -> int:
     """The most arms Holm corrected over in one column (the tests with a p-value)."""
-    return int(comparison[comparison["p_value"].notna()].groupby("benchmark")["arm"].nunique().max())
+    tested = comparison[comparison["p_value"].notna() & (comparison["arm"] != BASE)]  # base: a family of its own
+    return int(tested.groupby("benchmark")["arm"].nunique().max()) if len(tested) else 0
 
 
 def _holm_only(comparison: pd.DataFrame) -> pd.DataFrame:

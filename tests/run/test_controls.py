@@ -222,6 +222,10 @@ def test_table_shows_base_first_with_the_rl_gain_and_the_control(tmp_path):
         f"RL gain of full +40.0 [{-cell['ci_hi'] * 100:+.1f}, {-cell['ci_lo'] * 100:+.1f}] significant" in rows["base"]
     )
     assert "**" in rows["base"]  # bold: the gain survives Holm
+    # the RL gain is a Holm family of its own: random_reward's test does not adjust it, nor it random_reward's
+    assert cell["p_holm"] == cell["p_value"]
+    rr = table.cells.set_index("rule").loc["random_reward"]
+    assert rr["p_holm"] == rr["p_value"]
     assert "random_reward" in rows and "(-39.0" in rows["random_reward"]
     assert "its cell gives the RL gain of full (full − base)" in md
     assert "task.reward: verifier (full), random (random_reward: the control)" in md
