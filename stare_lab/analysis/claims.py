@@ -116,6 +116,8 @@ def _families(data: pd.DataFrame, baseline: str, confidence: float, seed: int) -
     declared by `controls: [base]`, not one of the comparisons of rules; in the arms' family its p-value
     would take a Holm step from every rule (and need p < α/m itself), so it is a family of one."""
     arms = set(data["arm"])
+    if baseline == BASE:  # --baseline base: every arm's gain over the untrained model, one family
+        return compare_arms(data, baseline=baseline, confidence=confidence, seed=seed)
     parts = []
     if arms - {baseline, BASE}:
         parts.append(compare_arms(data[data["arm"] != BASE], baseline=baseline, confidence=confidence, seed=seed))
