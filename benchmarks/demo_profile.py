@@ -139,16 +139,20 @@ def cmd_timeline(args: argparse.Namespace) -> None:
         s = json.loads((d / "status.json").read_text())
         if s.get("state") != "finished":
             continue
-        steps = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        metrics, model = d / "metrics.jsonl", d / "final" / "model.safetensors"
+        steps = (
+            [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+        )
         evals = sorted(glob.glob(str(d / "eval" / "*" / "*.json")), key=os.path.getmtime)
+        start = _ts(s["attempt_started"])  # a run of 0 steps (base) has no steps and no final/: it evaluates at once
         rows.append(
             {
                 "label": s["label"],
                 "created": _ts(s["created"]),
-                "start": _ts(s["attempt_started"]),
-                "step1": steps[0]["time"],
-                "last": steps[-1]["time"],
-                "final": os.path.getmtime(d / "final" / "model.safetensors"),
+                "start": start,
+                "step1": steps[0]["time"] if steps else start,
+                "last": steps[-1]["time"] if steps else start,
+                "final": os.path.getmtime(model) if model.is_file() else start,
                 "eval": os.path.getmtime(evals[-1]),
                 "end": _ts(s["finished"]),
             }
