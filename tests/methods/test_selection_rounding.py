@@ -163,24 +163,29 @@ _JS_UNDER_ISA = textwrap.dedent(
     h, w, g, live = agreeing_group(seed=7)
     js = js_to_group_mean(h, w, g, live, chunk_positions=5)
     pick = select_top(js, live.bool(), g, 0.1, generator=torch.Generator().manual_seed(0), resolution=1e-6)
-    torch.save((js, pick), {out!r})
+    torch.save((js, pick, torch.backends.cpu.get_cpu_capability()), {out!r})
     """
 )
 
 
 def test_ict_selection_is_the_same_under_another_vector_width(tmp_path):
-    """The CPU's vector width, emulated: torch's and oneDNN's kernels for AVX2 against this CPU's own
-    (AVX-512 where it has it). The logits differ in their last bits, JS by far less than the grid,
-    and the selection not at all."""
+    """The CPU's vector width, emulated: torch's kernels set by ATEN_CPU_CAPABILITY in each child, whatever
+    this process runs under (scalar, AVX2 with oneDNN capped to match, AVX-512 where the CPU has it, else
+    its widest). The logits differ in their last bits, JS by far less than the grid, and the selection
+    not at all."""
     got = {}
-    for cap in ("default", "avx2"):
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        if cap == "avx2":
-            env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
+    for cap in ("default", "avx2", "avx512"):
+        env = dict(os.environ, OMP_NUM_THREADS="1", ATEN_CPU_CAPABILITY=cap)
+        env["ONEDNN_MAX_CPU_ISA"] = "AVX2" if cap == "avx2" else "ALL"
         out = tmp_path / f"{cap}.pt"
         code = _JS_UNDER_ISA.format(tests=str(Path(__file__).parents[1] / "support"), out=str(out))
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
         got[cap] = torch.load(out)
-    (js_a, pick_a), (js_b, pick_b) = got["default"], got["avx2"]
-    assert float((js_a - js_b).abs().max()) < 1e-8
-    assert torch.equal(pick_a, pick_b) and int(pick_a.sum()) == math.ceil(0.1 * pick_a.numel())
+    # the kernels each child ran (a CPU without AVX-512 runs its AVX2 ones for "avx512")
+    assert [got[c][2] for c in ("default", "avx2")] == ["DEFAULT", "AVX2"] and got["avx512"][2] in ("AVX512", "AVX2")
+    js_a, pick_a, _ = got["default"]
+    assert int(pick_a.sum()) == math.ceil(0.1 * pick_a.numel())
+    for cap in ("avx2", "avx512"):
+        js_b, pick_b, _ = got[cap]
+        assert float((js_a - js_b).abs().max()) < 1e-8, cap
+        assert torch.equal(pick_a, pick_b), cap
