@@ -18,7 +18,7 @@ def test_the_field_sweep_runs_every_field_rule_at_its_papers_settings():
     spec = load_sweep(ROOT / "sweeps" / "field.yaml")
     runs = {r.cfg.method.name + ":" + (r.variant or ""): r.cfg for r in expand_sweep(spec)}
     methods = {key.split(":")[0] for key in runs}
-    assert set(FIELD) <= methods <= set(list_methods()) and "full" in methods
+    assert set(FIELD) <= methods <= {*list_methods(), "base"} and "full" in methods  # base: the control
     by_variant = {key.split(":")[1]: cfg for key, cfg in runs.items()}
     lopti = by_variant["ar_lopti"]
     assert lopti.trainer.num_iterations == 2 and lopti.method.params.alpha == 0.3

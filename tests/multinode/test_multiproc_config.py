@@ -120,7 +120,8 @@ def test_dry_run_prints_processes_per_run_and_the_gpus_of_the_sweep(capsys):
     assert main(["sweep", "run", "stare", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "processes per run: 8 (1 node(s) × 8)" in out
-    assert "GPUs: 8 per run, 96 for the sweep (96 at once, 12 runs in parallel)" in out
+    # 12 arms and 6 control runs (base and random_reward × 3 seeds), 8 GPUs each
+    assert "GPUs: 8 per run, 144 for the sweep (96 at once, 12 runs in parallel)" in out
     assert main(["sweep", "run", "token_ablation", "--dry-run"]) == 0
     assert "processes per run: 4" in capsys.readouterr().out
 

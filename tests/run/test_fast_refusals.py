@@ -18,7 +18,7 @@ def run_py(code: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["train", "trainer.max_steps=-3"], "trainer.max_steps: must be ≥ 1, got -3"),
+        (["train", "trainer.max_steps=-3"], "trainer.max_steps: must be ≥ 0, got -3"),
         (["train", "method=stare", "method.params.P=1.5"], "rule 'stare': P=1.5 is out of range (0 < P ≤ 1)"),
         (["train", "trainer.max_stepz=3"], "unknown config key 'trainer.max_stepz'"),
         (["train", "method=nosuchrule"], "nosuchrule"),

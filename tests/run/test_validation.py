@@ -29,8 +29,7 @@ TRAIN_CASES = [
     (["eval.top_p=0"], "eval.top_p: must be > 0"),
     (["eval.temperature=-1"], "eval.temperature: must be ≥ 0, got -1.0"),
     (["eval.max_tokens=0"], "eval.max_tokens: must be ≥ 1"),
-    (["trainer.max_steps=0"], "trainer.max_steps: must be ≥ 1, got 0"),
-    (["trainer.max_steps=-5"], "trainer.max_steps: must be ≥ 1, got -5"),
+    (["trainer.max_steps=-5"], "trainer.max_steps: must be ≥ 0, got -5"),  # 0: the untrained model (base)
     (
         ["trainer.num_generations=1", "trainer.per_device_train_batch_size=2"],
         "trainer.num_generations: must be ≥ 2, got 1",
@@ -104,7 +103,7 @@ SWEEP_CASES = [
     ("eval: {top_p: 2.0}", "eval.top_p: must be ≤ 1, got 2.0"),
     ("eval: {temperature: -1}", "eval.temperature: must be ≥ 0, got -1"),
     ("eval: {benchmarks: [arithmetic, nope]}", "eval.benchmarks[1]: unknown benchmark 'nope'"),
-    ("grid: {trainer.max_steps: [2, 0]}", "grid.trainer.max_steps[1]: must be ≥ 1, got 0"),
+    ("grid: {trainer.max_steps: [2, -1]}", "grid.trainer.max_steps[1]: must be ≥ 0, got -1"),
     ("grid: {trainer.num_generations: [4, 1]}", "grid.trainer.num_generations[1]: must be ≥ 2, got 1"),
     (
         "variants: {odd: {trainer.num_generations: 3}}",
