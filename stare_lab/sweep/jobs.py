@@ -17,26 +17,29 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stare_lab.record import claim_held, first_line, read_status, update_status
 from stare_lab.sweep.liveness import LIVE, Liveness, process_start
 from stare_lab.sweep.ranks import latest_peer_failure
-
-if TYPE_CHECKING:
-    from stare_lab.sweep.expand import RunSpec
-    from stare_lab.sweep.worker import QueueWorker, RunWorker
+from stare_lab.sweep.run_spec import RunSpec
 
 # Records (and, through Liveness, Slurm: one batched query) are looked at every FORCE_CHECK_S.
 FORCE_CHECK_S = 10.0
+
+# What a job calls, as the jobs see it: stare_lab.sweep.worker's RunWorker (a run's folder -> its
+# status) and QueueWorker (the queued runs' folders -> their statuses). Named here by their calls,
+# not imported: the workers run the runner, a layer above the launchers that submit them.
+RunJob = Callable[[str], dict[str, Any]]
+QueueJob = Callable[[list[str]], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class Workers:
     """The callables a launch's jobs run (stare_lab.sweep.worker), given to the launcher's starter."""
 
-    run: RunWorker  # one run per job
-    queue: QueueWorker  # a local queue worker: the queued runs one after another
+    run: RunJob  # one run per job
+    queue: QueueJob  # a local queue worker: the queued runs one after another
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Tracked:
     # and no job, the run is watched through its record
 
 
-def submit_run(executor, worker: RunWorker, run: RunSpec):
+def submit_run(executor, worker: RunJob, run: RunSpec):
     """Submit one run; a local job's process is recorded as the run's holder (a lease) until its
     worker starts."""
     job = _without_sigint(lambda: executor.submit(worker, str(run.run_dir)))
@@ -55,7 +58,7 @@ def submit_run(executor, worker: RunWorker, run: RunSpec):
     return job
 
 
-def submit_queue(executor, worker: QueueWorker, runs: list[RunSpec], timeout_min: float):
+def submit_queue(executor, worker: QueueJob, runs: list[RunSpec], timeout_min: float):
     """Start one local queue worker over `runs`, holder (lease) of those still pending. Its time
     limit is `timeout_min` (the launcher's, per run) for each run it may take."""
     executor.update_parameters(timeout_min=timeout_min * len(runs))
@@ -115,7 +118,7 @@ class Starter(abc.ABC):
 class RunStarter(Starter):
     """One job per run (`RunWorker`), at most `limit` at once."""
 
-    def __init__(self, executor, worker: RunWorker, limit: int):
+    def __init__(self, executor, worker: RunJob, limit: int):
         self.executor, self.worker, self.limit = executor, worker, limit
 
     def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
@@ -130,7 +133,7 @@ class QueueStarter(Starter):
     the start-up of a process per run (the interpreter, the torch, transformers, TRL and W&B imports,
     and the exit: seconds of CPU, more than a demo run's training steps) is then paid once per worker."""
 
-    def __init__(self, executor, worker: QueueWorker, workers: int, timeout_min: float):
+    def __init__(self, executor, worker: QueueJob, workers: int, timeout_min: float):
         self.executor, self.worker, self.workers, self.timeout_min = executor, worker, workers, timeout_min
         self.queue_jobs: list = []
 
