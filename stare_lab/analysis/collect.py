@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,11 @@ import pandas as pd
 import yaml
 
 from stare_lab.record import (
-    CHECKPOINT_DIR,
     CONFIG_FILE,
-    EVAL_DIR,
     EVAL_SETTINGS,
     RESULT_SETTINGS,
-    WANDB_DIR,
     code_version,
+    find_run_dirs,
     read_eval_results,
     read_status,
     result_setting,
@@ -52,9 +49,6 @@ class SettingsMismatch(ValueError):
     """Results of one benchmark computed under different evaluation settings would share a column."""
 
 
-_SKIP_DIRS = {CHECKPOINT_DIR, EVAL_DIR, WANDB_DIR}
-
-
 def rule_label(method: str, variant: str | None) -> str:
     """`method`, or `method` with its variant: "rsi_band" + "[0.5,1]" → "rsi_band[0.5,1]".
 
@@ -69,27 +63,6 @@ def rule_label(method: str, variant: str | None) -> str:
     if variant.startswith("["):
         return f"{method}{variant}"
     return f"{method}[{variant}]"
-
-
-def find_run_dirs(root: Path | str | Iterable[Path | str]) -> list[Path]:
-    """Run directories (those holding `config.yaml`) at or below each root, sorted."""
-    roots = [root] if isinstance(root, (str, Path)) else list(root)
-    found: list[Path] = []
-    for r in roots:
-        found.extend(_walk(Path(r), depth=4))
-    return sorted(dict.fromkeys(found))
-
-
-def _walk(path: Path, depth: int) -> list[Path]:
-    if (path / CONFIG_FILE).is_file():
-        return [path]
-    if depth == 0 or not path.is_dir():
-        return []
-    out: list[Path] = []
-    for child in sorted(path.iterdir()):
-        if child.is_dir() and child.name not in _SKIP_DIRS and not child.name.startswith("."):
-            out.extend(_walk(child, depth - 1))
-    return out
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
