@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 from sweep_fixtures import FailAt, metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
 
 from stare_lab.config import compose, save_config
-from stare_lab.record import read_metrics, read_status
+from stare_lab.record import new_status, read_metrics, read_status, write_status
 from stare_lab.runner import execute
 from stare_lab.sweep.cli import main as sweep_main
 from stare_lab.sweep.jobs import KILL_WAIT_S
@@ -136,6 +137,40 @@ def test_ctrl_c_ends_promptly_when_workers_do_not_end_on_sigterm(tmp_path):
     statuses = _statuses(tmp_path, "deaf")
     assert [s["state"] for s in statuses] == ["interrupted", "interrupted"]
     assert all("killed" in s["error"] for s in statuses), statuses
+
+
+def test_a_worker_stopped_while_it_starts_leaves_at_once_and_takes_no_run(tmp_path):
+    """SIGTERM while a queue worker still imports (torch, transformers, TRL: seconds, more on a busy
+    node) ends it at once: submitit's own handler, set before the worker's code runs, ignores SIGTERM,
+    and the worker would take a pending run after the driver had said its runs were stopped."""
+    run_dir = tmp_path / "r"
+    write_status(run_dir, new_status())
+    started = tmp_path / "importing"
+    code = f"""
+import signal, time
+from pathlib import Path
+from stare_lab.sweep import worker
+signal.signal(signal.SIGTERM, lambda *_: None)  # submitit's "bypass", as in a submitted job
+
+
+def slow_imports():  # the runner's modules, imported by a long-lived worker before its first run
+    Path({str(started)!r}).touch()
+    time.sleep(120)
+    return {{}}
+
+
+worker.loaded_code = slow_imports
+worker.QueueWorker(1)([{str(run_dir)!r}])
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], env=sweep_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(started.exists, 120, "the worker importing")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert read_status(run_dir)["state"] == "pending"  # not taken: the next `sweep run` starts it
 
 
 def _stepping(run_dir: Path) -> bool:
