@@ -105,14 +105,13 @@ def _time_phases() -> None:
     import stare_lab.eval_run as eval_run
     import stare_lab.evaluation as evaluation
     import stare_lab.runner as runner
-    import stare_lab.tracking as tracking
     import stare_lab.viewer.figures as figures
     import stare_lab.viewer.page as page
     import stare_lab.viewer.wandb_export as wandb_export
     from stare_lab.trainer import TokenRuleGRPOTrainer
 
     for owner, name, label in [
-        (tracking, "init_wandb", "W&B init"),
+        (runner, "init_wandb", "W&B init"),  # the name the runner calls (imported from viewer.wandb_export)
         (runner, "build_trainer", "build trainer (model, task, TRL)"),
         (TokenRuleGRPOTrainer, "train", "trainer.train (20 steps)"),
         (TokenRuleGRPOTrainer, "save_model", "save final/"),

@@ -48,6 +48,7 @@ from stare_lab.config_schema import (  # noqa: F401  (the schemas, importable fr
 from stare_lab.controls import BASE
 from stare_lab.methods import TrainerValues, get_method, list_methods, method_iterations
 from stare_lab.methods.registry import OUTSIDE_HINT
+from stare_lab.tasks.reasoning_gym_specs import benchmark_problem
 from stare_lab.utils import atomic_write_text, plain_dict
 
 # Everything the package reads at run time lives inside it (a wheel works from any directory).
@@ -267,8 +268,6 @@ def check_benchmarks(names: list[str], task_name: str | None) -> None:
     known = set(group_options("benchmark")) | ({task_name} if task_name else set())
     for i, name in enumerate(names):
         if str(name).startswith("rg:"):  # a Reasoning Gym dataset (docs/tasks.md)
-            from stare_lab.tasks.reasoning_gym_specs import benchmark_problem  # deferred: only for an rg: name
-
             problem = benchmark_problem(str(name))
             if problem:
                 raise ConfigError(f"eval.benchmarks[{i}]: {problem}")

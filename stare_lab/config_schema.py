@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from stare_lab.loss_types import AGGREGATIONS, LOSS_TYPES, RANKS
+from stare_lab.tasks.reasoning_gym_specs import datasets_problem  # the library itself only when checked
 
 
 def bounded(
@@ -233,8 +234,6 @@ class MathTaskConfig:
 
 def _rg_datasets(value: Any) -> str | None:
     """task.datasets of reasoning_gym: names, weights and generator configs, checked by the library itself."""
-    from stare_lab.tasks.reasoning_gym_specs import datasets_problem  # deferred: the schemas import no task module
-
     return datasets_problem(value)
 
 

@@ -23,7 +23,8 @@ one-process batch wherever a rule looks (tests/training/test_distributed.py).
 `complete_groups` is the only place hidden states cross ranks: JS to the group mean needs every
 live rollout's full next-token distribution, so for a group split over ranks each rank receives
 the final hidden states of the group's other rows (point-to-point, H values per token instead of
-V) and computes the group's JS itself. docs/distributed.md has the sizes.
+V) and computes the group's JS itself (signals.statistics.js_for_split_groups). docs/distributed.md
+has the sizes.
 
 With one process every function is the identity: the single-process path is bit-identical.
 """
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -223,32 +224,6 @@ def split_rows(group: Tensor, num_generations: int) -> Tensor:
     """
     _, inverse, counts = torch.unique(group, return_inverse=True, return_counts=True)
     return counts[inverse] < num_generations
-
-
-def js_for_split_groups(
-    hidden: Tensor,
-    live_mask: Tensor,
-    group: Tensor,
-    project: Callable[[Tensor], Tensor],
-    accelerator_or_group: Any = None,
-    **js_kwargs: Any,
-) -> Tensor:
-    """JS to the group mean [n, T] for this rank's n rows of groups that span ranks.
-
-    hidden [n, T, H] (final hidden states at the positions that generate each completion token),
-    live_mask [n, T], group [n] global prompt indices: this rank's rows of split groups
-    (`split_rows`), possibly none. Every rank calls it once per generation batch (a collective).
-    Each rank receives the hidden states of its split groups' other rows, computes the group's
-    P̄ over all live rollouts exactly as one process would, and keeps its own rows.
-    js_kwargs: those of `signals.js.chunked_js_to_group_mean` (temperature, chunk_positions, ...).
-    """
-    from stare_lab.signals.js import chunked_js_to_group_mean  # not at the top: signals.statistics imports this module
-
-    full, full_group, own = complete_groups({"hidden": hidden, "live": live_mask}, group, accelerator_or_group)
-    if hidden.size(0) == 0:
-        return torch.zeros(live_mask.shape, dtype=torch.float32, device=live_mask.device)
-    js = chunked_js_to_group_mean(full["hidden"], project, full_group, full["live"], **js_kwargs)
-    return js[own, : hidden.size(1)]
 
 
 # ---- checks -----------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from stare_lab.record import (
     process_count,
 )
 from stare_lab.tasks import build_task
-from stare_lab.tasks.reasoning_gym import chat_template_present
+from stare_lab.tasks.reasoning_gym import benchmark_task, chat_template_present
 from stare_lab.vllm_engine import build_llm
 
 # Where neither the command, the run's eval config nor the benchmark sets a value: the usual
@@ -65,8 +65,6 @@ def _benchmark(name: str, task, chat_template: bool = False) -> tuple[list[dict]
     problems (stare_lab.tasks.reasoning_gym.benchmark_task), prompted through the chat template when the
     model has one (`chat_template`)."""
     if name.startswith("rg:"):
-        from stare_lab.tasks.reasoning_gym import benchmark_task  # deferred: reasoning_gym, only when named
-
         own = benchmark_config("reasoning_gym")
         rg_task = benchmark_task(name, task, own)
         rg_task.bind_chat(chat_template)

@@ -51,11 +51,11 @@ from stare_lab.record import (
 from stare_lab.rule_imports import import_run_modules
 from stare_lab.tasks import build_task
 from stare_lab.tasks.rewards import training_rewards
-from stare_lab.tracking import MetricsLogger, StepPrinter, init_wandb, is_train_log, metrics_row
+from stare_lab.tracking import MetricsLogger, StepPrinter, is_train_log, metrics_row
 from stare_lab.trainer import TokenRuleGRPOTrainer
 from stare_lab.utils import plain_dict
 from stare_lab.viewer.batch import kept_steps
-from stare_lab.viewer.wandb_export import publish_run
+from stare_lab.viewer.wandb_export import init_wandb, publish_run
 from stare_lab.vllm_engine import grpo_vllm_args
 from stare_lab.vllm_server import for_run
 

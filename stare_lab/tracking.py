@@ -1,19 +1,16 @@
-"""Tracking: the run's own metrics log (metrics.jsonl) and Weights & Biases as a view of it.
+"""Tracking: the run's own metrics log (metrics.jsonl), each row also logged to the run's W&B run
+(opened by stare_lab.viewer.wandb_export.init_wandb) as a view of it.
 
-Analysis reads metrics.jsonl (through stare_lab.record), never the W&B API. W&B runs
-offline (files under <run_dir>/wandb) unless WANDB_API_KEY is set; its run id is the stare_lab
-run id, so a resumed run continues the same W&B run.
+Analysis reads metrics.jsonl (through stare_lab.record), never the W&B API.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any
 
-from omegaconf import OmegaConf
 from transformers import TrainerCallback
 
 from stare_lab.record import append_metrics, read_metrics  # noqa: F401 - read_metrics: tests/methods/test_train_rules.py
@@ -30,43 +27,6 @@ VLLM_MISMATCH = {
     "sampling/importance_sampling_ratio/min": "vllm/is_ratio_min",
     "sampling/importance_sampling_ratio/max": "vllm/is_ratio_max",
 }
-
-
-WandbMode = Literal["online", "offline", "disabled"]
-
-
-def wandb_mode(mode: str) -> WandbMode:
-    """W&B's mode for `logger.mode` (the config allows auto, online, offline, disabled): "auto" is online
-    when WANDB_API_KEY is set, else offline."""
-    if mode == "auto":
-        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    for known in get_args(WandbMode):
-        if mode == known:
-            return known
-    raise ValueError(f"logger.mode: {mode!r} is not one of auto, {', '.join(get_args(WandbMode))}")
-
-
-def init_wandb(cfg, run_dir: Path):
-    """Start (or resume) the W&B run of this run dir; None when W&B is off."""
-    if not cfg.logger.wandb or wandb_mode(cfg.logger.mode) == "disabled":
-        return None
-    import wandb  # deferred: wandb, only when W&B is on
-
-    os.environ.setdefault("WANDB_SILENT", "true")
-    return wandb.init(
-        project=cfg.logger.project,
-        entity=cfg.logger.entity,
-        group=cfg.run.sweep,
-        name=cfg.run.label or cfg.run.id,
-        tags=[cfg.method.name, f"seed={cfg.seed}"],
-        # cast: omegaconf types to_container's result for any container; a DictConfig gives a str-keyed dict
-        config=cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True)),
-        id=cfg.run.id,
-        resume="allow",
-        dir=str(run_dir),
-        mode=wandb_mode(cfg.logger.mode),
-        settings=wandb.Settings(console="off", x_disable_stats=True),
-    )
 
 
 # The optimizer step that generated the batch a row's step trained on (the trainer's `log`): the row's

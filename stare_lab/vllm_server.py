@@ -63,6 +63,12 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def check_alive(self) -> None:
+        """ServerError when the server's process has exited: mid-run, the run's generation has lost it."""
+        code = self.process.poll()
+        if code is not None:
+            raise ServerError(f"vLLM server at {self.url} exited with code {code} mid-run (log: {self.log})")
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on at `host` now (the kernel's choice); the server binds it moments later."""

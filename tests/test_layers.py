@@ -1,6 +1,6 @@
 """Dependencies point one way: every stare_lab module belongs to one layer, and imports (function
-level included; `if TYPE_CHECKING:` ones, which never run, left out) only from its own layer or the
-layers below it. The three readers of the run record (viewer, analysis, dashboard) share a layer and
+level and `if TYPE_CHECKING:` ones included: tests/support/import_graph.py) only from its own layer or
+the layers below it. The three readers of the run record (viewer, analysis, dashboard) share a layer and
 do not import one another, except what sits in a lower layer under their names (the kept-batch file
 format, the trainer's batch hook, the record reader of analysis).
 
@@ -30,6 +30,7 @@ from import_graph import import_graph
 LAYERS: dict[int, tuple[str, ...]] = {
     1: (
         "stare_lab.utils",
+        "stare_lab.controls",
         "stare_lab.stats",
         "stare_lab.loss_types",
         "stare_lab.surrogate",
@@ -53,6 +54,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "stare_lab.sweep.keys",
         "stare_lab.sweep.schema",
         "stare_lab.sweep.search_spec",
+        "stare_lab.sweep.run_spec",
         "stare_lab.sweep.expand",
         "stare_lab.sweep.plan",
         "stare_lab.sweep.records",

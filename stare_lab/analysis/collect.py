@@ -12,7 +12,6 @@ name, and the other config keys that differ within a label appended).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,11 @@ import yaml
 
 from stare_lab.analysis.arms import arm_names, flatten, rule_label
 from stare_lab.record import (
-    CHECKPOINT_DIR,
     CONFIG_FILE,
-    EVAL_DIR,
     EVAL_SETTINGS,
     RESULT_SETTINGS,
-    WANDB_DIR,
     code_version,
+    find_run_dirs,
     read_eval_results,
     read_status,
     result_setting,
@@ -46,30 +43,6 @@ SETTING_COLUMNS = EVAL_SETTINGS  # what a column must not mix (num_problems: the
 
 class SettingsMismatch(ValueError):
     """Results of one benchmark computed under different evaluation settings would share a column."""
-
-
-_SKIP_DIRS = {CHECKPOINT_DIR, EVAL_DIR, WANDB_DIR}
-
-
-def find_run_dirs(root: Path | str | Iterable[Path | str]) -> list[Path]:
-    """Run directories (those holding `config.yaml`) at or below each root, sorted."""
-    roots = [root] if isinstance(root, (str, Path)) else list(root)
-    found: list[Path] = []
-    for r in roots:
-        found.extend(_walk(Path(r), depth=4))
-    return sorted(dict.fromkeys(found))
-
-
-def _walk(path: Path, depth: int) -> list[Path]:
-    if (path / CONFIG_FILE).is_file():
-        return [path]
-    if depth == 0 or not path.is_dir():
-        return []
-    out: list[Path] = []
-    for child in sorted(path.iterdir()):
-        if child.is_dir() and child.name not in _SKIP_DIRS and not child.name.startswith("."):
-            out.extend(_walk(child, depth - 1))
-    return out
 
 
 # yaml's C loader where the build has it (same result, ~10× faster on a run's config).

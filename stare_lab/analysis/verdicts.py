@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from stare_lab.analysis.collect import _runs  # one parse of each config, arms named as everywhere
 from stare_lab.analysis.compare import ComparisonError
 from stare_lab.analysis.hypotheses import ALPHA, Outcome, score_outcome, score_tables, seed_outcome, verdicts
 from stare_lab.record import (
@@ -111,8 +112,6 @@ def sweep_frames(runs, claims: list[Claim]) -> tuple[pd.DataFrame, pd.DataFrame,
     """(problems, training, states) of the runs (a folder or run folders): the per-problem counts of every
     final evaluation and the claims' training metrics, of the finished runs of the claims' arms, and every
     run's state. Only what the claims read is read (`stare-lab claims` over 500 runs: docs/performance.md)."""
-    from stare_lab.analysis.collect import _runs  # one parse of each config, arms named as everywhere
-
     arms = {a for c in claims for a in c.arms}
     metrics = sorted({c.quantity.metric for c in claims if c.quantity.kind == "metric"})
     metric_arms = {a for c in claims if c.quantity.kind == "metric" for a in c.arms}

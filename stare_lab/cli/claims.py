@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from stare_lab.analysis.arms import flatten
 from stare_lab.cli.common import UserError, parse
-from stare_lab.record import CONFIG_FILE
+from stare_lab.record import CONFIG_FILE, find_run_dirs
 from stare_lab.sweep.claim_spec import Fail, check_claims, parse_claims
 from stare_lab.sweep.errors import SweepError
 from stare_lab.sweep.liveness import read_manifest
@@ -108,8 +108,6 @@ def _plan(spec: SweepSpec) -> dict[str, dict]:
 
 def _run_folders(spec: SweepSpec, planned: set[str]) -> list[Path]:
     """The recorded runs of the plan (the declared controls' included: the expansion plans them)."""
-    from stare_lab.analysis.collect import find_run_dirs  # deferred: pandas
-
     if not spec.folder.is_dir():
         raise UserError(f"no records under {spec.folder} yet: run `stare-lab sweep run {spec.path}` first")
     return [d for d in find_run_dirs(spec.folder) if d.name in planned]

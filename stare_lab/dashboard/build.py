@@ -28,6 +28,7 @@ from typing import Any
 
 from stare_lab.config import ConfigError
 from stare_lab.dashboard.logged import LoggedRun, WandbFilesError, read_logged_runs
+from stare_lab.record import find_run_dirs
 from stare_lab.sweep.schema import SweepError, load_sweep
 from stare_lab.utils import atomic_write_text
 
@@ -77,8 +78,6 @@ def build_dashboard(
     """Build the sweep's workspace, write its specification, and save it to W&B when `publish`
     (None: when `wandb_online()`). Raises DashboardError (nothing written), WandbFilesError, and
     PublishError (the specification is written)."""
-    from stare_lab.analysis.collect import find_run_dirs  # deferred: pandas
-
     label, folder = sweep_folder(sweep)
     if not folder.is_dir():
         raise DashboardError(f"sweep {label!r} has no run folder yet ({folder}): run it first")

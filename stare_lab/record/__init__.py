@@ -6,7 +6,8 @@ package, so a file name or format lives in one place. It imports no torch, trans
 
 One module per part of a run's folder, read in this order:
 
-- files: the file names, and what every part uses (times, an error's first line, a damaged file set aside);
+- files: the file names, where run folders are, and what every part uses (times, an error's first
+  line, a damaged file set aside);
 - status: status.json (state, attempts, error) and the claim of the worker executing the run;
 - metrics: metrics.jsonl, one row per logged step;
 - checkpoints: the trainer checkpoints a run resumes from, and the world size that wrote them;
@@ -60,6 +61,7 @@ from stare_lab.record.files import (
     RecordError,
     bad_copy_path,
     elapsed,
+    find_run_dirs,
     first_line,
     now_iso,
     read_json,
@@ -122,6 +124,7 @@ __all__ = [
     "eval_metric",
     "eval_result_path",
     "find_eval_result",
+    "find_run_dirs",
     "first_line",
     "flock_held",
     "last_checkpoint",

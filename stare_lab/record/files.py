@@ -1,11 +1,13 @@
-"""The run folder's file names and the small pieces every part of the record uses: the record's
-error, times, an error's first line, a JSON file read without raising, a damaged file set aside."""
+"""The run folder's file names, where run folders are, and the small pieces every part of the record
+uses: the record's error, times, an error's first line, a JSON file read without raising, a damaged
+file set aside."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ WANDB_DIR = "wandb"
 CLAIM_FILE = ".claim"  # flock'ed by the one worker executing the run
 RULE_STATE_FILE = "rule_state.json"  # written by the trainer into each checkpoint
 TASK_FILE = "task.json"  # a generated task's splits: sizes, seeds, held-out collisions removed
+_NOT_RUNS = {CHECKPOINT_DIR, EVAL_DIR, WANDB_DIR}  # folders of a run, never searched for runs
 
 
 class RecordError(Exception):
@@ -68,3 +71,24 @@ def set_aside(path: Path) -> Path:
     dest = bad_copy_path(path)
     os.replace(path, dest)
     return dest
+
+
+def find_run_dirs(root: Path | str | Iterable[Path | str]) -> list[Path]:
+    """Run directories (those holding `config.yaml`) at or below each root, sorted."""
+    roots = [root] if isinstance(root, (str, Path)) else list(root)
+    found: list[Path] = []
+    for r in roots:
+        found.extend(_walk(Path(r), depth=4))
+    return sorted(dict.fromkeys(found))
+
+
+def _walk(path: Path, depth: int) -> list[Path]:
+    if (path / CONFIG_FILE).is_file():
+        return [path]
+    if depth == 0 or not path.is_dir():
+        return []
+    out: list[Path] = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and child.name not in _NOT_RUNS and not child.name.startswith("."):
+            out.extend(_walk(child, depth - 1))
+    return out

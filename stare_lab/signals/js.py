@@ -17,7 +17,7 @@ float64 every chunking gives the same float32 result. ict.py compares the values
 Layout [ours]: a group's values depend on its own rows only, to the bit, on every CPU kernel set. Its
 chunks stop at the group's last position with two live rows (not at the batch's T) and each chunk is
 projected from a fresh contiguous copy, so the same rollouts in another batch (padded to another T,
-other rows around them, a group split over ranks and completed by `distributed.js_for_split_groups`)
+other rows around them, a group split over ranks and completed by `signals.statistics.js_for_split_groups`)
 give the projection the same shapes, strides and alignment. The logits of a float32 matrix product
 depend on those (tests/signals/test_js_layout.py); `chunk_positions` still changes them.
 """

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stare_lab.distributed import comm_of, js_for_split_groups, split_rows
+from stare_lab.distributed import comm_of, complete_groups, split_rows
 from stare_lab.stats import STATISTICS, check_known
 
 from .attention import CHUNK_QUERIES, attention_entropy, forward_with_stats, resolve_layers, unwrap_model
@@ -69,7 +69,7 @@ def token_statistics(
     TRL's old-log-prob forward) are used as they are; the forward runs only for what is still missing.
     With several processes, `group` holds global prompt indices:
     forwards start at group boundaries, and JS of a group whose rows sit on several ranks comes from
-    `distributed.js_for_split_groups` (every rank calls it once, a collective).
+    `js_for_split_groups` (every rank calls it once, a collective).
     """
     needs = check_needs(needs)
     given = dict(given or {})
@@ -330,7 +330,7 @@ def _js_of_split_groups(
     group: Tensor,
     accelerator,
 ) -> None:
-    """JS of this rank's rows of groups split over ranks into `out["js"]` (`distributed.js_for_split_groups`,
+    """JS of this rank's rows of groups split over ranks into `out["js"]` (`js_for_split_groups`,
     a collective every rank joins, with or without such rows)."""
     assert fwd.head is not None, "JS builds logits"
     rows_idx = [r for s, e in split_at for r in range(s, e)]
@@ -353,3 +353,29 @@ def _js_of_split_groups(
     )
     if rows_idx:
         out["js"][idx] = js.float()
+
+
+def js_for_split_groups(
+    hidden: Tensor,
+    live_mask: Tensor,
+    group: Tensor,
+    project: Callable[[Tensor], Tensor],
+    accelerator_or_group: Any = None,
+    **js_kwargs: Any,
+) -> Tensor:
+    """JS to the group mean [n, T] for this rank's n rows of groups that span ranks.
+
+    hidden [n, T, H] (final hidden states at the positions that generate each completion token),
+    live_mask [n, T], group [n] global prompt indices: this rank's rows of split groups
+    (`split_rows`), possibly none. Every rank calls it once per generation batch (a collective).
+    Each rank receives the hidden states of its split groups' other rows, computes the group's
+    P̄ over all live rollouts exactly as one process would, and keeps its own rows.
+    js_kwargs: those of `chunked_js_to_group_mean` (temperature, chunk_positions, ...). The hidden states
+    cross ranks in `distributed.complete_groups`, which knows nothing of JS (the signals import the
+    communication, never the other way round).
+    """
+    full, full_group, own = complete_groups({"hidden": hidden, "live": live_mask}, group, accelerator_or_group)
+    if hidden.size(0) == 0:
+        return torch.zeros(live_mask.shape, dtype=torch.float32, device=live_mask.device)
+    js = chunked_js_to_group_mean(full["hidden"], project, full_group, full["live"], **js_kwargs)
+    return js[own, : hidden.size(1)]

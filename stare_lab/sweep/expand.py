@@ -17,8 +17,6 @@ import dataclasses
 import itertools
 import re
 import typing
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -40,27 +38,8 @@ from stare_lab.methods.registry import is_registered
 from stare_lab.rule_imports import run_entries
 from stare_lab.server_layout import server_layout
 from stare_lab.sweep.records import resolve_from_records
+from stare_lab.sweep.run_spec import RunSpec
 from stare_lab.sweep.schema import SweepError, SweepSpec, config_groups
-
-
-@dataclass
-class RunSpec:
-    overrides: list[str]  # Hydra overrides: compose(overrides) gives this run's config
-    config: dict[str, Any]  # the resolved config as plain data
-    id: str
-    label: str
-    variant: str | None
-    seed: int
-    run_dir: Path
-    _cfg: DictConfig | None = field(default=None, repr=False, compare=False)
-    # False: a reading command's run of a rule it has not imported, id provisional (stare_lab.sweep.records)
-    resolved: bool = True
-
-    @property
-    def cfg(self) -> DictConfig:
-        if self._cfg is None:
-            self._cfg = OmegaConf.create(self.config)
-        return self._cfg
 
 
 def fmt_value(v: Any) -> str:

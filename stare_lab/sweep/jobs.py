@@ -11,32 +11,40 @@ claim, so a re-run after the driver died watches it instead of starting a second
 from __future__ import annotations
 
 import abc
+import contextlib
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import psutil
 
 from stare_lab.record import claim_held, first_line, read_status, update_status
 from stare_lab.sweep.liveness import LIVE, Liveness, process_start
 from stare_lab.sweep.ranks import latest_peer_failure
-
-if TYPE_CHECKING:
-    from stare_lab.sweep.expand import RunSpec
-    from stare_lab.sweep.worker import QueueWorker, RunWorker
+from stare_lab.sweep.run_spec import RunSpec
 
 # Records (and, through Liveness, Slurm: one batched query) are looked at every FORCE_CHECK_S.
 FORCE_CHECK_S = 10.0
+# Ctrl-C: how long the processes of a local job left running after its grace (stop_local) get to go once killed.
+KILL_WAIT_S = 5.0
+
+# What a job calls, as the jobs see it: stare_lab.sweep.worker's RunWorker (a run's folder -> its
+# status) and QueueWorker (the queued runs' folders -> their statuses). Named here by their calls,
+# not imported: the workers run the runner, a layer above the launchers that submit them.
+RunJob = Callable[[str], dict[str, Any]]
+QueueJob = Callable[[list[str]], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class Workers:
     """The callables a launch's jobs run (stare_lab.sweep.worker), given to the launcher's starter."""
 
-    run: RunWorker  # one run per job
-    queue: QueueWorker  # a local queue worker: the queued runs one after another
+    run: RunJob  # one run per job
+    queue: QueueJob  # a local queue worker: the queued runs one after another
 
 
 @dataclass
@@ -47,7 +55,7 @@ class Tracked:
     # and no job, the run is watched through its record
 
 
-def submit_run(executor, worker: RunWorker, run: RunSpec):
+def submit_run(executor, worker: RunJob, run: RunSpec):
     """Submit one run; a local job's process is recorded as the run's holder (a lease) until its
     worker starts."""
     job = _without_sigint(lambda: executor.submit(worker, str(run.run_dir)))
@@ -55,7 +63,7 @@ def submit_run(executor, worker: RunWorker, run: RunSpec):
     return job
 
 
-def submit_queue(executor, worker: QueueWorker, runs: list[RunSpec], timeout_min: float):
+def submit_queue(executor, worker: QueueJob, runs: list[RunSpec], timeout_min: float):
     """Start one local queue worker over `runs`, holder (lease) of those still pending. Its time
     limit is `timeout_min` (the launcher's, per run) for each run it may take."""
     executor.update_parameters(timeout_min=timeout_min * len(runs))
@@ -115,7 +123,7 @@ class Starter(abc.ABC):
 class RunStarter(Starter):
     """One job per run (`RunWorker`), at most `limit` at once."""
 
-    def __init__(self, executor, worker: RunWorker, limit: int):
+    def __init__(self, executor, worker: RunJob, limit: int):
         self.executor, self.worker, self.limit = executor, worker, limit
 
     def start(self, queue: list[RunSpec], waiting: list[Tracked]) -> None:
@@ -130,7 +138,7 @@ class QueueStarter(Starter):
     the start-up of a process per run (the interpreter, the torch, transformers, TRL and W&B imports,
     and the exit: seconds of CPU, more than a demo run's training steps) is then paid once per worker."""
 
-    def __init__(self, executor, worker: QueueWorker, workers: int, timeout_min: float):
+    def __init__(self, executor, worker: QueueJob, workers: int, timeout_min: float):
         self.executor, self.worker, self.workers, self.timeout_min = executor, worker, workers, timeout_min
         self.queue_jobs: list = []
 
@@ -272,11 +280,72 @@ def _job_log_tail(job, lines: int = 40) -> str | None:
     return "\n".join(text.splitlines()[-lines:]) or None
 
 
-def stop_local(jobs: list, echo: Callable[[str], None], wait_s: float) -> None:
-    """Stop local jobs (SIGTERM: their workers record the runs interrupted) and wait for them."""
+def stop_local(jobs: list, echo: Callable[[str], None], wait_s: float, kill_wait_s: float = KILL_WAIT_S) -> None:
+    """Stop local jobs, every wait bounded: SIGTERM (their workers record the runs interrupted and
+    leave), up to `wait_s` for them to end, then SIGKILL to what is left, which waits up to
+    `kill_wait_s` more. A worker ends late when SIGTERM finds it inside a long call that does not
+    return to Python (a training step on a busy node) or in its run's clean-up (W&B's finish, a vLLM
+    server's stop); a second Ctrl-C ends the first wait at once. The runs of killed workers are
+    recorded interrupted by the driver (`record_stopped`)."""
     for job in jobs:
         stop_job(job)
-    deadline = time.time() + wait_s  # let the workers record `interrupted`
-    while time.time() < deadline and not all(job.done() for job in jobs):
-        time.sleep(0.2)
-    echo("interrupted: local runs stopped; `sweep run` again resumes them")
+    try:
+        _wait_done(jobs, wait_s)
+    except KeyboardInterrupt:  # a second Ctrl-C: the user will not wait for the workers' own records
+        pass
+    late = [job for job in jobs if not job.done()]
+    processes = [p for job in late for p in kill_job(job)]
+    psutil.wait_procs(processes, timeout=kill_wait_s)  # gone, their claims let go: `record_stopped` reads them
+    killed = f" ({len(late)} killed: still running {wait_s:g} s after SIGTERM)" if late else ""
+    echo(f"interrupted: local runs stopped{killed}; `sweep run` again resumes them")
+
+
+def _wait_done(jobs: list, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all(job.done() for job in jobs):
+        time.sleep(0.1)
+
+
+def kill_job(job) -> list[psutil.Process]:
+    """SIGKILL a local job: the processes its submitit controller started (the workers, and theirs)
+    first, then the controller, which otherwise lives until its tasks end, holding the driver's
+    stdout and stderr (a pipe read to its end, `sweep run | tee`, would not end either). Returns the
+    processes signalled."""
+    process = getattr(job, "_process", None)
+    if process is None or process.poll() is not None:
+        return []
+    try:
+        controller = psutil.Process(process.pid)
+        tree = [*controller.children(recursive=True), controller]
+    except psutil.NoSuchProcess:
+        return []
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()  # psutil checks first that the pid still names the same process
+    return tree
+
+
+def record_stopped(tracked: list[Tracked]) -> int:
+    """After a Ctrl-C's stop: each run this launch started that is still recorded running, whose
+    worker process on this host is gone and whose claim nobody holds (a killed worker; one that ended
+    on its own recorded its end before it let go of the claim), is recorded interrupted, to resume at
+    the next `sweep run`. A run of a worker elsewhere (a Slurm node, another driver's) is left to its
+    worker. Returns how many were recorded."""
+    host, recorded = socket.gethostname(), 0
+    for t in tracked:
+        if t.job is None and not t.queue_workers:
+            continue  # only watched: another worker's run
+        status = read_status(t.run.run_dir) or {}
+        if status.get("state") != "running" or status.get("host") != host or not status.get("pid"):
+            continue
+        if process_start(int(status["pid"])) == status.get("pid_start") or claim_held(t.run.run_dir):
+            continue
+        update_status(
+            t.run.run_dir,
+            state="interrupted",
+            error="Ctrl-C in `sweep run`: its worker was killed before it recorded the run's end",
+            traceback=None,
+            finished=None,
+        )
+        recorded += 1
+    return recorded

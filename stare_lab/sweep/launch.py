@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from stare_lab.sweep.jobs import Tracked, Workers, reconcile
+from stare_lab.sweep.jobs import Tracked, Workers, reconcile, record_stopped
 from stare_lab.sweep.plan import Plan, prepare
 from stare_lab.sweep.progress import Progress
 from stare_lab.sweep.schema import SweepSpec
@@ -57,5 +57,6 @@ def launch_runs(spec: SweepSpec, plan: Plan, echo: Callable[[str], None] = print
                 time.sleep(POLL_S if (queue or waiting) else 0)
         except KeyboardInterrupt:
             launcher.stop([t.job for t in waiting if t.job is not None] + starter.live_jobs(), echo)
+            record_stopped(waiting)
             raise
     return counts

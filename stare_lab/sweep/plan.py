@@ -31,8 +31,9 @@ from stare_lab.record import (
 )
 from stare_lab.rule_imports import current_rule_modules
 from stare_lab.sweep.errors import SweepError
-from stare_lab.sweep.expand import RunSpec, expand_sweep
+from stare_lab.sweep.expand import expand_sweep
 from stare_lab.sweep.liveness import Liveness, read_manifest
+from stare_lab.sweep.run_spec import RunSpec
 from stare_lab.sweep.schema import SweepSpec
 from stare_lab.utils import atomic_write_text
 

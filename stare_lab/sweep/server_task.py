@@ -85,12 +85,8 @@ def serve_slot(
 
 def _watch(run_dir: Path, server: Server, attempt: object) -> None:
     """Until the run's attempt is no longer running; ServerError when the server exits first."""
-    from stare_lab.vllm_server import ServerError  # deferred: transformers, as in serve_slot
-
     while True:
-        code = server.process.poll()
-        if code is not None:
-            raise ServerError(f"vLLM server at {server.url} exited with code {code} mid-run (log: {server.log})")
+        server.check_alive()
         status = read_status(run_dir) or {}
         if status.get("state") != "running" or status.get("attempts") != attempt:
             return

@@ -405,9 +405,11 @@ class QueueWorker:
         self.threads = threads
 
     def __call__(self, run_dirs: list[str]) -> list[dict[str, Any]]:
-        start_worker(self.threads, decide=False)  # threads: at the start of each run (`_take`)
-        code = loaded_code()
+        # SIGTERM leaves from the first line (a Ctrl-C while the worker still imports: submitit's own
+        # handler would ignore it, and the worker would then take a run)
         with _leave_on_sigterm():
+            start_worker(self.threads, decide=False)  # threads: at the start of each run (`_take`)
+            code = loaded_code()
             return [self._take(Path(run_dir), code) for run_dir in run_dirs]
 
     def _take(self, run_dir: Path, code: dict[str, Any] | None) -> dict[str, Any]:
@@ -430,12 +432,12 @@ class RunWorker(submitit.helpers.Checkpointable):
         self.threads = threads
 
     def __call__(self, run_dir: str) -> dict[str, Any]:
-        start_worker(self.threads)
         # submitit ignores SIGTERM ("bypass") and leaves the job to Slurm's SIGKILL; a requeue
         # (`scontrol requeue`, pre-emption) would then record nothing until KillWait ends. Here
         # SIGTERM records the run interrupted and leaves at once, without a submitit result, so a
         # requeued job still counts as running and a cancelled one ends interrupted (resumable).
         with _leave_on_sigterm():
+            start_worker(self.threads)
             tasks = _job_tasks()
             if tasks is None:
                 return run_one(Path(run_dir))

@@ -14,6 +14,7 @@ from typing import Any
 
 from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_boxed, math_reward
+from stare_lab.tasks.reasoning_gym import ReasoningGymTask
 from stare_lab.tasks.rewards import REWARD_KEYS
 from stare_lab.utils import plain_dict
 
@@ -45,7 +46,5 @@ def build_task(cfg: Mapping[str, Any] | Any):
             return ArithmeticTask.from_config(cfg)
         return ArithmeticTask(**{k: v for k, v in cfg.items() if k != "name"})
     if name == "reasoning_gym":
-        from stare_lab.tasks.reasoning_gym import ReasoningGymTask  # deferred: only for this task
-
         return ReasoningGymTask.from_config(cfg)
     raise ValueError(f"task.name: unknown task {name!r}; valid names: {list(TASK_NAMES)}")

@@ -18,6 +18,10 @@ from torch import Tensor
 
 from stare_lab import distributed
 from stare_lab.methods import NORMALIZE, get_method, list_methods
+from stare_lab.signals import resolve_layers, token_statistics
+from stare_lab.signals.attention import CHUNK_QUERIES, unwrap_model
+from stare_lab.signals.js import CHUNK_POSITIONS
+from stare_lab.signals.vocab import CHUNK_TOKENS
 from stare_lab.stats import TokenStats
 from stare_lab.viewer.batch import ATTN, STAT_FIELDS, attn_key, batch_path, save_batch
 
@@ -58,9 +62,6 @@ def stats_for_all_rules(
     run's `TrainerValues`; `chunks` are token_statistics' chunk_tokens / chunk_queries / chunk_positions
     (and group / accelerator with several processes).
     """
-    from stare_lab.signals import resolve_layers, token_statistics  # deferred: signals imports transformers
-    from stare_lab.signals.attention import unwrap_model
-
     needs, layer_sets = needed_statistics(run_rule, trainer)
     base = unwrap_model(model)
     have: dict[str, Tensor] = {}
@@ -260,10 +261,6 @@ def _statistics_of_every_rule(
     """`stats_for_all_rules` on this process's rows, with the trainer's own statistics, chunk sizes and
     rows per forward. The model stays in the mode the trainer's own statistics pass ran in, so the values
     agree."""
-    from stare_lab.signals.attention import CHUNK_QUERIES  # deferred: signals imports transformers
-    from stare_lab.signals.js import CHUNK_POSITIONS
-    from stare_lab.signals.vocab import CHUNK_TOKENS
-
     acc = trainer.accelerator
     G = int(trainer.num_generations)
     B, T = out["completion_ids"].shape
@@ -287,8 +284,6 @@ def _statistics_of_every_rule(
 def _batch_meta(trainer, meta: dict[str, Any] | None) -> dict[str, Any]:
     """The set-up a kept batch records: the model's layers (and which is the middle one, whose attention
     entropy is stored under the plain key), G, the temperature, the trainer's values, the processes."""
-    from stare_lab.signals.attention import resolve_layers, unwrap_model  # deferred: signals imports transformers
-
     values = getattr(trainer, "trainer_values", None)
     base = unwrap_model(trainer.accelerator.unwrap_model(trainer.model))
     return {

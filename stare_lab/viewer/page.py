@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stare_lab.record import run_label
+from stare_lab.record import find_run_dirs, run_label
 from stare_lab.sweep.plan import current_runs
 from stare_lab.sweep.schema import SweepError, load_sweep
 from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch, why_no_batch
@@ -254,8 +254,6 @@ def render_run(run_dir: Path | str, step: int | None = None, out: Path | str | N
 def sweep_runs(sweep_yaml: Path | str, all_runs: bool = False) -> list[tuple[str, Path]]:
     """(label, run dir) of every run of a sweep's current plan, in expansion order; with `all_runs`,
     then the other run directories of its folder (runs of an earlier grid)."""
-    from stare_lab.analysis.collect import find_run_dirs  # deferred: pandas
-
     try:
         spec = load_sweep(sweep_yaml)
         runs = current_runs(spec)

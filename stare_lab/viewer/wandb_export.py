@@ -1,9 +1,9 @@
 """W&B as a view of the run record: evaluation results, the token page and figures, the sweep summary.
 
 Each function writes into an open W&B run when given one (a run's own, kept open by the runner from
-training through evaluation), else resumes (or starts) one through `stare_lab.tracking.init_wandb`'s
-settings (same project, group = sweep, id = the run id, offline unless an API key is set), writes,
-and finishes it.
+training through evaluation, opened by `init_wandb` below), else resumes (or starts) one with the same
+settings (same project, group = sweep, id = the run id, offline unless WANDB_API_KEY is set, so a
+resumed run continues the same W&B run), writes, and finishes it.
 Analysis never reads W&B back (it reads the run records); the tests do, from the offline files.
 
 Keys
@@ -32,7 +32,9 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, get_args
+
+from omegaconf import OmegaConf
 
 from stare_lab.config import load_config
 from stare_lab.record import CONFIG_FILE, RESULT_SETTINGS, read_eval_results, result_setting
@@ -42,9 +44,44 @@ SETTINGS = (*RESULT_SETTINGS, "step")
 COMPARISON_FIELDS = ("delta", "ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds")
 
 
-def _open_run(run_dir: Path):
-    from stare_lab.tracking import init_wandb  # deferred: wandb, and the trainer's torch and transformers
+WandbMode = Literal["online", "offline", "disabled"]
 
+
+def wandb_mode(mode: str) -> WandbMode:
+    """W&B's mode for `logger.mode` (the config allows auto, online, offline, disabled): "auto" is online
+    when WANDB_API_KEY is set, else offline."""
+    if mode == "auto":
+        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    for known in get_args(WandbMode):
+        if mode == known:
+            return known
+    raise ValueError(f"logger.mode: {mode!r} is not one of auto, {', '.join(get_args(WandbMode))}")
+
+
+def init_wandb(cfg, run_dir: Path):
+    """Start (or resume) the W&B run of this run dir; None when W&B is off."""
+    if not cfg.logger.wandb or wandb_mode(cfg.logger.mode) == "disabled":
+        return None
+    import wandb  # deferred: wandb, only when W&B is on
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        project=cfg.logger.project,
+        entity=cfg.logger.entity,
+        group=cfg.run.sweep,
+        name=cfg.run.label or cfg.run.id,
+        tags=[cfg.method.name, f"seed={cfg.seed}"],
+        # cast: omegaconf types to_container's result for any container; a DictConfig gives a str-keyed dict
+        config=cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True)),
+        id=cfg.run.id,
+        resume="allow",
+        dir=str(run_dir),
+        mode=wandb_mode(cfg.logger.mode),
+        settings=wandb.Settings(console="off", x_disable_stats=True),
+    )
+
+
+def _open_run(run_dir: Path):
     return init_wandb(load_config(Path(run_dir) / CONFIG_FILE), Path(run_dir))
 
 
@@ -166,8 +203,8 @@ def publish_run(run_dir: Path | str, run=None) -> dict[str, Any] | None:
     try:
         summary.update(log_eval(run_dir, results, run=run) or {})
         if kept:
-            from stare_lab.viewer.figures import plot_selection  # deferred: matplotlib, and torch (the page)
-            from stare_lab.viewer.page import render_run
+            from stare_lab.viewer.figures import plot_selection  # deferred: matplotlib, only a run that kept batches
+            from stare_lab.viewer.page import render_run  # deferred: torch (the page reads the kept batches)
 
             page = render_run(run_dir)
             summary.update(log_token_page(run_dir, page, plot_selection(run_dir, run_dir / "figures"), run=run) or {})
@@ -199,8 +236,6 @@ def log_sweep_summary(
     sweep name, so `stare-lab table --wandb` again resumes the same summary run. Returns the summary.
     """
     import wandb  # deferred: as in log_token_page
-
-    from stare_lab.tracking import wandb_mode  # deferred: tracking imports torch and transformers
 
     os.environ.setdefault("WANDB_SILENT", "true")
     out_dir = Path(out_dir)

@@ -36,7 +36,7 @@ TRAIN_CASES = [
     ),
     (
         ["trainer.num_generations=3"],
-        "generation batch (per_device_train_batch_size × steps_per_generation = 16 × 2 = 32) "
+        "generation batch (per_device_train_batch_size × steps_per_generation = 32 × 2 = 64) "
         "is not divisible by num_generations = 3",
     ),
     (
@@ -165,14 +165,14 @@ def test_sweep_status_refuses_the_same_values(tmp_path, capsys):
 
 def test_a_search_range_outside_the_schema_is_refused(tmp_path, capsys):
     search = {
-        "params": {"trainer.max_steps": {"low": 0, "high": 4}},
+        "params": {"trainer.max_steps": {"low": -1, "high": 4}},
         "objective": {"metric": "train/reward"},
         "trials": 2,
     }
     path = write_sweep(tmp_path, search=search)
     assert main(["sweep", "run", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "search.params.trainer.max_steps.low: must be ≥ 1, got 0" in err, err
+    assert err.count("\n") == 1 and "search.params.trainer.max_steps.low: must be ≥ 0, got -1" in err, err
     assert not (tmp_path / "runs").exists()
 
 

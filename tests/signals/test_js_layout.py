@@ -1,6 +1,6 @@
 """JS of a group to its mean does not depend on the batch around the group, to the bit (issue 36).
 
-A group split over ranks is completed there (distributed.js_for_split_groups) inside a batch of
+A group split over ranks is completed there (signals.statistics.js_for_split_groups) inside a batch of
 another T and other rows than on one process. The float32 projection of the hidden states to logits
 takes its kernel from the shapes, strides and alignment of its input, and those used to follow the
 batch: on an AVX2/AVX-512 AMD EPYC the 2-process JS differed from 1 process in its last bits

@@ -275,8 +275,9 @@ def js_worker(rank: int, world_size: int, out_dir: Path) -> None:
     the reference is the one-process JS of the global batch."""
     import torch.nn.functional as F
 
-    from stare_lab.distributed import global_token_stats, js_for_split_groups, split_rows
+    from stare_lab.distributed import global_token_stats, split_rows
     from stare_lab.signals.js import chunked_js_to_group_mean
+    from stare_lab.signals.statistics import js_for_split_groups
 
     results = {}
     for name, spec in JS_SPECS.items():

@@ -23,6 +23,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -155,11 +156,15 @@ def sweep_env(**extra: str) -> dict[str, str]:
 SWEEP = [sys.executable, "-m", "stare_lab.sweep"]  # `stare-lab sweep` in this interpreter
 
 
-def sweep_cli(*args: str, env: dict | None = None, standin: float | None = None, **popen) -> subprocess.Popen:
-    """`stare-lab sweep ARGS` in a subprocess (the driver); `standin`: seconds per stand-in step."""
+def sweep_cli(
+    *args: str, env: dict | None = None, standin: float | None = None, deaf: bool = False, **popen
+) -> subprocess.Popen:
+    """`stare-lab sweep ARGS` in a subprocess (the driver); `standin`: seconds per stand-in step;
+    `deaf`: the stand-in ignores SIGTERM (`standin_deaf_to_sigterm`)."""
     cmd = [*SWEEP, *args]
     if standin is not None:
-        cmd = [sys.executable, str(Path(__file__)), "--standin", str(standin), *args]
+        runner = ["--standin-deaf" if deaf else "--standin", str(standin)]
+        cmd = [sys.executable, str(Path(__file__)), *runner, *args]
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env or sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
     )
@@ -301,6 +306,14 @@ def standin_execute(run_dir: Path, step_s: float = 0.05, fail_at: int = 0, only:
     _write_eval(run_dir / "eval", cfg, value)
 
 
+def standin_deaf_to_sigterm(run_dir: Path, step_s: float = 0.05) -> None:
+    """standin_execute in a worker that does not end on SIGTERM: as one whose main thread is inside a
+    call that does not return to Python (a long training step on a busy node) for as long as the
+    driver waits. It ignores SIGTERM from the run's start; only SIGKILL ends it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    standin_execute(run_dir, step_s)
+
+
 def standin_after_meeting(run_dir: Path, meet_dir: str, workers: int = 2, timeout: float = 120.0) -> None:
     """standin_execute, but a worker process's first run waits (up to `timeout` s) until `workers`
     processes have each begun a run: a test of sharing then does not depend on how fast the second
@@ -366,10 +379,13 @@ if __name__ == "__main__":
     from stare_lab.sweep.cli import main
 
     argv = sys.argv[1:]
-    if argv[:1] == ["--standin"]:
+    if argv[:1] in (["--standin"], ["--standin-deaf"]):
         import sweep_fixtures  # pickled by module name: workers can not import this __main__
 
-        sweep_fixtures.use_runner(functools.partial(sweep_fixtures.standin_execute, step_s=float(argv[1])))
+        runner = (
+            sweep_fixtures.standin_deaf_to_sigterm if argv[0] == "--standin-deaf" else sweep_fixtures.standin_execute
+        )
+        sweep_fixtures.use_runner(functools.partial(runner, step_s=float(argv[1])))
         argv = argv[2:]
     sys.exit(main(argv))
 

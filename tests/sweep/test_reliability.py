@@ -7,20 +7,25 @@ the launcher (then the stand-in runner of sweep_fixtures, through sweep_fixtures
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from sweep_fixtures import FailAt, metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
 
 from stare_lab.config import compose, save_config
-from stare_lab.record import read_metrics, read_status
+from stare_lab.record import new_status, read_metrics, read_status, write_status
 from stare_lab.runner import execute
 from stare_lab.sweep.cli import main as sweep_main
+from stare_lab.sweep.jobs import KILL_WAIT_S
+from stare_lab.sweep.launchers.local import STOP_WAIT_S
 
 SMALL = [
     "trainer.per_device_train_batch_size=8",
@@ -98,6 +103,79 @@ def test_ctrl_c_ends_in_one_line_and_records_runs_interrupted(tmp_path):
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert out.strip().splitlines()[-1] == "interrupted: local runs stopped; `sweep run` again resumes them"
     assert [s["state"] for s in _statuses(tmp_path, "ctrlc")] == ["interrupted", "interrupted"]
+
+
+def test_ctrl_c_ends_promptly_when_workers_do_not_end_on_sigterm(tmp_path):
+    """A worker that does not end on SIGTERM (inside a long call, on a busy node) is killed after the
+    driver's bounded wait, and its run recorded interrupted: the driver, and every process holding its
+    output, end within STOP_WAIT_S + KILL_WAIT_S of the Ctrl-C, not when the worker's run would end."""
+    path = write_sweep(
+        tmp_path,
+        "deaf",
+        overrides={"trainer.max_steps": 40_000},
+        grid={"method": ["full", "random"]},
+        launcher={"name": "local", "workers": 2},
+    )
+    driver = sweep_cli("run", str(path), standin=0.2, deaf=True, start_new_session=True)
+    try:
+        # past the first step: the stand-in has set SIGTERM aside by then
+        wait_until(lambda: sum(_stepping(d) for d in run_dirs(tmp_path, "deaf")) == 2, 120, "both stepping")
+        os.killpg(driver.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        out, _ = driver.communicate(timeout=STOP_WAIT_S + KILL_WAIT_S + 30)  # pipe closed: no process holds it
+        waited = time.monotonic() - t0
+    finally:  # a driver that failed to kill them leaves deaf workers of 40,000 steps: the group goes
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert waited >= STOP_WAIT_S  # the workers had their chance to record the end themselves
+    assert driver.returncode == 130
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert out.strip().splitlines()[-1] == (
+        f"interrupted: local runs stopped (2 killed: still running {STOP_WAIT_S:g} s after SIGTERM); "
+        "`sweep run` again resumes them"
+    )
+    statuses = _statuses(tmp_path, "deaf")
+    assert [s["state"] for s in statuses] == ["interrupted", "interrupted"]
+    assert all("killed" in s["error"] for s in statuses), statuses
+
+
+def test_a_worker_stopped_while_it_starts_leaves_at_once_and_takes_no_run(tmp_path):
+    """SIGTERM while a queue worker still imports (torch, transformers, TRL: seconds, more on a busy
+    node) ends it at once: submitit's own handler, set before the worker's code runs, ignores SIGTERM,
+    and the worker would take a pending run after the driver had said its runs were stopped."""
+    run_dir = tmp_path / "r"
+    write_status(run_dir, new_status())
+    started = tmp_path / "importing"
+    code = f"""
+import signal, time
+from pathlib import Path
+from stare_lab.sweep import worker
+signal.signal(signal.SIGTERM, lambda *_: None)  # submitit's "bypass", as in a submitted job
+
+
+def slow_imports():  # the runner's modules, imported by a long-lived worker before its first run
+    Path({str(started)!r}).touch()
+    time.sleep(120)
+    return {{}}
+
+
+worker.loaded_code = slow_imports
+worker.QueueWorker(1)([{str(run_dir)!r}])
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], env=sweep_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(started.exists, 120, "the worker importing")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert read_status(run_dir)["state"] == "pending"  # not taken: the next `sweep run` starts it
+
+
+def _stepping(run_dir: Path) -> bool:
+    metrics = run_dir / "metrics.jsonl"
+    return (read_status(run_dir) or {}).get("state") == "running" and metrics.is_file() and metrics.stat().st_size > 0
 
 
 @pytest.fixture

@@ -26,8 +26,10 @@ from stare_lab.sweep.jobs import QueueStarter, RunStarter, stop_local
 from stare_lab.sweep.launchers.base import Launcher, register_launcher
 from stare_lab.sweep.threads import WorkerThreads, spawn_env
 
-# Ctrl-C: how long the driver waits for its stopped workers to record `interrupted`.
-STOP_WAIT_S = 30.0
+# Ctrl-C: how long the driver waits for its stopped workers (SIGTERM) to record `interrupted` and end,
+# before it kills those left (stare_lab.sweep.jobs.stop_local). A stand-in worker ends in under a
+# second, also beside busy loops; a real one runs its clean-up first (W&B's finish: seconds).
+STOP_WAIT_S = 10.0
 
 
 @register_launcher("local")
