@@ -300,7 +300,7 @@ def check_claims(claims: list[Claim], flat: list[dict], controls: list[str], whe
             if arm not in known:
                 hint = f" (declare it: controls: [{arm}])" if arm in CONTROL_ARMS else ""
                 fail(key, f"arm {arm!r} is not in the sweep{hint}; arms: {', '.join(known)}")
-        runs = {arm: by_arm.get(arm, []) for arm in claim.arms}  # a control's runs: none before issue 37's expansion
+        runs = {arm: by_arm.get(arm, []) for arm in claim.arms}  # controls' runs are planned runs too
         if claim.quantity.kind == "metric":
             _check_metric(claim, runs, fail)
         else:
