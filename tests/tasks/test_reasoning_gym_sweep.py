@@ -100,7 +100,7 @@ def test_the_packaged_gym_sweep_expands_in_a_dry_run(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", "run", "gym", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "sweep gym: 21 runs" in out and not (tmp_path / "runs").exists()
+    assert "sweep gym: 27 runs" in out and not (tmp_path / "runs").exists()  # 7 arms and 2 controls × 3 seeds
     for arm in ("grpo", "grpo_microbatch", "stare", "top_entropy", "clip_cov", "kl_cov", "entropy_adv"):
         assert f"{arm} seed=2" in out
     from stare_lab.config import sweep_path
