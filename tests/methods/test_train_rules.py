@@ -15,7 +15,9 @@ from stare_lab.record import last_checkpoint, read_metrics
 from stare_lab.runner import build_trainer, execute
 
 SMALL = [
-    "trainer.per_device_train_batch_size=16",  # 4 prompts × 4: some group has mixed rewards (the testbed: ~35% right)
+    # 8 prompts × 4: every generation has groups of mixed rewards (the testbed answers ~35% right at T = 1), so
+    # every rule, Lopti's single generation and STARE's T+ included, has tokens to train
+    "trainer.per_device_train_batch_size=32",
     "trainer.num_generations=4",
     "trainer.gradient_accumulation_steps=1",
     "trainer.max_completion_length=20",
@@ -99,7 +101,6 @@ def test_gradient_geometry_is_logged(rule, same, tmp_path):
     """geometry/cosine and norm_ratio of the weighted vs the full-token gradient: exactly 1 for `full`."""
     cfg = compose(
         [f"method={rule}", "trainer.max_steps=2", "trainer.save_steps=100", "trainer.grad_geometry_every=1", *SMALL]
-        + ["trainer.per_device_train_batch_size=32"]  # 8 prompts: every step has a group of mixed rewards
     )
     trainer = build_trainer(cfg, tmp_path)
     trainer.train()
