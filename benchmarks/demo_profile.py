@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     os.chdir(folder)
     spec = load_sweep(REPO / "stare_lab" / "sweeps" / "demo.yaml")
-    by_key = {(r.cfg.method.name, int(r.cfg.seed)): r for r in expand_sweep(spec)}
+    by_key = {(r.label.split(" seed=")[0], int(r.cfg.seed)): r for r in expand_sweep(spec)}
     runs = [by_key[(method, args.seed)] for method in args.method or ["full"]]
     for run in runs:
         prepare(run, fresh=True)
@@ -102,24 +102,22 @@ def cmd_run(args: argparse.Namespace) -> None:
 def _time_phases() -> None:
     import wandb
 
-    import stare_lab.eval_run as eval_run
     import stare_lab.evaluation as evaluation
     import stare_lab.runner as runner
     import stare_lab.viewer.figures as figures
     import stare_lab.viewer.page as page
-    import stare_lab.viewer.wandb_export as wandb_export
     from stare_lab.trainer import TokenRuleGRPOTrainer
 
     for owner, name, label in [
         (runner, "init_wandb", "W&B init"),  # the name the runner calls (imported from viewer.wandb_export)
         (runner, "build_trainer", "build trainer (model, task, TRL)"),
-        (TokenRuleGRPOTrainer, "train", "trainer.train (20 steps)"),
+        (TokenRuleGRPOTrainer, "train", "trainer.train (every step)"),
         (TokenRuleGRPOTrainer, "save_model", "save final/"),
-        (eval_run, "evaluate_run", "evaluation (load, sample, verify, write)"),
+        (runner, "evaluate_run", "evaluation (load, sample, verify, write)"),
         (evaluation, "generate_samples", "  of which generate_samples"),
-        (wandb_export, "publish_run", "publish (W&B eval + token page)"),
+        (runner, "publish_run", "publish (W&B eval + token page)"),
         (page, "render_run", "  of which render_run (token page)"),
-        (figures, "plot_selection", "  of which plot_selection (2 figures)"),
+        (figures, "plot_selection", "selection figures (each kept step)"),
         (wandb.sdk.wandb_run.Run, "finish", "W&B finish"),
         (runner, "execute", "execute (the whole run)"),
     ]:

@@ -92,23 +92,50 @@ def cmd_demo(argv: list[str]) -> int:
         return rc
     if rc != 0:
         print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
+    page = _forked(_demo_token_page, a.sweep, a.out)  # drawn on the other core while the table and figures are made
     cmd_table([str(a.sweep), "--out", str(a.out)])
     print(f"\noutputs under {a.out}/:")
     print("\n".join(output_lines(sorted(a.out.glob("results.*")) + sorted(a.out.glob("passk_*.md")))))
     _plot(_sweep_root(a.sweep), a.out / "figures", "full")
-    _demo_token_page(a.sweep, a.out)
+    for line, to_stderr in page():
+        print(line, file=sys.stderr if to_stderr else sys.stdout)
     return rc
 
 
-def _demo_token_page(sweep: Path, out: Path) -> None:
-    """The demo's token page (every arm at the last kept step) and, where Chromium is installed, its screenshot."""
+def _forked(fn, *args):
+    """`fn(*args)` started in a forked process (Linux; elsewhere run when the returned function is
+    called): the returned function waits for it and gives its answer. The demo's token page (~3.5 s
+    of CPU: the rules on every arm's kept batch, Chromium's screenshot) overlaps its table and figures."""
+    import multiprocessing  # deferred: only the demo forks
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return lambda: fn(*args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pool = multiprocessing.get_context("fork").Pool(1)
+    pending = pool.apply_async(fn, args)
+
+    def wait():
+        try:
+            return pending.get()
+        finally:
+            pool.terminate()
+            pool.join()
+
+    return wait
+
+
+def _demo_token_page(sweep: Path, out: Path) -> list[tuple[str, bool]]:
+    """The demo's token page (every arm at the last kept step) and, where Chromium is installed, its
+    screenshot: the lines to print, each with whether it goes to stderr."""
     from stare_lab.viewer.browser import chromium_path, screenshot  # deferred: the viewer's torch
     from stare_lab.viewer.page import ViewError, render_sweep
+    from stare_lab.viewer.selection import one_thread
 
     try:
-        page = render_sweep(sweep, out=out / "tokens.html")
+        with one_thread():  # beside the figures' processes: one core each
+            page = render_sweep(sweep, out=out / "tokens.html")
     except ViewError as e:
-        print(f"stare-lab demo: no token page ({e})", file=sys.stderr)
-        return
+        return [(f"stare-lab demo: no token page ({e})", True)]
     pages = [page] + ([screenshot(page, out / "tokens.png")] if chromium_path() is not None else [])
-    print("\n".join(output_lines(pages)))
+    return [(line, False) for line in output_lines(pages)]

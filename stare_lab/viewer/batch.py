@@ -386,6 +386,10 @@ def load_batch(path: Path | str) -> Batch:
     return batch
 
 
+# why_no_batch's answer for a run of 0 steps (`method=base`): nothing is missing, so `plot` says nothing
+UNTRAINED = "it trains 0 steps (the untrained model: no generation batch to keep)"
+
+
 def why_no_batch(run_dir: Path | str, step: int | None = None) -> str:
     """Why `run_dir` has no kept batch (at `step`; None: none at all), read from its record: one clause."""
     run_dir = Path(run_dir)
@@ -403,6 +407,8 @@ def why_no_batch(run_dir: Path | str, step: int | None = None) -> str:
             f"it has no readable {CONFIG_FILE}, so it is not a run record "
             "(a run keeps batches with trainer.keep_batches_every > 0)"
         )
+    if (config.get("trainer") or {}).get("max_steps") == 0:
+        return UNTRAINED
     every = (config.get("trainer") or {}).get("keep_batches_every") or 0
     if not every:
         return "trainer.keep_batches_every is 0: set it to keep batches"

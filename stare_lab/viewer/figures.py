@@ -8,7 +8,8 @@
 
 The run's own rule is the one it trained with: for a rule choosing its tokens in the loss or changing
 it, its first recorded pass of the loss over the batch (selection.own_views). A run without a kept
-batch gets no figure and one line on stderr naming it and why (`batch.why_no_batch`).
+batch gets no figure and one line on stderr naming it and why (`batch.why_no_batch`); a run of 0 steps
+(`method=base`) has none to keep and gets no line.
 
 Only what changed is drawn: each PNG carries the stamp of what it was drawn from (the run's kept
 batch files and config.yaml, by name, size and modification time; the drawing code; matplotlib's
@@ -31,7 +32,6 @@ import matplotlib
 import numpy as np
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
@@ -42,6 +42,7 @@ from stare_lab.record import CONFIG_FILE, run_label  # noqa: E402
 from stare_lab.sweep.threads import busy_elsewhere, decide_threads, usable_cpus  # noqa: E402
 from stare_lab.viewer.batch import (  # noqa: E402
     BATCH_DIR,
+    UNTRAINED,
     Batch,
     BatchError,
     kept_steps,
@@ -131,17 +132,16 @@ def quadrant_figure(
         ax.axvline(h_mid, ls="--", lw=0.7, c="#555")
         ax.axhline(s_mid, ls="--", lw=0.7, c="#555")
         ax.set(xlim=(x_lo, x_hi), ylim=(y_lo, y_hi))
-        ax.set_xticks(x_ticks)
-        ax.set_yticks(y_ticks)
+        # ticks on the outer panels only: the inner ones share their limits, and matplotlib's tick
+        # objects were half of the figure's ~0.65 s (a run draws it at its end)
+        left, bottom = col == 0, i + cols >= len(shown)  # bottom: nothing below it in its column
+        ax.set_xticks(x_ticks if bottom else [])
+        ax.set_yticks(y_ticks if left else [])
         ax.set_title(f"{view.label}: {selected_fraction(view, batch.mask):.0%}", fontsize=9, y=1.0, pad=3)
-        if col == 0:
+        if left:
             ax.set_ylabel("surprisal −log π")
-        else:
-            ax.tick_params(labelleft=False)
-        if i + cols >= len(shown):  # nothing below it: the bottom of its column
+        if bottom:
             ax.set_xlabel("entropy H")
-        else:
-            ax.tick_params(labelbottom=False)
     handles = [Line2D([], [], ls="", marker="o", ms=4, color=c) for c in COLOURS.values()]
     fig.legend(handles, list(COLOURS), loc="upper right", fontsize=8)
     fig.suptitle(f"{title}: selected tokens at step {batch.step} (dashed: batch medians)", fontsize=10)
@@ -205,8 +205,13 @@ def selection_over_steps(
         touched.setdefault(own.label, []).append(own_to)
     if not steps:
         return None
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16.8, 4.2))
-    palette = plt.get_cmap("tab20")
+    fig = Figure(figsize=(16.8, 4.2), dpi=DPI)
+    FigureCanvasAgg(fig)
+    # margins set, not searched for (tight_layout was a third of the figure's ~0.3 s): room on the right
+    # for the legend of up to 21 rules
+    fig.subplots_adjust(left=0.045, right=0.855, bottom=0.13, top=0.8, wspace=0.22)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    palette = matplotlib.colormaps["tab20"]
     for i, key in enumerate(trained):  # 20 distinct colours, dashed from the 11th rule on
         style = dict(marker="o", ms=3, label=key, color=palette((2 * i) % 20 + (i >= 10)), ls="-" if i < 10 else "--")
         for ax, values in ((ax1, trained), (ax2, touched), (ax3, overlap)):
@@ -214,7 +219,7 @@ def selection_over_steps(
                 ax.plot(steps, values[key], **style)
     ax1.set(title="trained fraction (weight ≠ 0)", xlabel="step", ylabel="fraction of valid tokens", ylim=(0, 1.05))
     ax2.set(title="touched fraction (objective ≠ full's)", xlabel="step", ylim=(0, 1.05))
-    ax3.set(title=f"Jaccard of the selected sets with {own.label}", xlabel="step", ylabel="Jaccard", ylim=(0, 1.05))
+    ax3.set(title=f"Jaccard of the selected sets\nwith {own.label}", xlabel="step", ylabel="Jaccard", ylim=(0, 1.05))
     ax3.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.suptitle(f"{title}: kept batches", fontsize=10)
     return _save(fig, path, stamp)
@@ -222,9 +227,7 @@ def selection_over_steps(
 
 def _save(fig, path: Path, stamp: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
     fig.savefig(path, dpi=DPI, format="png", metadata=metadata(stamp))
-    plt.close(fig)
     return path
 
 
@@ -280,7 +283,8 @@ def start_selection(
     draw: list[tuple[Path, str]] = []
     for run_dir in runs:
         if not kept_steps(run_dir):
-            say(f"stare-lab plot: no selection figures for {run_label(run_dir)} ({run_dir}): {why_no_batch(run_dir)}")
+            if (reason := why_no_batch(run_dir)) != UNTRAINED:
+                say(f"stare-lab plot: no selection figures for {run_label(run_dir)} ({run_dir}): {reason}")
             continue
         stamp = run_stamp(run_dir)
         kept = _current_figures(run_dir, out_dir, stamp)

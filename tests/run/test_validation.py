@@ -35,9 +35,9 @@ TRAIN_CASES = [
         "trainer.num_generations: must be ≥ 2, got 1",
     ),
     (
-        ["trainer.num_generations=3"],
-        "generation batch (per_device_train_batch_size × steps_per_generation = 32 × 2 = 64) "
-        "is not divisible by num_generations = 3",
+        ["trainer.num_generations=5"],
+        "generation batch (per_device_train_batch_size × steps_per_generation = 24 × 2 = 48) "
+        "is not divisible by num_generations = 5",
     ),
     (
         ["trainer.steps_per_generation=3", "trainer.per_device_train_batch_size=4", "trainer.num_generations=8"],
