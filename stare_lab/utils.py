@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -62,3 +64,25 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise CommandLineError(f"{self.prog}: {message}")
+
+
+def start_forked(fn: Callable[..., Any], calls: list[tuple], processes: int) -> Callable[[], list[Any]]:
+    """`fn(*args)` for each `args` of `calls`, started now in `processes` forked processes (Linux), so the
+    caller can work meanwhile; the function returned waits for them and gives their answers in order.
+    With `processes` < 1, or where fork is not available, nothing starts now: the function returned runs
+    the calls here, one after the other."""
+    if processes < 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return lambda: [fn(*args) for args in calls]
+    sys.stdout.flush()  # a forked child would print what this process has buffered again
+    sys.stderr.flush()
+    pool = multiprocessing.get_context("fork").Pool(processes)
+    pending = pool.starmap_async(fn, calls, chunksize=1)
+
+    def wait() -> list[Any]:
+        try:
+            return pending.get()
+        finally:
+            pool.terminate()
+            pool.join()
+
+    return wait

@@ -37,6 +37,7 @@ from stare_lab.config import SWEEP_DIR, ConfigError
 from stare_lab.rule_imports import RuleImportError, reading
 from stare_lab.sweep.cli import main as sweep_main
 from stare_lab.sweep.schema import SweepError
+from stare_lab.utils import start_forked
 
 __all__ = ["UserError", "main"]
 
@@ -92,37 +93,16 @@ def cmd_demo(argv: list[str]) -> int:
         return rc
     if rc != 0:
         print("stare-lab demo: some runs did not finish; the table shows what exists", file=sys.stderr)
-    page = _forked(_demo_token_page, a.sweep, a.out)  # drawn on the other core while the table and figures are made
+    # the token page (~3.5 s of CPU: every rule on every arm's kept batch, Chromium's screenshot) in a
+    # forked process, on the other core while the table and figures are made
+    page = start_forked(_demo_token_page, [(a.sweep, a.out)], 1)
     cmd_table([str(a.sweep), "--out", str(a.out)])
     print(f"\noutputs under {a.out}/:")
     print("\n".join(output_lines(sorted(a.out.glob("results.*")) + sorted(a.out.glob("passk_*.md")))))
     _plot(_sweep_root(a.sweep), a.out / "figures", "full")
-    for line, to_stderr in page():
+    for line, to_stderr in page()[0]:
         print(line, file=sys.stderr if to_stderr else sys.stdout)
     return rc
-
-
-def _forked(fn, *args):
-    """`fn(*args)` started in a forked process (Linux; elsewhere run when the returned function is
-    called): the returned function waits for it and gives its answer. The demo's token page (~3.5 s
-    of CPU: the rules on every arm's kept batch, Chromium's screenshot) overlaps its table and figures."""
-    import multiprocessing  # deferred: only the demo forks
-
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return lambda: fn(*args)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pool = multiprocessing.get_context("fork").Pool(1)
-    pending = pool.apply_async(fn, args)
-
-    def wait():
-        try:
-            return pending.get()
-        finally:
-            pool.terminate()
-            pool.join()
-
-    return wait
 
 
 def _demo_token_page(sweep: Path, out: Path) -> list[tuple[str, bool]]:

@@ -21,7 +21,6 @@ may use (forked processes, one thread each).
 
 from __future__ import annotations
 
-import multiprocessing
 import re
 import shutil
 import sys
@@ -40,6 +39,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from stare_lab.figure_stamps import code_stamp, config_stamp, current, digest, files_stamp, metadata  # noqa: E402
 from stare_lab.record import CONFIG_FILE, run_label  # noqa: E402
 from stare_lab.sweep.threads import busy_elsewhere, decide_threads, usable_cpus  # noqa: E402
+from stare_lab.utils import start_forked  # noqa: E402
 from stare_lab.viewer.batch import (  # noqa: E402
     BATCH_DIR,
     UNTRAINED,
@@ -321,30 +321,11 @@ def _current_figures(run_dir: Path, out_dir: Path, stamp: str) -> list[Path] | N
 def _draw_runs(draw: list[tuple[Path, str]], out_dir: Path, processes: int | None) -> Callable[[], list[list[Path]]]:
     """`_run_figures` of each (run, stamp), in order, from the function returned: started now in forked
     processes when there are several runs and free cores (Linux: the usable cores other processes
-    leave free, stare_lab.sweep.threads), else drawn here when it is called."""
+    leave free, stare_lab.sweep.threads), else drawn here, one thread, when it is called."""
     if processes is None and len(draw) > 1 and usable_cpus() > 1:
         processes = decide_threads(None, {}, usable_cpus(), 1, busy_elsewhere()).threads
     n = min(len(draw), processes or 1)
-    if n <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-
-        def here() -> list[list[Path]]:
-            with one_thread():
-                return [_run_figures(run_dir, out_dir, stamp) for run_dir, stamp in draw]
-
-        return here
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pool = multiprocessing.get_context("fork").Pool(n)
-    pending = pool.starmap_async(_draw_forked, [(run_dir, out_dir, stamp) for run_dir, stamp in draw], chunksize=1)
-
-    def wait() -> list[list[Path]]:
-        try:
-            return pending.get()
-        finally:
-            pool.terminate()
-            pool.join()
-
-    return wait
+    return start_forked(_draw_forked, [(run_dir, out_dir, stamp) for run_dir, stamp in draw], n if n > 1 else 0)
 
 
 def _draw_forked(run_dir: Path, out_dir: Path, stamp: str) -> list[Path]:
