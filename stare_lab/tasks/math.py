@@ -141,6 +141,17 @@ def math_reward(completions: Sequence[Any], answers: Sequence[str]) -> list[floa
     ]
 
 
+def constructor_kwargs(cls: type, cfg: Mapping[str, Any], task: str) -> dict[str, Any]:
+    """The `task` block (without its `name`) as `cls`'s constructor arguments; a key the constructor does
+    not take is a ValueError naming it and the valid keys."""
+    kwargs = {k: v for k, v in dict(cfg).items() if k != "name"}
+    known = set(inspect.signature(cls.__init__).parameters) - {"self"}  # type: ignore[misc]
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"task.{unknown[0]}: unknown key for task '{task}'; valid keys: {sorted(known)}")
+    return kwargs
+
+
 class MathTask:
     r"""A `\boxed{}` math task: train and held-out records, prompt template, math-verify reward.
 
@@ -181,12 +192,7 @@ class MathTask:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> MathTask:
-        kwargs = {k: v for k, v in dict(cfg).items() if k != "name"}
-        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"task.{unknown[0]}: unknown key for task 'math'; valid keys: {sorted(known)}")
-        return cls(**kwargs)
+        return cls(**constructor_kwargs(cls, cfg, "math"))
 
     def prompt(self, problem: str) -> str | list[dict[str, str]]:
         if self.chat:

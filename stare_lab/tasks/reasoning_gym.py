@@ -26,13 +26,12 @@ single oracle answer (`answer` None, recorded as ""), and are scored by `score_a
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stare_lab.tasks.math import completion_text
+from stare_lab.tasks.math import completion_text, constructor_kwargs
 from stare_lab.tasks.reasoning_gym_specs import (
     BENCHMARK_PREFIX,
     MISSING_PACKAGE,
@@ -119,12 +118,7 @@ class ReasoningGymTask:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ReasoningGymTask:
-        kwargs = {k: v for k, v in dict(cfg).items() if k != "name"}
-        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"task.{unknown[0]}: unknown key for task 'reasoning_gym'; valid keys: {sorted(known)}")
-        return cls(**kwargs)
+        return cls(**constructor_kwargs(cls, cfg, "reasoning_gym"))
 
     @property
     def dataset_names(self) -> list[str]:
