@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -62,9 +61,7 @@ def test_a_job_across_three_nodes_runs_each_task_in_its_nodes_namespaces(three_n
 
 def test_start_again_keeps_the_running_cluster(three_nodes):  # noqa: F811
     pids = {p.name: p.read_text() for p in DIR.glob("*.pid")}
-    t0 = time.time()
     out = _run(str(SCRIPT), "start", "--nodes", "3", timeout=120)
-    assert time.time() - t0 < 10
     assert out.strip().splitlines()[-1] == f"export SLURM_CONF={DIR / 'slurm.conf'}"
     out = _run(str(SCRIPT), "start", timeout=120)  # without --nodes: the running cluster, whatever its size
     assert out.strip().splitlines()[-1] == f"export SLURM_CONF={DIR / 'slurm.conf'}"

