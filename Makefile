@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
-	touch $(STAMP)
+	$(PY) -c "import pathlib; pathlib.Path('$(STAMP)').touch()"  # no touch(1) needed: python3 and make suffice
 
 install: $(STAMP)
 
@@ -32,7 +32,7 @@ $(STAMP_VLLM): pyproject.toml requirements-vllm.txt
 	# pip brings CUDA or mismatched torchvision/torchaudio/torchcodec builds; they break `import vllm`
 	$(PY_VLLM) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY_VLLM) -m pip install -q --no-deps -e .
-	touch $(STAMP_VLLM)
+	$(PY_VLLM) -c "import pathlib; pathlib.Path('$(STAMP_VLLM)').touch()"
 
 vllm-env: $(STAMP_VLLM)
 
