@@ -115,21 +115,19 @@ def _metric(rng, effect: float, seeds: int = 5) -> dict[str, np.ndarray]:
 def test_brown_forsythe_holds_its_level_and_sees_a_spread_five_times_larger():
     rng = np.random.default_rng(5)
     c = claim("superiority", a="explorer", b="anchor", quantity={"spread": "avg@32"})
-    same = sum(
-        seed_outcome(
-            c, {"explorer": rng.normal(0.5, 0.02, 6), "anchor": rng.normal(0.5, 0.02, 6)}, spread=True
-        ).p_support
-        < ALPHA
-        for _ in range(1000)
-    )
+
+    def rejections(explorer_sd: float, sweeps: int) -> int:  # sweeps of 6 seeds whose spread test rejects
+        return sum(
+            seed_outcome(
+                c, {"explorer": rng.normal(0.5, explorer_sd, 6), "anchor": rng.normal(0.5, 0.02, 6)}, spread=True
+            ).p_support
+            < ALPHA
+            for _ in range(sweeps)
+        )
+
+    same = rejections(0.02, 1000)
     assert same <= 50 + 3 * math.sqrt(1000 * ALPHA * (1 - ALPHA)), same
-    wide = sum(
-        seed_outcome(
-            c, {"explorer": rng.normal(0.5, 0.10, 6), "anchor": rng.normal(0.5, 0.02, 6)}, spread=True
-        ).p_support
-        < ALPHA
-        for _ in range(200)
-    )
+    wide = rejections(0.10, 200)
     assert wide / 200 > 0.6, wide
 
 
