@@ -36,7 +36,10 @@ from __future__ import annotations
 import copy
 import os
 
+import hang_report
 import pytest
+
+hang_report.install()  # a wait on a child process that times out prints where each process was
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -203,6 +203,9 @@ def wait_until(predicate, timeout: float, what: str, every: float = 0.3):
         if value:
             return value
         time.sleep(every)
+    import hang_report  # where every process of the test was when the wait gave up (in the CI log)
+
+    print(hang_report.report_children(f"waiting for {what}"), file=sys.stderr, flush=True)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
