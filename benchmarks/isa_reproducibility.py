@@ -28,10 +28,10 @@ from pathlib import Path
 
 import yaml
 
-KERNELS = {
-    "native": {},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-}
+from stare_lab.utils import cpu_kernel_sets, kernel_env
+
+# this CPU's own kernels, and AVX2's where the CPU has them (never a set it lacks: SIGILL)
+KERNELS = {"native": {}, **({"avx2": kernel_env("avx2")} if "avx2" in cpu_kernel_sets() else {})}
 
 
 def _cpu() -> str:

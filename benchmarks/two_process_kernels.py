@@ -3,9 +3,10 @@
 docs/distributed.md §9.1 says a run of 2 nodes × 1 task equals 1 node × 2 tasks bit for bit. Both
 are 2 processes doing the same arithmetic, so the claim rests on every rank running the same kernels.
 This script runs one 2-process run (local launcher, gloo, the built-in model, top_entropy, 3 learning
-steps) twice under each of ATEN_CPU_CAPABILITY=avx512, avx2 and default, and compares every computed
-metric of every step and the evaluation files: within a kernel set (run a against run b) and across
-sets (against avx512's run a). About 30 s a run on 2 cores.
+steps) twice under each of ATEN_CPU_CAPABILITY=avx512, avx2 and default that the CPU has (never one it
+lacks: torch would die of SIGILL; stare_lab.utils.cpu_kernel_sets), and compares every computed metric of
+every step and the evaluation files: within a kernel set (run a against run b) and across sets (against
+the widest set's run a). About 30 s a run on 2 cores.
 
     python benchmarks/two_process_kernels.py [--dir /tmp/stare_two_process]
 """
@@ -20,6 +21,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from stare_lab.utils import KERNEL_SETS, cpu_kernel_sets, kernel_env
 
 CLOCK_KEYS = ("time", "runtime", "per_second", "_s", "duration", "timestamp", "elapsed", "step_time")
 OVERRIDES = {
@@ -48,8 +51,7 @@ def _run(folder: Path, cap: str) -> tuple[list[dict], dict]:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
-    env = dict(os.environ, WANDB_MODE="disabled", ATEN_CPU_CAPABILITY=cap)
-    env["ONEDNN_MAX_CPU_ISA"] = "AVX2" if cap == "avx2" else "ALL"
+    env = dict(os.environ, WANDB_MODE="disabled", **kernel_env(cap))
     done = subprocess.run([sys.executable, "-m", "stare_lab.sweep", "run", str(path)], env=env, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the run under {cap} failed (exit {done.returncode})")
@@ -80,11 +82,16 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path("/tmp/stare_two_process"))
     a = ap.parse_args()
     print(next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), ""))
-    res = {(cap, k): _run(a.dir / f"{cap}_{k}", cap) for cap in ("avx512", "avx2", "default") for k in "ab"}
-    for cap in ("avx512", "avx2", "default"):
+    sets = cpu_kernel_sets()[::-1]  # widest first
+    left_out = [k for k in KERNEL_SETS if k not in sets]
+    print(
+        f"kernel sets: {', '.join(sets)}" + (f" (left out, not on this CPU: {', '.join(left_out)})" if left_out else "")
+    )
+    res = {(cap, k): _run(a.dir / f"{cap}_{k}", cap) for cap in sets for k in "ab"}
+    for cap in sets:
         print(f"{cap} run b against run a: {_compare(res[(cap, 'a')], res[(cap, 'b')])}")
-    for cap in ("avx2", "default"):
-        print(f"{cap} against avx512: {_compare(res[('avx512', 'a')], res[(cap, 'a')])}")
+    for cap in sets[1:]:
+        print(f"{cap} against {sets[0]}: {_compare(res[(sets[0], 'a')], res[(cap, 'a')])}")
     return 0
 
 

@@ -86,3 +86,52 @@ def start_forked(fn: Callable[..., Any], calls: list[tuple], processes: int) -> 
             pool.join()
 
     return wait
+
+
+# ATen's CPU kernel sets, narrowest first, with the CPU flags each needs: ATen's own test (cpuinfo's
+# AVX2 + FMA; AVX-512 F, BW, VL, DQ). torch 2.13 runs the set ATEN_CPU_CAPABILITY asks for whatever the
+# CPU has, and dies of SIGILL at the first vectorised op without it: ask only for what the CPU has.
+KERNEL_SETS: dict[str, frozenset[str]] = {
+    "default": frozenset(),
+    "avx2": frozenset({"avx2", "fma"}),
+    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"}),
+}
+
+
+def _cpu_flags() -> frozenset[str] | None:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((ln for ln in info.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_kernel_sets() -> tuple[str, ...]:
+    """The kernel sets a process here may ask for, narrowest first: those whose flags the CPU has, capped
+    by ATEN_CPU_CAPABILITY where it is set (a narrower CPU emulated, as CI's AVX2 check does). Without
+    /proc/cpuinfo, torch's own answer in a child without the variable (its widest)."""
+    flags = _cpu_flags()
+    names = list(KERNEL_SETS)
+    if flags is not None:
+        have = [k for k, need in KERNEL_SETS.items() if need <= flags]
+    else:
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+        code = "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"
+        widest = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip()
+        have = names[: names.index(widest) + 1] if widest in names else ["default"]
+    asked = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    return tuple(have[: have.index(asked) + 1] if asked in have else have)
+
+
+def kernel_env(kernel_set: str) -> dict[str, str]:
+    """The variables that make torch, oneDNN and MKL run one kernel set (the AVX2-only CPU emulated: all
+    three capped; "default": ATen's scalar kernels, oneDNN and MKL left at the CPU's)."""
+    if kernel_set not in KERNEL_SETS:
+        raise ValueError(f"unknown kernel set {kernel_set!r}; known: {', '.join(KERNEL_SETS)}")
+    env = {"ATEN_CPU_CAPABILITY": kernel_set}
+    if kernel_set == "avx2":
+        env.update(ONEDNN_MAX_CPU_ISA="AVX2", MKL_ENABLE_INSTRUCTIONS="AVX2")
+    return env
