@@ -9,11 +9,12 @@ under the failing test) before the timeout propagates, while the processes are s
 (`subprocess.run` kills its child only after). `sweep_fixtures.wait_until` prints the report of
 every descendant of the test process when its predicate times out.
 
-Per process: pid, parent, state (psutil), the kernel function it sleeps in (/proc/PID/wchan), its
-command line, and its Python stacks by `py-spy dump` (any Python process, without its cooperation;
-root or ptrace rights needed, both there in CI). For a Popen read through a pipe, every process that
-still holds the pipe's write end is listed, the tree's or not: a grandchild that outlived its parent
-keeps `communicate()` waiting after the child itself has ended.
+Per process: pid, parent, state (psutil), whether it ignores SIGINT or SIGTERM (/proc/PID/status),
+the kernel function it sleeps in (/proc/PID/wchan), its command line, and its Python stacks by
+`py-spy dump` (any Python process, without its cooperation; root or ptrace rights needed, both there
+in CI). For a Popen read through a pipe, every process that still holds the pipe's write end is listed,
+the tree's or not: a grandchild that outlived its parent keeps `communicate()` waiting after the child
+itself has ended.
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ def _wchan(pid: int) -> str:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
     return "?"
+
+
+def _ignored(pid: int) -> str:
+    """The signals a process ignores among SIGINT and SIGTERM ('ignores SIGINT'): a process started with
+    SIGINT ignored (the background job of a non-interactive shell) never sees a Ctrl-C."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        mask = int(next(ln for ln in lines if ln.startswith("SigIgn:")).split()[1], 16)
+        names = [name for name, num in (("SIGINT", 2), ("SIGTERM", 15)) if mask >> (num - 1) & 1]
+        return f" ignores {'+'.join(names)}" if names else ""
+    return ""
 
 
 def _pipe_inodes(pid: int) -> set[str]:
@@ -75,7 +87,8 @@ def describe(pid: int) -> str:
     try:
         p = psutil.Process(pid)
         with p.oneshot():
-            head = f"pid {pid} ppid {p.ppid()} {p.status()} wchan={_wchan(pid)}: {' '.join(p.cmdline())[:300]}"
+            state = f"{p.status()}{_ignored(pid)} wchan={_wchan(pid)}"
+            head = f"pid {pid} ppid {p.ppid()} {state}: {' '.join(p.cmdline())[:300]}"
             python = "python" in p.name().lower() or "python" in " ".join(p.cmdline()[:1]).lower()
     except psutil.Error as e:
         return f"pid {pid}: gone ({type(e).__name__})"

@@ -156,6 +156,15 @@ def sweep_env(**extra: str) -> dict[str, str]:
 SWEEP = [sys.executable, "-m", "stare_lab.sweep"]  # `stare-lab sweep` in this interpreter
 
 
+def as_terminal_foreground() -> None:
+    """A child's SIGINT at its default, set between fork and exec (Popen's preexec_fn), as a terminal's
+    shell starts a foreground job. A test process run in the background of a non-interactive shell (a CI
+    script, `make test &`, an agent's runner) inherits SIGINT ignored, every child it starts inherits that,
+    and Python keeps an inherited SIG_IGN: a driver started so would never see the Ctrl-C a test sends
+    (the Ctrl-C tests then waited out their timeouts inside such suites while passing in a terminal)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def sweep_cli(
     *args: str, env: dict | None = None, standin: float | None = None, deaf: bool = False, **popen
 ) -> subprocess.Popen:
@@ -165,6 +174,7 @@ def sweep_cli(
     if standin is not None:
         runner = ["--standin-deaf" if deaf else "--standin", str(standin)]
         cmd = [sys.executable, str(Path(__file__)), *runner, *args]
+    popen.setdefault("preexec_fn", as_terminal_foreground)  # a Ctrl-C reaches it however the suite was started
     return subprocess.Popen(
         cmd, cwd=ROOT, env=env or sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
     )

@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_fixtures import FailAt, metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
+from sweep_fixtures import (
+    FailAt,
+    as_terminal_foreground,
+    metric_steps,
+    run_dirs,
+    sweep_cli,
+    sweep_env,
+    wait_until,
+    write_sweep,
+)
 
 from stare_lab.config import compose, save_config
 from stare_lab.record import new_status, read_metrics, read_status, write_status
@@ -103,6 +112,22 @@ def test_ctrl_c_ends_in_one_line_and_records_runs_interrupted(tmp_path):
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     assert out.strip().splitlines()[-1] == "interrupted: local runs stopped; `sweep run` again resumes them"
     assert [s["state"] for s in _statuses(tmp_path, "ctrlc")] == ["interrupted", "interrupted"]
+
+
+def test_the_drivers_tests_start_take_ctrl_c_even_where_the_suite_ignores_it():
+    """A suite run in the background of a non-interactive shell has SIGINT ignored, and so, without
+    `as_terminal_foreground`, has every driver it starts: the Ctrl-C tests waited out their timeouts."""
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    probe = [sys.executable, "-c", code]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # this process as such a shell starts it
+    try:
+        inherited = subprocess.run(probe, capture_output=True, text=True, timeout=60).stdout.strip()
+        foreground = subprocess.run(
+            probe, capture_output=True, text=True, timeout=60, preexec_fn=as_terminal_foreground
+        ).stdout.strip()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (inherited, foreground) == ("False", "True")
 
 
 def test_ctrl_c_ends_promptly_when_workers_do_not_end_on_sigterm(tmp_path):
