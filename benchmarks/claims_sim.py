@@ -27,7 +27,7 @@ from claims_fixtures import simulate_problems  # noqa: E402
 from stare_lab.analysis.hypotheses import combine, score_tables, seed_outcome  # noqa: E402
 from stare_lab.analysis.power import power_at, welch_power  # noqa: E402
 from stare_lab.analysis.verdicts import decide  # noqa: E402
-from stare_lab.sweep.claim_spec import parse_claims  # noqa: E402
+from stare_lab.plan.claims import parse_claims  # noqa: E402
 
 ALPHA = 0.05
 

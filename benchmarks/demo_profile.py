@@ -61,7 +61,15 @@ STARTED = time.time()
 def import_times() -> list[tuple[str, float]]:
     """Seconds to import each heavy library, in the order a worker meets them (cumulative cost)."""
     out = []
-    for module in ("torch", "transformers", "stare_lab.runner", "trl", "stare_lab.trainer", "wandb", "pandas"):
+    for module in (
+        "torch",
+        "transformers",
+        "stare_lab.run.runner",
+        "trl",
+        "stare_lab.training.trainer",
+        "wandb",
+        "pandas",
+    ):
         t0 = time.perf_counter()
         __import__(module)
         out.append((module, time.perf_counter() - t0))
@@ -70,9 +78,9 @@ def import_times() -> list[tuple[str, float]]:
 
 def cmd_run(args: argparse.Namespace) -> None:
     imports = import_times()
-    from stare_lab.sweep.expand import expand_sweep
-    from stare_lab.sweep.plan import prepare
-    from stare_lab.sweep.schema import load_sweep
+    from stare_lab.plan.expand import expand_sweep
+    from stare_lab.plan.run_plan import prepare
+    from stare_lab.plan.schema import load_sweep
     from stare_lab.sweep.worker import run_one, start_worker
 
     folder = Path(args.dir)
@@ -103,10 +111,10 @@ def _time_phases() -> None:
     import wandb
 
     import stare_lab.evaluation as evaluation
-    import stare_lab.runner as runner
+    import stare_lab.run.runner as runner
     import stare_lab.viewer.figures as figures
     import stare_lab.viewer.page as page
-    from stare_lab.trainer import TokenRuleGRPOTrainer
+    from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
     for owner, name, label in [
         (runner, "init_wandb", "W&B init"),  # the name the runner calls (imported from viewer.wandb_export)

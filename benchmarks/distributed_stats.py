@@ -107,9 +107,9 @@ def _worker(rank: int, world: int, init_file: str, args, out_file: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from transformers import Qwen2ForCausalLM
 
-    from stare_lab.distributed import global_token_stats, payload_bytes, split_rows
     from stare_lab.methods import RuleState, get_method, list_methods
     from stare_lab.models.builtin import BUILTIN_DIR
+    from stare_lab.signals.distributed import global_token_stats, payload_bytes, split_rows
     from stare_lab.signals.statistics import js_for_split_groups
 
     torch.manual_seed(0)

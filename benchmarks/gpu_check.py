@@ -118,7 +118,7 @@ def step_times(
 
     from stare_lab.methods import get_method
     from stare_lab.tasks.arithmetic import ArithmeticTask
-    from stare_lab.trainer import TokenRuleGRPOTrainer
+    from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
     class Clock(TrainerCallback):
         def __init__(self):
@@ -314,7 +314,7 @@ def main(argv=None) -> dict:
     import torch
 
     from stare_lab.methods import get_method, list_methods
-    from stare_lab.token_weights import MICROBATCH_STATISTICS
+    from stare_lab.training.token_weights import MICROBATCH_STATISTICS
 
     if not a.tiny and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device (use --tiny for the CPU smoke test)")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from stare_lab.utils import cpu_kernel_sets, kernel_env
+from stare_lab.core.utils import cpu_kernel_sets, kernel_env
 
 # this CPU's own kernels, and AVX2's where the CPU has them (never a set it lacks: SIGILL)
 KERNELS = {"native": {}, **({"avx2": kernel_env("avx2")} if "avx2" in cpu_kernel_sets() else {})}

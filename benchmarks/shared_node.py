@@ -3,9 +3,9 @@
 One 6-run local sweep (3 rules × 2 seeds of the built-in model, --steps optimizer steps, no
 evaluation, `workers: 1` as in the issue) is run four times, each into a fresh folder:
 
-- `now`: this checkout (threads decided by stare_lab.sweep.threads, idle threads spinning ≤ 0.3 ms);
+- `now`: this checkout (threads decided by stare_lab.launchers.threads, idle threads spinning ≤ 0.3 ms);
 - `today`: the code before threads were decided (the parent of the commit that added
-  stare_lab/sweep/threads.py, extracted with `git archive`): `torch.set_num_threads(cores // workers)`
+  stare_lab/launchers/threads.py, extracted with `git archive`): `torch.set_num_threads(cores // workers)`
   and OpenMP's default wait policy (spin, then sleep);
 
 each on idle cores and with two busy loops (`while True: pass`, one per core of the 2-core machine)
@@ -39,7 +39,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stare_lab.sweep.threads import busy_elsewhere  # noqa: E402
+from stare_lab.launchers.threads import busy_elsewhere  # noqa: E402
 
 SWEEP = {
     "name": "shared",
@@ -51,9 +51,9 @@ SWEEP = {
 
 
 def today_tree(dest: Path) -> tuple[str, Path] | None:
-    """(commit, folder) of the package as it was before stare_lab/sweep/threads.py; None outside a checkout."""
+    """(commit, folder) of the package as it was before stare_lab/launchers/threads.py; None outside a checkout."""
     log = subprocess.run(
-        ["git", "log", "--diff-filter=A", "--format=%H", "--", "stare_lab/sweep/threads.py"],
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", "stare_lab/launchers/threads.py"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -81,7 +81,7 @@ def run_sweep(folder: Path, steps: int, workers: int, pythonpath: Path, loops: i
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(loops)]
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "stare_lab.sweep", "run", str(path)],
+            [sys.executable, "-m", "stare_lab.cli", "sweep", "run", str(path)],
             cwd=folder,
             env=env,
             capture_output=True,

@@ -95,9 +95,9 @@ def eval_batches(run_dir: Path, sizes: tuple[int, ...], threads: int) -> None:
     """The built-in model's evaluation (avg@32, its held-out problems) at each batch size."""
     import torch
 
-    from stare_lab.config import load_config
-    from stare_lab.eval_run import _benchmark, eval_settings
+    from stare_lab.config.run_config import load_config
     from stare_lab.evaluation import evaluate_benchmark
+    from stare_lab.evaluation.run_eval import _benchmark, eval_settings
     from stare_lab.models import load_model_and_tokenizer
     from stare_lab.tasks import build_task
 
@@ -133,8 +133,8 @@ def main() -> None:
     a.dir.mkdir(parents=True, exist_ok=True)
     train(exe, a.dir, "startup", SWEEP)
     train(exe, a.dir, "plot18", PLOT_SWEEP)
-    from stare_lab.sweep.lock import SweepLock
-    from stare_lab.sweep.threads import busy_elsewhere, usable_cpus
+    from stare_lab.launchers.threads import busy_elsewhere, usable_cpus
+    from stare_lab.plan.lock import SweepLock
 
     base = timed([sys.executable, "-c", "import torch"], a.dir, a.reps, 0)
     print(
@@ -177,7 +177,7 @@ def main() -> None:
         for cfg in runs:
             plot_selection(cfg.parent, cfg.parent / "figures", processes=1)
 
-    own = []  # what a run that kept batches does at its end (stare_lab.runner.evaluate): its two figures
+    own = []  # what a run that kept batches does at its end (stare_lab.run.runner.evaluate): its two figures
     for cfg in runs[: a.reps]:
         shutil.rmtree(cfg.parent / "figures", ignore_errors=True)
         t0 = time.perf_counter()

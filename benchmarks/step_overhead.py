@@ -86,8 +86,8 @@ def step_times(
     recorded in it), timed directly, and the CPU time of each step after the first."""
     from trl import GRPOTrainer
 
-    from stare_lab.config import compose
-    from stare_lab.runner import build_grpo_config, build_trainer
+    from stare_lab.config.run_config import compose
+    from stare_lab.run.runner import build_grpo_config, build_trainer
 
     longer = (
         [f"trainer.max_completion_length={tokens}", f"+trainer.generation_kwargs.min_new_tokens={tokens}"]
@@ -130,7 +130,7 @@ def step_times(
             if not trainer.selects_in_loss:  # there the rule runs inside _microbatch_weights, already timed
                 trainer.rule = TimedRule(trainer.rule, own)
             if trainer.rule.changes_loss:  # the rule's terms inside the loss: the rule (above) and what adds them
-                from stare_lab import trl_loss
+                from stare_lab.training import trl_loss
 
                 for name in ("surrogate_change", "trl_aggregate", "own_term"):
                     patched.append((trl_loss, name, getattr(trl_loss, name)))
@@ -241,7 +241,7 @@ def main() -> None:
     extra = [f"trainer.num_iterations={a.num_iterations}"] if a.num_iterations else []
     if a.scope:
         from stare_lab.methods import get_method
-        from stare_lab.token_weights import MICROBATCH_STATISTICS
+        from stare_lab.training.token_weights import MICROBATCH_STATISTICS
 
         def takes_scope(r: str) -> bool:
             try:

@@ -4,7 +4,7 @@
 
 Prints the time of each (imports excluded, then the whole `stare-lab sweep status` command as a
 subprocess) and the ratio to the one-second budget. For reference, composing one run through
-Hydra (stare_lab.config.compose) is also timed: 10,000 of those would take minutes.
+Hydra (stare_lab.config.run_config.compose) is also timed: 10,000 of those would take minutes.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from stare_lab.core.utils import atomic_write_json  # noqa: E402
+from stare_lab.launchers.liveness import write_manifest  # noqa: E402
 from stare_lab.methods import list_methods  # noqa: E402  (imports torch: kept out of the timings)
+from stare_lab.plan.expand import expand_sweep  # noqa: E402
+from stare_lab.plan.schema import load_sweep  # noqa: E402
+from stare_lab.plan.status import collect, format_status  # noqa: E402
 from stare_lab.record import new_status  # noqa: E402
-from stare_lab.sweep.expand import expand_sweep  # noqa: E402
-from stare_lab.sweep.liveness import write_manifest  # noqa: E402
-from stare_lab.sweep.schema import load_sweep  # noqa: E402
-from stare_lab.sweep.status import collect, format_status  # noqa: E402
-from stare_lab.utils import atomic_write_json  # noqa: E402
 
 BUDGET_S = 1.0
 
@@ -89,14 +89,14 @@ def main() -> None:
         spec = load_sweep(big_sweep(tmp))
         cold_s, runs = timed(lambda: expand_sweep(spec), repeat=1)
         warm_s, runs = timed(lambda: expand_sweep(spec))
-        from stare_lab.config import compose
+        from stare_lab.config.run_config import compose
 
         one_compose_s, _ = timed(lambda: compose(runs[0].overrides), repeat=2)
 
         status_file = fake_runs(tmp, 1000)
         status_spec = load_sweep(status_file)
         status_s, text = timed(lambda: format_status("status1k", collect(status_spec.folder), show_all=True))
-        cmd = [sys.executable, "-m", "stare_lab.sweep", "status", str(status_file)]
+        cmd = [sys.executable, "-m", "stare_lab.cli", "sweep", "status", str(status_file)]
         t = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         cli_s = time.perf_counter() - t

@@ -4,7 +4,7 @@ docs/distributed.md §9.1 says a run of 2 nodes × 1 task equals 1 node × 2 tas
 are 2 processes doing the same arithmetic, so the claim rests on every rank running the same kernels.
 This script runs one 2-process run (local launcher, gloo, the built-in model, top_entropy, 3 learning
 steps) twice under each of ATEN_CPU_CAPABILITY=avx512, avx2 and default that the CPU has (never one it
-lacks: torch would die of SIGILL; stare_lab.utils.cpu_kernel_sets), and compares every computed metric of
+lacks: torch would die of SIGILL; stare_lab.core.utils.cpu_kernel_sets), and compares every computed metric of
 every step and the evaluation files: within a kernel set (run a against run b) and across sets (against
 the widest set's run a). About 30 s a run on 2 cores.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from stare_lab.utils import KERNEL_SETS, cpu_kernel_sets, kernel_env
+from stare_lab.core.utils import KERNEL_SETS, cpu_kernel_sets, kernel_env
 
 CLOCK_KEYS = ("time", "runtime", "per_second", "_s", "duration", "timestamp", "elapsed", "step_time")
 OVERRIDES = {
@@ -52,7 +52,7 @@ def _run(folder: Path, cap: str) -> tuple[list[dict], dict]:
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
     env = dict(os.environ, WANDB_MODE="disabled", **kernel_env(cap))
-    done = subprocess.run([sys.executable, "-m", "stare_lab.sweep", "run", str(path)], env=env, text=True)
+    done = subprocess.run([sys.executable, "-m", "stare_lab.cli", "sweep", "run", str(path)], env=env, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the run under {cap} failed (exit {done.returncode})")
     run = next((folder / "runs").rglob("metrics.jsonl")).parent

@@ -47,8 +47,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from stare_lab.config import compose
-    from stare_lab.runner import build_trainer
+    from stare_lab.config.run_config import compose
+    from stare_lab.run.runner import build_trainer
     from stare_lab.viewer import collect_for_trainer
 
     cfg = compose(

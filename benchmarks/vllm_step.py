@@ -3,7 +3,7 @@ step time over it, and the colocated engine's memory. Run in the vllm environmen
 
     make bench-vllm        # = .venv-vllm/bin/python benchmarks/vllm_step.py [--steps 6] [--rules ...]
 
-One engine for all trainers (stare_lab.vllm_engine.reuse_engines; TRL syncs the weights before every
+One engine for all trainers (stare_lab.training.vllm_engine.reuse_engines; TRL syncs the weights before every
 generation). Step time is the median of transformers' `step_time` over the steps after the first;
 trainers are timed in interleaved rounds so a neighbour's load hits all of them alike. Prints one
 table; docs/vllm.md quotes it with the machine.
@@ -61,7 +61,7 @@ def plain_trl(cfg, out: Path):
     from trl import GRPOTrainer
 
     from stare_lab.models import load_model_and_tokenizer
-    from stare_lab.runner import build_grpo_config
+    from stare_lab.run.runner import build_grpo_config
     from stare_lab.tasks import build_task
     from stare_lab.tasks.rewards import verifier_reward
 
@@ -154,9 +154,9 @@ def main() -> int:
             f"trainer.max_completion_length={a.completion_tokens}",
             "+trainer.generation_kwargs.ignore_eos=true",
         ]
-    from stare_lab import vllm_engine
-    from stare_lab.config import compose
-    from stare_lab.runner import build_trainer
+    from stare_lab.config.run_config import compose
+    from stare_lab.run.runner import build_trainer
+    from stare_lab.training import vllm_engine
 
     vllm_engine.reuse_engines()
     tmp = Path(tempfile.mkdtemp(prefix="vllm_step_"))

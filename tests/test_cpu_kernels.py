@@ -1,4 +1,4 @@
-"""The kernel sets a test or benchmark may ask torch for (stare_lab.utils.cpu_kernel_sets): only those
+"""The kernel sets a test or benchmark may ask torch for (stare_lab.core.utils.cpu_kernel_sets): only those
 the CPU has, capped by an emulated narrower CPU; and torch agrees with the CPU's flags."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stare_lab import utils
+from stare_lab.core import utils
 
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})  # an AMD EPYC of the Zen 2 kind
 AVX512 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}

@@ -1,7 +1,7 @@
 """No import cycle in stare_lab/: the module import graph, every import statement included (at the top,
 inside a function, under `if TYPE_CHECKING:`: each ties the two modules together), has no cycle.
 The last one, 13 files from the runner through the viewer's W&B export and the sweep plan to the
-worker, closed through `if TYPE_CHECKING:` imports in sweep/jobs.py, which a graph without them did
+worker, closed through `if TYPE_CHECKING:` imports in launchers/jobs.py, which a graph without them did
 not see."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from import_graph import import_graph, imports_of
 
 # Cycles another change removes; each entry is one known cycle's modules. Empty it with that change.
-KNOWN: set[frozenset[str]] = set()  # none: methods/microbatch.py became the trainer's token_weights.py
+KNOWN: set[frozenset[str]] = set()  # none: methods/microbatch.py became the trainer's training/token_weights.py
 
 
 def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -68,9 +68,9 @@ class K:
 """
     assert imports_of(source, "pkg.d", modules) == {"pkg.a", "pkg.b", "pkg.c", "pkg.sub.e"}
     graph = import_graph()
-    assert "stare_lab.sweep.search_spec" in graph["stare_lab.sweep.schema"]  # module level
-    assert "stare_lab.runner" in graph["stare_lab.sweep.worker"]  # inside execute_run()
-    assert "stare_lab.sweep.launchers" in graph["stare_lab.sweep.search_spec"]  # under TYPE_CHECKING only
+    assert "stare_lab.plan.search_spec" in graph["stare_lab.plan.schema"]  # module level
+    assert "stare_lab.run.runner" in graph["stare_lab.sweep.worker"]  # inside execute_run()
+    assert "stare_lab.launchers" in graph["stare_lab.plan.search_spec"]  # under TYPE_CHECKING only
 
 
 def test_no_import_cycles_in_the_package():

@@ -1,23 +1,25 @@
-"""Dependencies point one way: every stare_lab module belongs to one layer, and imports (function
-level and `if TYPE_CHECKING:` ones included: tests/support/import_graph.py) only from its own layer or
-the layers below it. The three readers of the run record (viewer, analysis, dashboard) share a layer and
-do not import one another, except what sits in a lower layer under their names (the kept-batch file
-format, the trainer's batch hook, the record reader of analysis).
+"""Dependencies point one way: every folder of stare_lab/ (and each of its few top-level modules)
+lies in one layer, and imports (function level and `if TYPE_CHECKING:` ones included:
+tests/support/import_graph.py) go only to its own folder, a folder of its own layer below it in
+LAYERS' order, or a lower layer. No circle joins two folders. The three readers of the run record
+(viewer, analysis, dashboard) share a layer and do not import one another.
 
-The layers, bottom up (docs/design.md, "Layers"):
+The layers, bottom up (docs/design.md, "Layers"); inside a layer, a folder may import those listed
+before it:
 
-1. core types and the record: the token rules and their types, the statistics, the loss types and
-   surrogate, the run record's files, the tasks, the kept-batch file format;
-2. configuration and plans: a run's config, its checks, the built-in model's loading, where a vLLM
-   server sits in a job, what a sweep file means (its schema, grid and plan, and its launchers: what a
-   `launcher:` block means and how its jobs are submitted and watched) and the sweep's record on disk,
-   the records read as tables;
-3. training: the statistics of a batch, the trainer and TRL's internals, the evaluation, vLLM,
-   W&B tracking;
-4. readers of records: the token page and figures, the tables and plots, the W&B dashboard;
-5. one run: the runner (train, evaluate, draw, publish);
-6. sweeps: workers, the driver, search, the server task;
-7. the command line.
+1. core types and the record: `core/` (helpers, the controls' names), `stats.py` (TokenStats),
+   `methods/` (the token rules, their types, the loss types and surrogate, rules kept outside the
+   package), `record/` (the run record's files, the kept-batch format, the records read as tables),
+   `tasks/`;
+2. configuration and plans: `config/` (a run's config and its checks, its inputs, where a vLLM
+   server sits), `models/`, `launchers/` (what a `launcher:` block means; local and Slurm jobs),
+   `plan/` (what a sweep file means, its declared claims, its plan and record on disk);
+3. one step: `signals/` (the statistics of a batch, across ranks), `training/` (the trainer, the
+   objective, TRL's internals, tracking, the kept batches), `evaluation/`, `serving/` (the vLLM server);
+4. readers of records: `viewer/`, `analysis/`, `dashboard/`;
+5. one run: `run/`;
+6. sweeps: `sweep/` (workers, the driver, search, the server task);
+7. the command line: `cli/`.
 """
 
 from __future__ import annotations
@@ -25,101 +27,116 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from import_graph import import_graph
+from import_graph import PACKAGE, import_graph
 
+# layer -> its folders (and top-level modules), bottom up; inside a layer, in the order they may import
 LAYERS: dict[int, tuple[str, ...]] = {
-    1: (
-        "stare_lab.utils",
-        "stare_lab.controls",
-        "stare_lab.stats",
-        "stare_lab.loss_types",
-        "stare_lab.surrogate",
-        "stare_lab.record",
-        "stare_lab.figure_stamps",
-        "stare_lab.rule_imports",
-        "stare_lab.methods",
-        "stare_lab.tasks",
-        "stare_lab.viewer.batch",
-    ),
-    2: (
-        "stare_lab.config_schema",
-        "stare_lab.config",
-        "stare_lab.inputs",
-        "stare_lab.models",
-        "stare_lab.server_layout",
-        "stare_lab.sweep.launchers",
-        "stare_lab.sweep.jobs",
-        "stare_lab.sweep.ranks",
-        "stare_lab.sweep.errors",
-        "stare_lab.sweep.keys",
-        "stare_lab.sweep.schema",
-        "stare_lab.sweep.search_spec",
-        "stare_lab.sweep.run_spec",
-        "stare_lab.sweep.expand",
-        "stare_lab.sweep.plan",
-        "stare_lab.sweep.records",
-        "stare_lab.sweep.status",
-        "stare_lab.sweep.threads",
-        "stare_lab.sweep.liveness",
-        "stare_lab.sweep.lock",
-        "stare_lab.analysis.arms",
-        "stare_lab.analysis.collect",
-        "stare_lab.sweep.claim_spec",
-    ),
-    3: (
-        "stare_lab.signals",
-        "stare_lab.token_weights",
-        "stare_lab.objective",
-        "stare_lab.learning_signal",
-        "stare_lab.distributed",
-        "stare_lab.trl_internals",
-        "stare_lab.trl_loss",
-        "stare_lab.trainer",
-        "stare_lab.evaluation",
-        "stare_lab.vllm_engine",
-        "stare_lab.vllm_server",
-        "stare_lab.tracking",
-        "stare_lab.eval_run",
-        "stare_lab.viewer.collect",
-    ),
-    4: ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard"),
-    5: ("stare_lab.runner",),
-    6: ("stare_lab.sweep",),
-    7: ("stare_lab.cli", "stare_lab"),
+    1: ("core", "stats", "methods", "record", "tasks"),
+    2: ("config", "models", "launchers", "plan"),
+    3: ("signals", "training", "evaluation", "serving"),
+    4: ("viewer", "analysis", "dashboard"),
+    5: ("run",),
+    6: ("sweep",),
+    7: ("cli",),
 }
+TOP_MODULES = {"stats"}  # stare_lab/*.py besides __init__.py (the package's own: layer 7)
 READERS = ("stare_lab.viewer", "stare_lab.analysis", "stare_lab.dashboard")
+
+READERS = ("viewer", "analysis", "dashboard")
 
 # Imports that go up, each to be removed by the change that moves the code (none today).
 KNOWN: set[tuple[str, str]] = set()
 
-
-def home(module: str) -> tuple[int, str]:
-    """(layer, the longest prefix of LAYERS that names `module`)."""
-    found = [
-        (len(p), layer, p) for layer, ps in LAYERS.items() for p in ps if module == p or module.startswith(p + ".")
-    ]
-    assert found, f"{module} is in no layer: add it to LAYERS"
-    _, layer, prefix = max(found)
-    return layer, prefix
+RANK = {folder: (layer, i) for layer, folders in LAYERS.items() for i, folder in enumerate(folders)}
 
 
-def _reader(prefix: str) -> str | None:
-    return next((r for r in READERS if prefix == r), None)
+def folder_of(module: str) -> str:
+    """The folder (or top-level module) of a stare_lab module; "" for the package itself."""
+    parts = module.split(".")
+    assert parts[0] == "stare_lab", module
+    return parts[1] if len(parts) > 1 else ""
+
+
+def home(module: str) -> tuple[int, int]:
+    """(layer, place inside the layer) of a module's folder; the package itself is the top (7)."""
+    folder = folder_of(module)
+    if not folder:
+        return (7, len(LAYERS[7]))
+    assert folder in RANK, f"stare_lab/{folder} is in no layer: add it to LAYERS"
+    return RANK[folder]
 
 
 def upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
-    """(importer, imported) pairs that go to a higher layer, or across readers."""
+    """(importer, imported) pairs that leave the importer's folder for one at or above it, or go across
+    the readers."""
     found = set()
     for module, deps in graph.items():
-        layer, prefix = home(module)
+        here = folder_of(module)
         for dep in deps:
-            if dep == "stare_lab":
+            there = folder_of(dep)
+            if dep == "stare_lab" or there == here:
                 continue
-            dep_layer, dep_prefix = home(dep)
-            across = _reader(prefix) and _reader(dep_prefix) and _reader(prefix) != _reader(dep_prefix)
-            if dep_layer > layer or across:
+            across = here in READERS and there in READERS
+            if home(dep) >= home(module) or across:
                 found.add((module, dep))
     return found
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        here = folder_of(module)
+        out.setdefault(here, set()).update(folder_of(d) for d in deps if folder_of(d) != here)
+    return out
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = set()
+            while True:
+                w = stack.pop()
+                part.add(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(part)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_map_names_every_folder_once():
+    on_disk = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    top = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    mapped = [f for folders in LAYERS.values() for f in folders]
+    assert len(mapped) == len(set(mapped)), mapped
+    assert set(mapped) == on_disk | top, (sorted(on_disk | top), sorted(mapped))
+    assert top == TOP_MODULES and len(top) <= 3, top  # stare_lab/ holds folders and at most three small modules
+
+
+def test_every_folder_says_what_it_holds_and_may_import():
+    for folder in sorted(f for f in RANK if f not in TOP_MODULES):
+        doc = (PACKAGE / folder / "__init__.py").read_text().split('"""')[1].splitlines()
+        layer = next(n for n, folders in LAYERS.items() if folder in folders)
+        assert doc[0].startswith(f"Layer {layer}, "), (folder, doc[0])  # what it holds, in its layer
+        assert doc[1].startswith(("May import", "Imports")) or "May import" in doc[1], (folder, doc[1])
 
 
 def test_every_module_has_a_layer():
@@ -127,16 +144,25 @@ def test_every_module_has_a_layer():
         home(module)
 
 
-def test_the_layer_check_sees_an_upward_import_and_one_across_readers():
+def test_the_layer_check_sees_an_import_that_climbs_one_across_readers_and_a_circle():
     graph = {
-        "stare_lab.trainer": {"stare_lab.runner", "stare_lab.methods"},
-        "stare_lab.viewer.page": {"stare_lab.analysis.plots"},
+        "stare_lab.training.trainer": {"stare_lab.run.runner", "stare_lab.methods"},  # layer 3 -> 5
+        "stare_lab.viewer.page": {"stare_lab.analysis.plots"},  # across readers
+        "stare_lab.plan.schema": {"stare_lab.launchers.base"},  # down inside layer 2: allowed
+        "stare_lab.launchers.base": {"stare_lab.plan.keys", "stare_lab.launchers.jobs"},  # up inside layer 2
+        "stare_lab.record.files": {"stare_lab.record.status", "stare_lab.core.utils"},
     }
     assert upward(graph) == {
-        ("stare_lab.trainer", "stare_lab.runner"),
+        ("stare_lab.training.trainer", "stare_lab.run.runner"),
         ("stare_lab.viewer.page", "stare_lab.analysis.plots"),
+        ("stare_lab.launchers.base", "stare_lab.plan.keys"),
     }
-    assert upward({"stare_lab.viewer.page": {"stare_lab.analysis.collect", "stare_lab.viewer.batch"}}) == set()
+    assert circles(folder_graph(graph)) == [{"launchers", "plan"}]
+    assert upward({"stare_lab.viewer.page": {"stare_lab.record.frames", "stare_lab.record.kept_batch"}}) == set()
+
+
+def test_no_circle_joins_two_folders():
+    assert circles(folder_graph(import_graph())) == []
 
 
 def test_imports_point_down():

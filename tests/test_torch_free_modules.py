@@ -30,7 +30,7 @@ def module_level_torch_imports(path: Path) -> list[int]:
     return lines
 
 
-@pytest.mark.parametrize("relative", ["stats.py", "viewer/batch.py"])
+@pytest.mark.parametrize("relative", ["stats.py", "record/kept_batch.py"])
 def test_module_imports_torch_only_inside_functions(relative):
     assert module_level_torch_imports(PACKAGE / relative) == []
 

@@ -80,8 +80,8 @@ def test_the_installed_package_holds_its_configs_sweeps_model_and_benchmarks(ins
     python, _, env, site = installed
     probe = """
 import json, hashlib, stare_lab
-from stare_lab import config
-from stare_lab.sweep.schema import load_sweep
+from stare_lab.config import run_config as config
+from stare_lab.plan.schema import load_sweep
 from stare_lab.evaluation import load_benchmark
 spec = load_sweep("demo")
 data = {

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stare_lab.sweep.claim_spec import Claim
+from stare_lab.plan.claims import Claim
 
 COLOURS = {"supported": "#1a9850", "contradicted": "#d73027", "undecided": "#878787", "no data": "#bdbdbd"}
 

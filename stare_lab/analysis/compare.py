@@ -20,7 +20,7 @@ problem residual mean square), set to 0 when negative. The interval is D ± t(ν
 from Satterthwaite's formula over the mean squares used; the p-value is the same t-test's, so
 p < 1 − confidence exactly when the interval excludes 0.
 Pairing: problems always (π cancels). Seeds only where an arm and the baseline have the same
-seed values: stare_lab's run seed sets the data order (runner.py: `data_seed=seed`), and the
+seed values: stare_lab's run seed sets the data order (run/runner.py: `data_seed=seed`), and the
 analysis then works on the per-seed, per-problem differences (one "arm" in the formula above).
 Elsewhere the two arms' seeds are independent.
 The aggregate over benchmarks ("Avg.", the papers' average of per-benchmark scores) is the

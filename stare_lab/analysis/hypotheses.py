@@ -41,7 +41,7 @@ from scipy import special
 
 from stare_lab.analysis.compare import ComparisonError, _tables, contrast, holm
 from stare_lab.analysis.power import seeds_needed, welch_seeds_needed
-from stare_lab.sweep.claim_spec import Claim
+from stare_lab.plan.claims import Claim
 
 ALPHA = 0.05
 POWER = 0.8

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from stare_lab.controls import BASE, CONTROLS
-from stare_lab.inputs import benchmark_source
+from stare_lab.config.inputs import benchmark_source
+from stare_lab.core.controls import BASE, CONTROLS
 from stare_lab.record import EVAL_SETTINGS, SETTING_DEFAULTS
 
 _SHORT = {"temperature": "T", "top_p": "top-p", "max_tokens": "max tokens"}

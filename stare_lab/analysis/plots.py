@@ -6,7 +6,7 @@ the same in every figure. A forest plot draws each arm's difference to the basel
 per-comparison interval (compare.compare_arms), coloured by the verdict after Holm, with a legend.
 
 Each PNG carries a stamp of the rows it plots, its options and this module's code
-(stare_lab.figure_stamps): a figure already in the folder with the same stamp is kept, not drawn again.
+(stare_lab.record.figure_stamps): a figure already in the folder with the same stamp is kept, not drawn again.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from stare_lab.analysis.collect import select_settings
-from stare_lab.controls import BASE
-from stare_lab.figure_stamps import code_stamp, current, digest, frame_stamp, metadata
+from stare_lab.core.controls import BASE
+from stare_lab.record.figure_stamps import code_stamp, current, digest, frame_stamp, metadata
+from stare_lab.record.frames import select_settings
 
 FIGSIZE = (6.4, 4.0)  # inches
 DPI = 100  # → 640 × 400 px

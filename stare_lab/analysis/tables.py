@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-import stare_lab.analysis.claims as claims
-from stare_lab.analysis.collect import select_settings
+import stare_lab.analysis.differences as claims
 from stare_lab.analysis.compare import AVG_COLUMN
 from stare_lab.analysis.notes import (
     benchmark_columns,
@@ -34,7 +33,8 @@ from stare_lab.analysis.notes import (
     missing_notes,
     settings_notes,
 )
-from stare_lab.controls import BASE
+from stare_lab.core.controls import BASE
+from stare_lab.record.frames import select_settings
 
 _AVG_METRIC = re.compile(r"^avg@(\d+)$")
 _PASS_METRIC = re.compile(r"^pass@(\d+)$")

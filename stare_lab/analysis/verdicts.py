@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from stare_lab.analysis.collect import _runs  # one parse of each config, arms named as everywhere
 from stare_lab.analysis.compare import ComparisonError
 from stare_lab.analysis.hypotheses import ALPHA, Outcome, score_outcome, score_tables, seed_outcome, verdicts
+from stare_lab.plan.claims import Claim, Quantity
 from stare_lab.record import (
     RESULT_SETTINGS,
     problem_counts,
@@ -25,7 +25,7 @@ from stare_lab.record import (
     read_status,
     result_setting,
 )
-from stare_lab.sweep.claim_spec import Claim, Quantity
+from stare_lab.record.frames import _runs  # one parse of each config, arms named as everywhere
 
 
 def decide(claims: list[Claim], problems: pd.DataFrame, training: pd.DataFrame | None, alpha: float = ALPHA):

@@ -1,18 +1,5 @@
-"""stare-lab: the command line (docs/design.md, "Command line").
-
-    stare-lab demo
-    stare-lab train [--import MODULE] method=stare seed=1 ...
-    stare-lab sweep run sweeps/X.yaml [--import MODULE] [--launcher slurm] [--dry-run]
-    stare-lab sweep status sweeps/X.yaml
-    stare-lab eval runs/X/<run-id> [--n 32] [--import MODULE]
-    stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
-    stare-lab claims sweeps/X.yaml [--format md|latex|csv] [--out DIR] [--alpha 0.05]
-    stare-lab plot sweeps/X.yaml [--no-selection]
-    stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
-    stare-lab dashboard sweeps/X.yaml [--offline] [--name NAME] [--out FILE]
-
-User mistakes print one line on stderr and exit 2; no traceback.
-"""
+"""Layer 7, the command line: `stare-lab` and its commands, each in one file (training, reading, claims, sweep).
+May import every folder; nothing imports it."""
 
 from __future__ import annotations
 
@@ -32,18 +19,34 @@ from stare_lab.cli.reading import (
     cmd_view,
     output_lines,
 )
+from stare_lab.cli.sweep import main as sweep_main
 from stare_lab.cli.training import cmd_eval, cmd_train
-from stare_lab.config import SWEEP_DIR, ConfigError
-from stare_lab.rule_imports import RuleImportError, reading
-from stare_lab.sweep.cli import main as sweep_main
-from stare_lab.sweep.schema import SweepError
-from stare_lab.utils import start_forked
+from stare_lab.config.run_config import SWEEP_DIR, ConfigError
+from stare_lab.core.utils import start_forked
+from stare_lab.methods.outside import RuleImportError, reading
+from stare_lab.plan.schema import SweepError
 
 __all__ = ["UserError", "main"]
 
-# The commands by family (the docstring above is `--help`'s text): training and evaluation
+HELP = """stare-lab: the command line (docs/design.md, "Command line").
+
+    stare-lab demo
+    stare-lab train [--import MODULE] method=stare seed=1 ...
+    stare-lab sweep run sweeps/X.yaml [--import MODULE] [--launcher slurm] [--dry-run]
+    stare-lab sweep status sweeps/X.yaml
+    stare-lab eval runs/X/<run-id> [--n 32] [--import MODULE]
+    stare-lab table sweeps/X.yaml [--format md|latex|csv] [--baseline full|none] [--seeds-needed [DELTA]]
+    stare-lab claims sweeps/X.yaml [--format md|latex|csv] [--out DIR] [--alpha 0.05]
+    stare-lab plot sweeps/X.yaml [--no-selection]
+    stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
+    stare-lab dashboard sweeps/X.yaml [--offline] [--name NAME] [--out FILE]
+
+User mistakes print one line on stderr and exit 2; no traceback.
+"""
+
+# The commands by family (HELP is `--help`'s text): training and evaluation
 # (cli/training.py); reading the records: table, plot, view, dashboard (cli/reading.py); sweeps
-# (stare_lab.sweep.cli); `demo` runs them one after the other (here). What they share: the one-line
+# (stare_lab.cli.sweep); `demo` runs them one after the other (here). What they share: the one-line
 # refusal and argument parsing (cli/common.py).
 
 
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     """The `stare-lab` console command: 0 done, 1 a run failed, 2 a user's mistake (one line), 130 Ctrl-C."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print(HELP)
         return 0
     cmd, rest = argv[0], argv[1:]
     commands = {

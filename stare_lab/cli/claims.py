@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from stare_lab.analysis.arms import flatten
 from stare_lab.cli.common import UserError, parse
+from stare_lab.core.utils import OneLineParser, atomic_write_text
+from stare_lab.launchers.errors import SweepError
+from stare_lab.launchers.liveness import read_manifest
+from stare_lab.plan.claims import Fail, check_claims, parse_claims
+from stare_lab.plan.schema import SweepSpec, parse_sweep, read_sweep_file
 from stare_lab.record import CONFIG_FILE, find_run_dirs
-from stare_lab.sweep.claim_spec import Fail, check_claims, parse_claims
-from stare_lab.sweep.errors import SweepError
-from stare_lab.sweep.liveness import read_manifest
-from stare_lab.sweep.schema import SweepSpec, parse_sweep, read_sweep_file
-from stare_lab.utils import OneLineParser, atomic_write_text
+from stare_lab.record.arms import flatten
 
 CLAIMS_FILE_KEYS = ("sweep", "claims", "description")
 
@@ -94,14 +94,14 @@ def _plan(spec: SweepSpec) -> dict[str, dict]:
     """{run folder name: flat resolved config} of the sweep's current plan: the runs its last `sweep run`
     wrote in the manifest, with the configs they recorded, when the file has not changed since and every
     one has its record (no Hydra composition); else the file expanded again."""
-    from stare_lab.analysis.collect import _read_config  # deferred: pandas
+    from stare_lab.record.frames import _read_config  # deferred: pandas
 
     manifest = read_manifest(spec.folder) or {}
     if manifest.get("digest") == spec.digest and manifest.get("runs"):
         dirs = [spec.folder / str(r["id"]) for r in manifest["runs"]]
         if all((d / CONFIG_FILE).is_file() for d in dirs):
             return {d.name: _read_config(d) for d in dirs}
-    from stare_lab.sweep.expand import expand_sweep  # deferred: Hydra
+    from stare_lab.plan.expand import expand_sweep  # deferred: Hydra
 
     return {r.run_dir.name: flatten(r.config) for r in expand_sweep(spec)}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from stare_lab.utils import CommandLineError, OneLineParser
+from stare_lab.core.utils import CommandLineError, OneLineParser
 
 __all__ = ["OneLineParser", "UserError", "parse"]
 

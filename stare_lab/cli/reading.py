@@ -1,6 +1,6 @@
 """The commands that read the run record: `table`, `plot`, `view` and `dashboard` (`sweep status`
-is stare_lab.sweep.cli's). They read a sweep's current plan from its file, work from the records
-alone (no rule kept outside the package is imported: stare_lab.rule_imports.reading), and import
+is stare_lab.cli.sweep's). They read a sweep's current plan from its file, work from the records
+alone (no rule kept outside the package is imported: stare_lab.methods.outside.reading), and import
 pandas, matplotlib and the viewer's torch only once the target and options have been checked, so
 that a refusal never pays for them."""
 
@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING
 import yaml
 
 from stare_lab.cli.common import OneLineParser, UserError, parse
+from stare_lab.core.utils import atomic_write_text
 from stare_lab.dashboard import main as dashboard_main
+from stare_lab.plan.run_plan import current_runs
+from stare_lab.plan.schema import load_sweep
 from stare_lab.record import CONFIG_FILE
-from stare_lab.sweep.plan import current_runs
-from stare_lab.sweep.schema import load_sweep
-from stare_lab.utils import atomic_write_text
-from stare_lab.viewer.batch import BATCH_DIR, kept_steps, why_no_batch
+from stare_lab.record.kept_batch import BATCH_DIR, kept_steps, why_no_batch
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from stare_lab.analysis.tables import Table
 
-# and `sweep status` (stare_lab.sweep.cli), `claims` (cli/claims.py)
+# and `sweep status` (stare_lab.cli.sweep), `claims` (cli/claims.py)
 READING_COMMANDS = ("table", "plot", "view", "dashboard", "claims")
 Runs = Path | list[Path]  # a folder of run directories, or the run directories of a plan
 
@@ -52,7 +52,7 @@ def _sweep_runs(path: Path, all_runs: bool = False) -> tuple[Path, Runs]:
     root = Path(spec.output) / spec.name
     if all_runs or spec.search is not None or not root.is_dir():  # a search's trials are its plan
         return root, root
-    from stare_lab.analysis.collect import find_run_dirs  # deferred: pandas
+    from stare_lab.record.frames import find_run_dirs  # deferred: pandas
 
     plan = current_runs(spec)
     planned = {d.name for _, d in plan}
@@ -169,8 +169,8 @@ def _tables(
     """(the results table, the pass@k table of each benchmark when they are written: --out, --wandb);
     results that can not be compared are refused in one line."""
     from stare_lab.analysis import collect_problems, passk_table, results_table, run_states  # deferred: pandas, scipy
-    from stare_lab.analysis.collect import SettingsMismatch
     from stare_lab.analysis.compare import ComparisonError
+    from stare_lab.record.frames import SettingsMismatch
 
     try:
         table = results_table(
@@ -241,7 +241,7 @@ def cmd_plot(argv: list[str]) -> int:
 def _plot(root: Runs, out: Path, baseline: str, reuse_run_figures: bool = True, selection: bool = True) -> None:
     """Training, pass@k and selection figures of the runs (a folder or a list of run dirs) into
     `out`; prints one line per kind of figure. A figure whose stamp says it was drawn from the same
-    records by the same code is kept, not drawn again (stare_lab.figure_stamps); the runs' own
+    records by the same code is kept, not drawn again (stare_lab.record.figure_stamps); the runs' own
     selection figures are reused the same way (`reuse_run_figures` is kept for callers: reuse is
     always on, as it can only give the same bytes). The selection figures to draw are started first,
     in forked processes, and drawn while this process draws the others. `selection`: draw them."""
@@ -271,8 +271,8 @@ def _forest(root: Runs, evals: pd.DataFrame, out: Path, baseline: str) -> list[P
     """Forest plots of each arm's difference to `baseline` with its interval; none (said on stderr)
     where the runs can not be compared."""
     from stare_lab.analysis import collect_problems, plot_forest, results_table  # deferred: pandas, scipy, matplotlib
-    from stare_lab.analysis.collect import SettingsMismatch
     from stare_lab.analysis.compare import ComparisonError
+    from stare_lab.record.frames import SettingsMismatch
 
     try:
         table = results_table(evals, baseline=baseline, per_problem=collect_problems(root))

@@ -12,11 +12,11 @@ from typing import Any
 from omegaconf import open_dict
 
 from stare_lab.cli.common import OneLineParser, UserError, parse
-from stare_lab.config import compose, load_config, save_config
-from stare_lab.config_schema import missing_vllm
-from stare_lab.inputs import check_inputs, overlap_warnings
+from stare_lab.config.inputs import check_inputs, overlap_warnings
+from stare_lab.config.run_config import compose, load_config, save_config
+from stare_lab.config.schema import missing_vllm
+from stare_lab.methods.outside import import_modules, import_run_modules, run_entries
 from stare_lab.record import CONFIG_FILE, read_eval_results, read_metrics
-from stare_lab.rule_imports import import_modules, import_run_modules, run_entries
 
 # The last training row's keys `train` prints (then every rule/ key of that row).
 LAST_METRICS = (
@@ -36,7 +36,7 @@ def cmd_train(argv: list[str]) -> int:
     overrides, modules, run_dir = _train_arguments(argv)
     imported = import_modules(modules, Path.cwd(), "--import")  # before the rule's name is checked
     cfg = compose(overrides)
-    if imported:  # the worker imports them too (stare_lab.rule_imports)
+    if imported:  # the worker imports them too (stare_lab.methods.outside)
         with open_dict(cfg.run):
             cfg.run.imports = run_entries(imported)
     check_inputs(cfg)
@@ -143,7 +143,7 @@ def cmd_eval(argv: list[str]) -> int:
         raise UserError(f"{'--engine' if a.engine else 'eval.engine:'} vllm: {missing_vllm()}")
     if a.benchmarks:
         cfg.eval.benchmarks = a.benchmarks
-    from stare_lab.eval_run import evaluate_run  # deferred: torch and transformers (the sampler), submitit
+    from stare_lab.evaluation.run_eval import evaluate_run  # deferred: torch and transformers (the sampler), submitit
     from stare_lab.sweep.worker import start_worker
     from stare_lab.viewer.wandb_export import log_eval
 

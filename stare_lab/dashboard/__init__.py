@@ -1,4 +1,7 @@
-"""The W&B dashboard of a sweep (docs/dashboard.md).
+"""Layer 4, a reader of records: the W&B dashboard of a sweep.
+May import layers 1-3; never viewer or analysis.
+
+The W&B dashboard of a sweep (docs/dashboard.md).
 
 - `logged`: what the sweep's runs logged, read back from their W&B files with W&B's own reader;
 - `view`: the workspace (W&B's `wandb-workspaces` library) built from those keys;

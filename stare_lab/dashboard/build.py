@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stare_lab.config import ConfigError
+from stare_lab.config.run_config import ConfigError
+from stare_lab.core.utils import atomic_write_text
 from stare_lab.dashboard.logged import LoggedRun, WandbFilesError, read_logged_runs
+from stare_lab.plan.schema import SweepError, load_sweep
 from stare_lab.record import find_run_dirs
-from stare_lab.sweep.schema import SweepError, load_sweep
-from stare_lab.utils import atomic_write_text
 
 SPEC_FILE = "wandb_dashboard.json"
 OFFLINE_MODES = ("offline", "disabled", "dryrun")
@@ -56,7 +56,7 @@ class Dashboard:
 
 
 def wandb_online() -> bool:
-    """Whether a W&B key is set and W&B is not told to stay offline (as stare_lab.tracking's `auto` mode)."""
+    """Whether a W&B key is set and W&B is not told to stay offline (as stare_lab.training.tracking's `auto` mode)."""
     return bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE", "").lower() not in OFFLINE_MODES
 
 

@@ -15,7 +15,7 @@ table panel on a logged table, a custom chart on a logged `wandb.plot` chart. Se
 - `Other metrics`: every other numeric history key, closed.
 
 Runs are filtered to the sweep's W&B group and grouped by rule (`method.name`, then `run.variant`
-and any config key that splits arms the way stare_lab.analysis.collect does); panels draw the mean
+and any config key that splits arms the way stare_lab.record.frames does); panels draw the mean
 over a group's seeds with the min-max band. Panel ids are derived from their content, so building
 the same view twice gives the same specification.
 """
@@ -30,8 +30,8 @@ from typing import Any
 import wandb_workspaces.reports.v2 as wr
 import wandb_workspaces.workspaces as ws
 
-from stare_lab.analysis.arms import flatten, rule_label, splits_arm
 from stare_lab.dashboard.logged import LoggedRun
+from stare_lab.record.arms import flatten, rule_label, splits_arm
 
 # (section, [(key or compiled pattern, title or None)]); a history key goes to the first section that names it
 TRAINING: tuple[tuple[str, list[tuple[str | re.Pattern[str], str | None]]], ...] = (
@@ -116,7 +116,7 @@ def build_workspace(
 def grouping_keys(runs: Iterable[LoggedRun]) -> list[str]:
     """Config keys the runs are grouped by: `method.name`; `run.variant` where a run has one; then the
     keys that differ between runs of one rule label, other than seeds, run/logger keys and paths
-    (stare_lab.analysis.collect's arms)."""
+    (stare_lab.record.frames's arms)."""
     configs = [flatten(r.config) for r in runs]
     keys = ["method.name"]
     if any(c.get("run.variant") not in (None, "") for c in configs):

@@ -1,4 +1,5 @@
-r"""Evaluation: n samples per problem, per-sample records, avg@n, pass@k, maj@n.
+r"""Layer 3, evaluation: n samples per problem, per-sample records, avg@n, pass@k, maj@n.
+May import layers 1-2, signals and training.
 
 `evaluate_benchmark` reads top-down: the benchmark's verifier and prompts (benchmarks), this
 process's samples (sampling), each sample checked, the rows of every process in record order, the

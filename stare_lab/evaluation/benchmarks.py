@@ -12,11 +12,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from stare_lab.config import CONF_DIR
+from stare_lab.config.run_config import CONF_DIR
+from stare_lab.core.utils import plain_dict
 from stare_lab.tasks import build_task
 from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import build_prompt, chat_messages, extract_boxed, verify_boxed
-from stare_lab.utils import plain_dict
 
 BENCHMARK_DIRS = (CONF_DIR / "benchmark",)
 VERIFIERS = ("math_verify", "exact", "reasoning_gym")

@@ -1,4 +1,7 @@
-"""Token rules: one file per rule, a registry, and shared selection helpers.
+"""Layer 1, the token rules: one file per rule, their registry and types, the loss types, the clipped surrogate,
+and rules kept outside the package. May import core and stats.
+
+Token rules: one file per rule, a registry, and shared selection helpers.
 
     from stare_lab.methods import get_method, list_methods, RuleState
     rule = get_method("rsi_band", low=0.5, high=2.0)
@@ -6,7 +9,7 @@
 
 Each rule module registers itself when imported. The imports below are the whole list of rules,
 and their order is the registration order: `list_methods()` and `grid: {method: all}` follow it (tables:
-baseline first, then alphabetical); rules kept outside the package register after these (stare_lab.rule_imports).
+baseline first, then alphabetical); rules kept outside the package register after these (stare_lab.methods.outside).
 """
 
 from stare_lab.methods.registry import (

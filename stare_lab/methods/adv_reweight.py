@@ -27,7 +27,7 @@ Differences from the official code (zhyang2226/AR-Lopti `verl/trainer/ppo/ray_tr
    they are equal): no extra forward. scope "batch" computes it at generation time from the statistics
    (the same values; a statistics forward when TRL makes no old-log-prob forward). Loss types with a
    surrogate of their own (cispo, sapo, vespo) are refused: a weight on A is not a weight on their loss.
-   With TRL's entropy bonus, the bonus averages over the weighted tokens (trl_loss.py), as for every rule.
+   With TRL's entropy bonus, the bonus averages over the weighted tokens (training/trl_loss.py), as for every rule.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ naming the parameter, the type expected and the value given, for every rule, bui
 What a declared type accepts (Hydra overrides and YAML give ints, floats, bools, strings, lists):
 - `float`: a float, or an integer, which is converted (`W: 1` is `W: 1.0`, the same run id, as for
   the trainer's float keys); the strings "inf", "+inf", "-inf" (what a record writes for an
-  infinite float, stare_lab.config._jsonable) become floats. Any other string is refused, a quoted
+  infinite float, stare_lab.config.run_config._jsonable) become floats. Any other string is refused, a quoted
   number too ("0.5" in YAML is a string).
 - `int`: an integer only; 2.0 is refused (no silent truncation).
 - `bool`: true or false only; a bool is not an int here, nor an int a bool (1 for `adaptive` is refused,

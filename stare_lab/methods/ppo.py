@@ -3,7 +3,7 @@ trainer settings a rule refuses because of what it does to PPO's surrogate (one 
 
 A rule that replaces the surrogate (`register(..., loss=fn)`) calls `replaces_surrogate` in its `check`:
 its policy term is put in place of PPO's per-token clipped term inside TRL's loss
-(stare_lab.trl_loss.surrogate_change), which only a loss type whose policy term is that surrogate, with
+(stare_lab.training.trl_loss.surrogate_change), which only a loss type whose policy term is that surrogate, with
 a per-token ratio, has.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stare_lab import surrogate
-from stare_lab.loss_types import OWN_SURROGATE, PPO_SURROGATE
+import stare_lab.methods.surrogate as surrogate
+from stare_lab.methods.loss_types import OWN_SURROGATE, PPO_SURROGATE
 from stare_lab.methods.rule_types import TrainerValues
 
 if TYPE_CHECKING:  # annotations only
@@ -36,7 +36,7 @@ def clipped_surrogate(
 ) -> Tensor:
     """[B, T] PPO's max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)), ε per token or scalar, as verl writes it.
 
-    The surrogate is `stare_lab.surrogate.clipped_surrogate` (= −min(r·A, clip(r)·A), the same numbers),
+    The surrogate is `stare_lab.methods.surrogate.clipped_surrogate` (= −min(r·A, clip(r)·A), the same numbers),
     with verl's ε arithmetic (1 − ε in r's dtype, for a float ε too) and verl's two additions: with
     `dual_clip` c, tokens with A < 0 take min(that, −A·c) (Ye et al. 2019, verl's `clip_ratio_c`; TRL's
     `delta` caps r for either sign instead); `clamp_log_ratio` clamps log r to ±20 first, as verl's

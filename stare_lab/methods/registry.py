@@ -6,7 +6,7 @@ name: the trainer asks `get_method` and the rule's declarations. Two kinds:
 - weights: `@register(name, Params, needs=...)` on `fn(stats, state, params) -> RuleOutput`;
 - a per-token policy term in place of PPO's clipped surrogate (the field's methods, docs/field.md):
   `@register_loss(name, Params)` on `loss(batch: LossBatch, params) -> LossTerms`, evaluated inside the
-  loss with the current log-probs (stare_lab.trl_loss.surrogate_change); its weights are the valid
+  loss with the current log-probs (stare_lab.training.trl_loss.surrogate_change); its weights are the valid
   tokens. A rule that also selects tokens at generation time (KL-Cov) registers its weights function
   with `loss=`.
 The types a rule sees and returns are in `rule_types.py`; what the field's rules share (verl's
@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from stare_lab.methods.outside import load_entry_points_once
 from stare_lab.methods.param_types import conform_params
 from stare_lab.methods.rule_types import NORMALIZE, LossBatch, LossTerms, RuleOutput, RuleState, TrainerValues
-from stare_lab.rule_imports import load_entry_points_once
 from stare_lab.stats import TokenStats, check_known
 
 __all__ = [
@@ -265,7 +265,7 @@ class Rule:
 def list_methods() -> list[str]:
     """Registered rule names in registration order: the order of `stare_lab/methods/__init__.py`,
     then rules registered from outside the package (entry points of `stare_lab.rules` in package
-    order, modules imported by `imports:` / `--import` in import order; stare_lab.rule_imports)."""
+    order, modules imported by `imports:` / `--import` in import order; stare_lab.methods.outside)."""
     _load_entry_points()
     return list(_REGISTRY)
 

@@ -4,7 +4,7 @@
 - `RuleState`: the explicit state a rule runs with (step, seed, its own memory), saved in checkpoints.
 - `RuleOutput`: what a rule returns (weights, their normalisation, metrics, the selected tokens).
 - `LossBatch` / `LossTerms`: what a rule that changes the per-token objective (`register(..., loss=fn)`)
-  sees of one micro-batch inside the loss, and what it returns there (stare_lab.trl_loss.surrogate_change).
+  sees of one micro-batch inside the loss, and what it returns there (stare_lab.training.trl_loss.surrogate_change).
 """
 
 from __future__ import annotations

@@ -27,10 +27,10 @@ if TYPE_CHECKING:  # annotations only: rules load without torch (docs/design.md,
 
 
 # The units a selection runs within (`scope_ids`): the generation batch, a prompt's group, a row, or the
-# micro-batch a rule of scope "microbatch" is handed inside the loss (stare_lab/token_weights.py).
+# micro-batch a rule of scope "microbatch" is handed inside the loss (stare_lab/training/token_weights.py).
 SELECTION_SCOPES = ("batch", "group", "sequence", "microbatch")
 # Every `scope` a rule may name: the selection scopes, and "token", a per-token rule computed inside the
-# loss with no selection unit (adv_reweight, entropy_adv, lopti; stare_lab/token_weights.py). Each rule
+# loss with no selection unit (adv_reweight, entropy_adv, lopti; stare_lab/training/token_weights.py). Each rule
 # accepts the subset it implements.
 SCOPES = (*SELECTION_SCOPES, "token")
 TIES = ("topk", "quantile")
@@ -64,7 +64,10 @@ def scope_ids(valid: Tensor, group: Tensor, scope: str) -> Tensor:
     import torch  # deferred: rules load without torch (docs/design.md, "Fast refusals")
 
     B, T = valid.shape
-    if scope in ("batch", "microbatch"):  # microbatch: the rule is handed one micro-batch (stare_lab/token_weights.py)
+    if scope in (
+        "batch",
+        "microbatch",
+    ):  # microbatch: the rule is handed one micro-batch (stare_lab/training/token_weights.py)
         ids = torch.zeros(B, dtype=torch.long, device=valid.device)
     elif scope == "group":
         ids = torch.unique(group, return_inverse=True)[1].to(valid.device)

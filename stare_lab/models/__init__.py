@@ -1,4 +1,7 @@
-"""Loading models: the shipped built-in model, or any causal LM by hub name or local path."""
+"""Layer 2, the models: the built-in model and its training, any causal LM by hub name or path, LoRA.
+May import layer 1 and config.
+
+Loading models: the shipped built-in model, or any causal LM by hub name or local path."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, TokenizersBackend
 
-from stare_lab.config_schema import LoraConfig as Schema
+from stare_lab.config.schema import LoraConfig as Schema
 from stare_lab.models.builtin import BUILTIN_DIR
 
 __all__ = ["BUILTIN_DIR", "load_model_and_tokenizer", "resolve_model_path"]
@@ -77,7 +80,7 @@ def _load_tokenizer(path: str):
 
 
 def _wrap_lora(model, lora: dict):
-    """peft's LoRA with the run's `model.lora` (stare_lab.config_schema.LoraConfig: keys and defaults)."""
+    """peft's LoRA with the run's `model.lora` (stare_lab.config.schema.LoraConfig: keys and defaults)."""
     from peft import LoraConfig, get_peft_model  # deferred: peft, only a LoRA run needs it
 
     known = {f.name for f in dataclasses.fields(Schema)}

@@ -1,4 +1,7 @@
-"""The run record (docs/run_record.md): its file names and every reader and writer of it.
+"""Layer 1, the run record: its files and formats (status, metrics, checkpoints, evaluations, kept batches),
+and the records read as tables. May import core and stats.
+
+The run record (docs/run_record.md): its file names and every reader and writer of it.
 
 Runner, worker, evaluation, tracking, analysis, sweep status and search all go through this
 package, so a file name or format lives in one place. It imports no torch, transformers or trl:

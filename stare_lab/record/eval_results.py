@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stare_lab.core.utils import atomic_write
 from stare_lab.record.files import EVAL_DIR, read_json
-from stare_lab.utils import atomic_write
 
 _STEP_DIR = re.compile(r"step-(\d+)")
 

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from stare_lab.utils import atomic_write_text
+from stare_lab.core.utils import atomic_write_text
 
 CONFIG_FILE = "config.yaml"
 STATUS_FILE = "status.json"

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stare_lab.core.utils import atomic_write, atomic_write_text
 from stare_lab.record.files import METRICS_FILE, bad_copy_path
-from stare_lab.utils import atomic_write, atomic_write_text
 
 
 def metrics_path(run_dir_or_file: Path | str) -> Path:

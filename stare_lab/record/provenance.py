@@ -58,7 +58,7 @@ def provenance(device: str | None = None) -> dict[str, Any]:
 def code_version(status_or_provenance: dict[str, Any] | None) -> str | None:
     """`<commit[:10]>[+dirty]` or `stare_lab <version>` of a provenance, or of a status's last attempt,
     followed by ` <module>@<sha256[:10]>` for the module kept outside the package that defines the
-    run's rule (`rule_modules`, stare_lab.rule_imports): an edited rule file is other code."""
+    run's rule (`rule_modules`, stare_lab.methods.outside): an edited rule file is other code."""
     p = status_or_provenance or {}
     if "provenance" in p:
         p = (p["provenance"] or [{}])[-1] if isinstance(p["provenance"], list) else p["provenance"]

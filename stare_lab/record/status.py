@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
+from stare_lab.core.utils import atomic_write_json
 from stare_lab.record.files import CLAIM_FILE, CONFIG_FILE, STATUS_FILE, now_iso, set_aside
-from stare_lab.utils import atomic_write_json
 
 STATES = ("pending", "running", "finished", "failed", "interrupted")
 CORRUPT = "corrupt"  # read_status's state for a status.json it can not parse

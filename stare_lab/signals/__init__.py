@@ -1,4 +1,7 @@
-"""Per-token statistics of one generation batch: vocabulary entropy, attention entropy, JS to the group.
+"""Layer 3, the statistics of one generation batch (vocabulary, attention, JS, generation-time) and their
+gathering across ranks. May import layers 1-2.
+
+Per-token statistics of one generation batch: vocabulary entropy, attention entropy, JS to the group.
 
 All are detached, computed in chunks (never [B, T, V] or [heads, T, T] in float32 at once), and
 aligned with logits: the value at input position t describes the distribution that generates

@@ -1,7 +1,7 @@
 """The source of a generation batch's statistics: the cheapest one that gives them (docs/design.md, "Statistics").
 
 - "none": the rule reads nothing the model computes (full; random without a reference rule).
-- "microbatch": scope "microbatch" (stare_lab/token_weights.py): selection inside the loss from the
+- "microbatch": scope "microbatch" (stare_lab/training/token_weights.py): selection inside the loss from the
   training forward's own statistics; nothing at generation time. A rule of that scope that reads a
   statistic once per step (`step_needs`: STARE's H̄) takes it from one of the sources below.
 - "old_logp_forward": TRL makes a no-grad forward of the rollout policy for its old log-probs
@@ -15,7 +15,7 @@
 docs/pitfalls_signals.md, "Statistics sources", has the table per rule and configuration.
 
 The functions here take values, not the trainer: what TRL does (its old-log-prob forward, which
-generator samples) is read off TRL by `stare_lab.trl_internals` and passed in by the trainer.
+generator samples) is read off TRL by `stare_lab.training.trl_internals` and passed in by the trainer.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from stare_lab.distributed import comm_of, complete_groups, split_rows
+from stare_lab.signals.distributed import comm_of, complete_groups, split_rows
 from stare_lab.stats import STATISTICS, check_known
 
 from .attention import CHUNK_QUERIES, attention_entropy, forward_with_stats, resolve_layers, unwrap_model

@@ -1,10 +1,10 @@
 """Launching a sweep's runs through submitit, safely re-runnable: the orchestration.
 
-`launch_runs` writes each planned run's config.yaml and status.json (stare_lab.sweep.plan), hands
-the queue to the sweep's launcher (stare_lab.sweep.launchers: its executor, its starter, its
+`launch_runs` writes each planned run's config.yaml and status.json (stare_lab.plan.run_plan), hands
+the queue to the sweep's launcher (stare_lab.launchers: its executor, its starter, its
 watch), and waits with a progress display until every run has ended, recording as failed any run
 whose job ended without the worker recording it (killed, out of memory, node lost;
-stare_lab.sweep.jobs.reconcile). A worker that finds the run claimed by another leaves it; the
+stare_lab.launchers.jobs.reconcile). A worker that finds the run claimed by another leaves it; the
 launch then watches that run, and resumes it if its worker dies. The caller holds the sweep lock.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from stare_lab.sweep.jobs import Tracked, Workers, reconcile, record_stopped
-from stare_lab.sweep.plan import Plan, prepare
+from stare_lab.launchers.jobs import Tracked, Workers, reconcile, record_stopped
+from stare_lab.plan.run_plan import Plan, prepare
+from stare_lab.plan.schema import SweepSpec
 from stare_lab.sweep.progress import Progress
-from stare_lab.sweep.schema import SweepSpec
 from stare_lab.sweep.worker import QueueWorker, RunWorker
 
 POLL_S = 1.0

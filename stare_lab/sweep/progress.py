@@ -7,8 +7,8 @@ from collections.abc import Callable
 from rich import progress
 from rich.console import Console
 
+from stare_lab.launchers.run_spec import RunSpec
 from stare_lab.record import read_status
-from stare_lab.sweep.run_spec import RunSpec
 
 
 class Progress:

@@ -18,15 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stare_lab.launchers.errors import SweepError
+from stare_lab.launchers.jobs import Tracked, reconcile, stop_job, submit_run
+from stare_lab.launchers.run_spec import RunSpec
+from stare_lab.plan.expand import Composer, fmt_value
+from stare_lab.plan.run_plan import prepare
+from stare_lab.plan.schema import SweepSpec
+from stare_lab.plan.search_spec import SearchSpec
 from stare_lab.record import eval_metric, read_eval_results, read_metrics, read_status, update_status
-from stare_lab.sweep.errors import SweepError
-from stare_lab.sweep.expand import Composer, fmt_value
-from stare_lab.sweep.jobs import Tracked, reconcile, stop_job, submit_run
 from stare_lab.sweep.launch import POLL_S, make_executor
-from stare_lab.sweep.plan import prepare
-from stare_lab.sweep.run_spec import RunSpec
-from stare_lab.sweep.schema import SweepSpec
-from stare_lab.sweep.search_spec import SearchSpec
 from stare_lab.sweep.worker import RunWorker
 
 

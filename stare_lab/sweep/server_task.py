@@ -1,17 +1,17 @@
 """A server-mode run's vLLM server as a task of the run's own job (docs/vllm.md, "Server mode on Slurm").
-Where the server's slots and the trainers sit in the job is stare_lab.server_layout; the server process
-and a training task's wait for its address are stare_lab.vllm_server. This module is the sweep's side:
+Where the server's slots and the trainers sit in the job is stare_lab.config.server_layout; the server process
+and a training task's wait for its address are stare_lab.serving.vllm_server. This module is the sweep's side:
 the server slot's task and the dry run's description of a run's layout.
 
 **One attempt of a job**, in order (each task runs `RunWorker`, stare_lab.sweep.worker):
 
-1. task 0 takes the run's claim and opens the rank gate (stare_lab.sweep.ranks);
-2. the first server slot (the *host*) waits for the go, starts TRL's server (stare_lab.vllm_server.serving:
+1. task 0 takes the run's claim and opens the rank gate (stare_lab.launchers.ranks);
+2. the first server slot (the *host*) waits for the go, starts TRL's server (stare_lab.serving.vllm_server.serving:
    health within `vllm_server_timeout`, else it fails with one line naming the timeout and the log), and
    writes `server.json` (url, pid, log) into the attempt's rank folder; the other slots end at once;
 3. each training task waits for `server.json` (or the host's error line, or the timeout), exports the
    address (SERVER_ENV) and trains; the runner puts it into GRPOConfig and checks /health between steps
-   (stare_lab.vllm_server.for_run);
+   (stare_lab.serving.vllm_server.for_run);
 4. the host watches both sides: the server's process exiting fails the run (the host's rank file gets the
    line, the task exits non-zero, Slurm's --kill-on-bad-exit stops the trainers, rank 0 records the
    host's line as the run's error); training's end (status.json no longer `running`) stops the server.
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
+from stare_lab.config.server_layout import SERVER_ENV, SERVER_FILE, server_layout
+from stare_lab.core.utils import atomic_write_text
+from stare_lab.launchers.ranks import RankGate
 from stare_lab.record import read_status
-from stare_lab.server_layout import SERVER_ENV, SERVER_FILE, server_layout
-from stare_lab.sweep.ranks import RankGate
-from stare_lab.utils import atomic_write_text
 
 if TYPE_CHECKING:
-    from stare_lab.vllm_server import Server
+    from stare_lab.serving.vllm_server import Server
 
 WATCH_EVERY_S = 2.0
 
@@ -60,7 +60,7 @@ def serve_slot(
 ) -> dict[str, Any]:
     """A server slot's task: the host (the first slot, gate rank == run.processes) runs the server
     until training ends; the other slots end at once. Raises ServerError when the server fails."""
-    from stare_lab import vllm_server  # deferred: transformers (its watch callback), not for `sweep run --dry-run`
+    from stare_lab.serving import vllm_server  # deferred: transformers (its watch callback), not for --dry-run
 
     if gate.rank != int(cfg.run.processes):  # no rank file: rank 0 must not count its exit as a death
         return {"rank": gate.rank, "role": "server slot (idle)"}
@@ -112,5 +112,5 @@ def _server_devices(local_rank: int, tasks_per_node: int) -> str | None:
 
 def training_env(gate_dir: Path, host_rank: int) -> dict[str, str]:
     """What a training task exports so that its runner waits for this attempt's server
-    (stare_lab.vllm_server.wait_address)."""
+    (stare_lab.serving.vllm_server.wait_address)."""
     return {SERVER_ENV: json.dumps({"dir": str(gate_dir), "host": host_rank})}

@@ -1,4 +1,4 @@
-"""The worker: one run, with its claim and status.json bookkeeping around `stare_lab.runner.execute`
+"""The worker: one run, with its claim and status.json bookkeeping around `stare_lab.run.runner.execute`
 (called in one place, `execute_run`).
 
 `run_one(run_dir)` is what every launcher runs (and what `stare-lab train` calls in-process). It
@@ -17,7 +17,7 @@ interrupted and resubmits the worker itself; the requeued job calls `run_one` ag
 runner resumes from the last trainer checkpoint (and the same W&B run, whose id is the run id). A
 job of several tasks is one multi-process run (`run_rank`): rank 0 is the worker above, the other
 ranks train with it and keep no record. Thread count, OpenMP's wait policy and warning filters
-are set by `start_worker` when a worker process starts, never on import (stare_lab.sweep.threads);
+are set by `start_worker` when a worker process starts, never on import (stare_lab.launchers.threads);
 each attempt records them in its provenance (`threads`).
 """
 
@@ -38,7 +38,20 @@ from typing import Any
 
 import submitit
 
-from stare_lab.config import load_config
+from stare_lab.config.run_config import load_config
+from stare_lab.config.server_layout import is_server_run
+from stare_lab.launchers.liveness import self_identity
+from stare_lab.launchers.ranks import RANKS_DIR, RankGate, attempt_key, is_echo
+from stare_lab.launchers.threads import (
+    WorkerThreads,
+    apply_wait_policy,
+    busy_elsewhere,
+    decide_threads,
+    omp_num_threads,
+    policy_text,
+    usable_cpus,
+)
+from stare_lab.methods.outside import import_run_modules, rule_modules
 from stare_lab.methods.registry import rule_module
 from stare_lab.record import (
     CONFIG_FILE,
@@ -54,20 +67,7 @@ from stare_lab.record import (
     update_status,
     write_status,
 )
-from stare_lab.rule_imports import import_run_modules, rule_modules
-from stare_lab.server_layout import is_server_run
 from stare_lab.sweep import server_task
-from stare_lab.sweep.liveness import self_identity
-from stare_lab.sweep.ranks import RANKS_DIR, RankGate, attempt_key, is_echo
-from stare_lab.sweep.threads import (
-    WorkerThreads,
-    apply_wait_policy,
-    busy_elsewhere,
-    decide_threads,
-    omp_num_threads,
-    policy_text,
-    usable_cpus,
-)
 
 
 class Terminated(BaseException):
@@ -77,10 +77,12 @@ class Terminated(BaseException):
 # What `start_worker` / `run_threads` set in this process: each attempt records it (`threads_record`).
 _STARTED: dict[str, Any] = {}
 _PLAN: list[WorkerThreads] = [WorkerThreads()]  # what the launcher said (start_worker)
+OMP = "OMP_NUM_THREADS"
+_EXPORTED: list[str] = []  # the OMP_NUM_THREADS this process exported itself (run_threads), not the user's
 
 
 def start_worker(threads: WorkerThreads | int | None = None, decide: bool = True) -> dict[str, Any]:
-    """Process-wide settings of a worker: OpenMP's wait policy (stare_lab.sweep.threads: PASSIVE with
+    """Process-wide settings of a worker: OpenMP's wait policy (stare_lab.launchers.threads: PASSIVE with
     a 0.3 ms spin unless the environment says, set before torch loads OpenMP when it has not yet),
     torch threads (`run_threads`; `decide=False`: at the start of each run instead) and warnings.
     `threads`: the launcher's WorkerThreads, or an int: `threads_per_worker`. Returns what it set:
@@ -96,18 +98,28 @@ def start_worker(threads: WorkerThreads | int | None = None, decide: bool = True
 
 
 def run_threads() -> dict[str, Any]:
-    """Decide this process's torch threads for the run it starts (stare_lab.sweep.threads): the
+    """Decide this process's torch threads for the run it starts (stare_lab.launchers.threads): the
     launcher's key, else OMP_NUM_THREADS, else the usable cores shared among the workers and left
     free by other processes just now (a 0.25 s look, only then, and only where the share is above one
     thread: the demo's 2 workers on 2 cores take 1 each without it)."""
     import torch  # deferred: the command line's refusals come before torch (docs/design.md, "Fast refusals")
 
     plan = _PLAN[0]
+    if _EXPORTED and os.environ.get(OMP) == _EXPORTED[0]:  # ours, from the last run: decide afresh
+        del os.environ[OMP]
+    _EXPORTED.clear()
     choice = decide_threads(plan.per_worker, os.environ, usable_cpus(), plan.sharing)
     decided = plan.per_worker is not None or omp_num_threads(os.environ) is not None
     if not decided and choice.threads > 1:  # others' load can only lower it: at 1 thread, no look
         choice = decide_threads(plan.per_worker, os.environ, usable_cpus(), plan.sharing, busy_elsewhere())
     torch.set_num_threads(choice.threads)
+    if OMP not in os.environ:
+        # accelerate (state.py, PartialState on a multi-process CPU run) sets torch's threads to the node's
+        # physical cores / its local processes unless OMP_NUM_THREADS is set: a rank alone on its node took
+        # 2 threads where its Slurm task had 1 core, and its statistics moved in the 7th digit
+        # (tests/multinode/test_multinode_runs.py). Exported, the decision holds for the whole run.
+        _EXPORTED.append(str(choice.threads))
+        os.environ[OMP] = _EXPORTED[0]
     _STARTED.update({"torch": choice.threads, "from": choice.source})
     return dict(_STARTED)
 
@@ -127,14 +139,14 @@ def threads_record() -> dict[str, Any]:
 
 def execute_run(run_dir: Path) -> None:
     """Train and evaluate the run: the real runner, imported at first use (it imports torch)."""
-    from stare_lab.runner import execute  # deferred: torch, transformers and TRL
+    from stare_lab.run.runner import execute  # deferred: torch, transformers and TRL
 
     execute(run_dir)
 
 
 def outside_rule_modules(run_dir: Path) -> list[dict[str, Any]]:
     """Import the run's `run.imports` (a failure is the run's one-line error) and return the record of
-    every module of rules kept outside the package it uses (stare_lab.rule_imports.rule_modules)."""
+    every module of rules kept outside the package it uses (stare_lab.methods.outside.rule_modules)."""
     cfg = load_config(run_dir / CONFIG_FILE)
     imported = import_run_modules(cfg.get("run"))
     return rule_modules(rule_module((cfg.get("method") or {}).get("name")), imported)
@@ -152,7 +164,7 @@ def run_one(
 
     A finished run is not run again unless `force`. When another worker holds the run's claim,
     nothing is done and the status is returned with `claimed_elsewhere: True`. `gate`: this is rank
-    0 of a multi-process run; it tells the other ranks whether to start (stare_lab.sweep.ranks).
+    0 of a multi-process run; it tells the other ranks whether to start (stare_lab.launchers.ranks).
     `only_pending`: run it only if its record, read under the claim, is still `pending` (queued by
     the launcher and taken by no other worker since); else return the status untouched with
     `skipped: True`. `code`: the provenance of the code this process runs (`loaded_code`), recorded
@@ -193,7 +205,7 @@ def failed_before_requeue(status: dict[str, Any], ident: dict[str, Any]) -> bool
 def run_rank(run_dir: Path, rank: int, world: int, key: str) -> dict[str, Any]:
     """One rank of a multi-process run: rank 0 is the run's worker (`run_one`: claim, status.json);
     the others wait for its go, run the same runner (training and evaluation are collective) and
-    write nothing but their rank file (stare_lab.sweep.ranks)."""
+    write nothing but their rank file (stare_lab.launchers.ranks)."""
     gate = RankGate(run_dir, key, rank, world)
     gate.started()
     if rank == 0:
@@ -371,13 +383,13 @@ def _leave_on_sigterm() -> Iterator[None]:
 
 # What a run imports (the runner imports most of it lazily, at first use)
 RUNNER_MODULES = (
-    "stare_lab.runner",
-    "stare_lab.trainer",
-    "stare_lab.trl_loss",
-    "stare_lab.tracking",
+    "stare_lab.run.runner",
+    "stare_lab.training.trainer",
+    "stare_lab.training.trl_loss",
+    "stare_lab.training.tracking",
     "stare_lab.models",
     "stare_lab.tasks",
-    "stare_lab.eval_run",
+    "stare_lab.evaluation.run_eval",
     "stare_lab.evaluation",
     "stare_lab.viewer.wandb_export",
     "stare_lab.viewer.page",

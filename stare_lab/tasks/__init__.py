@@ -1,4 +1,7 @@
-"""Tasks: datasets, prompts and verifiers. `build_task(cfg)` picks one by `cfg["name"]`.
+"""Layer 1, the tasks: datasets, prompts, verifiers and rewards.
+May import core and record.
+
+Tasks: datasets, prompts and verifiers. `build_task(cfg)` picks one by `cfg["name"]`.
 
 A task has `name`, `train_dataset()`, `heldout_dataset()` (datasets with columns `prompt`,
 `answer`, `problem_id`), `extract(completion)`, `verify(completion, answer)` and
@@ -12,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stare_lab.core.utils import plain_dict
 from stare_lab.tasks.loaders import load_records
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, extract_boxed, math_reward
 from stare_lab.tasks.reasoning_gym import ReasoningGymTask
 from stare_lab.tasks.rewards import REWARD_KEYS
-from stare_lab.utils import plain_dict
 
 TASK_NAMES = ("arithmetic", "math", "reasoning_gym")
 

@@ -13,7 +13,7 @@ batch gets no figure and one line on stderr naming it and why (`batch.why_no_bat
 
 Only what changed is drawn: each PNG carries the stamp of what it was drawn from (the run's kept
 batch files and config.yaml, by name, size and modification time; the drawing code; matplotlib's
-version: `run_stamp`, stare_lab.figure_stamps). A run whose figures in the output folder bear its
+version: `run_stamp`, stare_lab.record.figure_stamps). A run whose figures in the output folder bear its
 current stamp is left as it is; one whose own figures (<run>/figures/, drawn when the run published
 its token page) bear it has them copied; the others are drawn, in parallel over the cores this process
 may use (forked processes, one thread each).
@@ -36,11 +36,11 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from stare_lab.figure_stamps import code_stamp, config_stamp, current, digest, files_stamp, metadata  # noqa: E402
+from stare_lab.core.utils import start_forked  # noqa: E402
+from stare_lab.launchers.threads import busy_elsewhere, decide_threads, usable_cpus  # noqa: E402
 from stare_lab.record import CONFIG_FILE, run_label  # noqa: E402
-from stare_lab.sweep.threads import busy_elsewhere, decide_threads, usable_cpus  # noqa: E402
-from stare_lab.utils import start_forked  # noqa: E402
-from stare_lab.viewer.batch import (  # noqa: E402
+from stare_lab.record.figure_stamps import code_stamp, config_stamp, current, digest, files_stamp, metadata  # noqa: E402
+from stare_lab.record.kept_batch import (  # noqa: E402
     BATCH_DIR,
     UNTRAINED,
     Batch,
@@ -236,15 +236,15 @@ def _say(line: str) -> None:
 
 
 # What a selection figure is drawn from besides the run's files: these modules' code (and the rules').
-_DRAWING_CODE = ("figures.py", "selection.py", "batch.py")
+_DRAWING_CODE = ("viewer/figures.py", "viewer/selection.py", "record/kept_batch.py")  # under stare_lab/
 
 
 def run_stamp(run_dir: Path) -> str:
     """The stamp of a run's two selection figures: its kept batch files and config.yaml (the label,
     the rule; by content, without the runs folder's path), the code that draws them and applies every
     rule, and matplotlib's version."""
-    here = Path(__file__).parent
-    code = code_stamp(*(str(here / name) for name in _DRAWING_CODE), str(here.parent / "methods"))
+    package = Path(__file__).parents[1]
+    code = code_stamp(*(str(package / name) for name in _DRAWING_CODE), str(package / "methods"))
     inputs = files_stamp((run_dir / BATCH_DIR).glob("*.safetensors"))
     return digest("selection", inputs, config_stamp(run_dir / CONFIG_FILE), code)
 
@@ -321,7 +321,7 @@ def _current_figures(run_dir: Path, out_dir: Path, stamp: str) -> list[Path] | N
 def _draw_runs(draw: list[tuple[Path, str]], out_dir: Path, processes: int | None) -> Callable[[], list[list[Path]]]:
     """`_run_figures` of each (run, stamp), in order, from the function returned: started now in forked
     processes when there are several runs and free cores (Linux: the usable cores other processes
-    leave free, stare_lab.sweep.threads), else drawn here, one thread, when it is called."""
+    leave free, stare_lab.launchers.threads), else drawn here, one thread, when it is called."""
     if processes is None and len(draw) > 1 and usable_cpus() > 1:
         processes = decide_threads(None, {}, usable_cpus(), 1, busy_elsewhere()).threads
     n = min(len(draw), processes or 1)

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from stare_lab.plan.run_plan import current_runs
+from stare_lab.plan.schema import SweepError, load_sweep
 from stare_lab.record import find_run_dirs, run_label
-from stare_lab.sweep.plan import current_runs
-from stare_lab.sweep.schema import SweepError, load_sweep
-from stare_lab.viewer.batch import ATTN, Batch, BatchError, kept_steps, load_run_batch, why_no_batch
+from stare_lab.record.kept_batch import ATTN, Batch, BatchError, kept_steps, load_run_batch, why_no_batch
 from stare_lab.viewer.selection import (
     RuleView,
     apply_all_rules,

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from stare_lab import distributed
 from stare_lab.methods import LossBatch, RuleState, TrainerValues, get_method, list_methods
+from stare_lab.record.kept_batch import Batch
+from stare_lab.signals import distributed
 from stare_lab.stats import TokenStats
-from stare_lab.token_weights import token_fractions
-from stare_lab.viewer.batch import Batch
+from stare_lab.training.token_weights import token_fractions
 
 OWN_PREFIX = "run:"
 

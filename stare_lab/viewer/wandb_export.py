@@ -36,9 +36,9 @@ from typing import Any, Literal, cast, get_args
 
 from omegaconf import OmegaConf
 
-from stare_lab.config import load_config
+from stare_lab.config.run_config import load_config
 from stare_lab.record import CONFIG_FILE, RESULT_SETTINGS, read_eval_results, result_setting
-from stare_lab.viewer.batch import kept_steps
+from stare_lab.record.kept_batch import kept_steps
 
 SETTINGS = (*RESULT_SETTINGS, "step")
 COMPARISON_FIELDS = ("delta", "ci_lo", "ci_hi", "p_value", "p_holm", "verdict", "seeds")

@@ -28,7 +28,7 @@ from stare_lab.analysis import (
     results_table,
     run_states,
 )
-from stare_lab.analysis.collect import SettingsMismatch, rule_label
+from stare_lab.record.frames import SettingsMismatch, rule_label
 
 RSI = "rsi_band[0.5,1]"
 # (rule, benchmark) → (mean, std, n_seeds, delta, best); fractions
@@ -371,6 +371,6 @@ def test_the_analysis_names_resolve_lazily_to_their_modules():
 
     assert sorted(analysis.__all__) == sorted(analysis._HOMES)
     for name in analysis.__all__:
-        assert getattr(analysis, name).__module__ == f"stare_lab.analysis.{analysis._HOMES[name]}", name
+        assert getattr(analysis, name).__module__ == analysis._HOMES[name], name
     code = "import sys; from stare_lab.analysis import results_table; print('matplotlib' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

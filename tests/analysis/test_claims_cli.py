@@ -192,8 +192,8 @@ def test_the_packaged_claims_sweep_checks_against_its_plan():
     """Every claim of stare_lab/sweeps/claims.yaml names an arm of its plan or a declared control, a
     metric its arms log (the gradient cosine where grad_geometry_every is set), and a source."""
     from stare_lab.cli.claims import _plan
-    from stare_lab.rule_imports import reading
-    from stare_lab.sweep.claim_spec import check_claims
+    from stare_lab.methods.outside import reading
+    from stare_lab.plan.claims import check_claims
 
     with reading():
         spec, claims = load_claims("claims")

@@ -21,7 +21,7 @@ from stare_lab.analysis.compare import holm
 from stare_lab.analysis.hypotheses import combine, pass_at_k, score_tables, seed_outcome, verdicts
 from stare_lab.analysis.power import power_at, welch_power
 from stare_lab.analysis.verdicts import decide
-from stare_lab.sweep.claim_spec import parse_claims
+from stare_lab.plan.claims import parse_claims
 
 ALPHA = 0.05
 

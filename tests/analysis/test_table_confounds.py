@@ -121,8 +121,8 @@ def test_the_matched_controls_of_docs_sweeps_md_expand_to_what_the_note_reads(tm
 
     import yaml
 
-    from stare_lab.sweep.expand import expand_sweep
-    from stare_lab.sweep.schema import load_sweep
+    from stare_lab.plan.expand import expand_sweep
+    from stare_lab.plan.schema import load_sweep
 
     text = (Path(__file__).parents[2] / "docs" / "sweeps.md").read_text()
     section = text.split("## Matched controls", 1)[1].split("\n## ", 1)[0]

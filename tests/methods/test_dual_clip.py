@@ -18,7 +18,7 @@ from loss_compose_support import current_logps, one_thread, setup  # noqa: F401
 from loss_rules_support import assert_trainer_equals_token_loss, grads, logp_with_grad, make_trainer, reference_stats
 
 from stare_lab.methods import get_method, list_methods
-from stare_lab.objective import token_loss
+from stare_lab.training.objective import token_loss
 
 DELTA = 10.0  # AR-Lopti scripts/train_kklogic_AR*_4x80GB.sh: actor.clip_ratio_c=10.0
 T_MAX = 12

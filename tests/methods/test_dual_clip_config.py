@@ -11,10 +11,10 @@ import pytest
 from omegaconf import OmegaConf
 from sweep_fixtures import write_sweep
 
-from stare_lab.config import ConfigError, compose, run_id
+from stare_lab.cli.sweep import main
+from stare_lab.config.run_config import ConfigError, compose, run_id
 from stare_lab.methods import TrainerValues
-from stare_lab.runner import build_grpo_config
-from stare_lab.sweep.cli import main
+from stare_lab.run.runner import build_grpo_config
 
 
 def test_the_config_carries_delta_to_trls_config_and_the_rules(tmp_path):

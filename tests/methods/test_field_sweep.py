@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from sweep_fixtures import ROOT, write_sweep
 
+from stare_lab.cli.sweep import main
 from stare_lab.methods import list_methods
-from stare_lab.sweep.cli import main
-from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.schema import load_sweep
+from stare_lab.plan.expand import expand_sweep
+from stare_lab.plan.schema import load_sweep
 
 FIELD = ("clip_cov", "kl_cov", "dppo", "adv_reweight", "lopti", "archer", "entropy_adv", "ce_gppo")
 

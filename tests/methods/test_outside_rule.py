@@ -1,5 +1,5 @@
 """Rules kept outside the package, end to end from a folder outside the repository
-(stare_lab.rule_imports; the project layout: tests/support/outside_rule_fixtures.py).
+(stare_lab.methods.outside; the project layout: tests/support/outside_rule_fixtures.py).
 
 Each of the three ways (a sweep's `imports:`, `--import MODULE`, the `stare_lab.rules` entry point)
 registers its rule in the driver, the local workers and the Slurm workers; a module that can not be

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from stare_lab.cli import main
-from stare_lab.config import compose
+from stare_lab.config.run_config import compose
 from stare_lab.methods import get_method, list_methods, method_params
 from stare_lab.methods.param_types import conform_params, describe, given
 

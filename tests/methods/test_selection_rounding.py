@@ -20,9 +20,9 @@ import pytest
 import torch
 from js_groups import agreeing_group
 
+from stare_lab.core.utils import cpu_kernel_sets, kernel_env
 from stare_lab.methods.select import select_top
 from stare_lab.signals.js import chunked_js_to_group_mean, js_to_group_mean
-from stare_lab.utils import cpu_kernel_sets, kernel_env
 
 
 def test_js_of_the_same_logits_is_the_same_float32_value_under_every_chunking():

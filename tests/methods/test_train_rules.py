@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from stare_lab.config import compose, save_config
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.methods import list_methods
 from stare_lab.record import last_checkpoint, read_metrics
-from stare_lab.runner import build_trainer, execute
+from stare_lab.run.runner import build_trainer, execute
 
 SMALL = [
     # 8 prompts × 4: every generation has groups of mixed rewards (the testbed answers ~35% right at T = 1), so

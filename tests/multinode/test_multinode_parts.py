@@ -14,14 +14,13 @@ from types import SimpleNamespace
 
 from sweep_fixtures import fake_sacct, write_sweep
 
+from stare_lab.launchers import ranks, slurm
+from stare_lab.launchers.jobs import Tracked
+from stare_lab.launchers.liveness import slurm_states
+from stare_lab.launchers.ranks import RankGate
+from stare_lab.plan.expand import expand_sweep
+from stare_lab.plan.schema import load_sweep
 from stare_lab.record import write_status
-from stare_lab.sweep import ranks
-from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.jobs import Tracked
-from stare_lab.sweep.launchers import slurm
-from stare_lab.sweep.liveness import slurm_states
-from stare_lab.sweep.ranks import RankGate
-from stare_lab.sweep.schema import load_sweep
 
 
 def _remote_rank_1(tmp_path: Path) -> RankGate:

@@ -47,7 +47,7 @@ CLOCK_KEYS = ("time", "runtime", "per_second", "_s", "duration", "timestamp", "e
 
 def _driver(path: Path, *args: str):
     return subprocess.Popen(
-        [sys.executable, "-m", "stare_lab.sweep", "run", str(path), *args],
+        [sys.executable, "-m", "stare_lab.cli", "sweep", "run", str(path), *args],
         cwd=ROOT,
         env=sweep_env(WANDB_MODE="offline"),
         stdout=subprocess.PIPE,

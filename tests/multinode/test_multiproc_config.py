@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from sweep_fixtures import slurm_cluster, write_sweep  # noqa: F401
 
-from stare_lab.config import ConfigError, compose, run_id
-from stare_lab.sweep.cli import main
+from stare_lab.cli.sweep import main
+from stare_lab.config.run_config import ConfigError, compose, run_id
 
 TWO = {"trainer.per_device_train_batch_size": 6, "trainer.num_generations": 4, "trainer.gradient_accumulation_steps": 1}
 
@@ -148,8 +148,8 @@ def test_dry_run_of_a_two_node_run(tmp_path, capsys):
 @pytest.mark.slurm
 def test_slurm_executor_asks_for_one_task_per_gpu_and_kill_on_bad_exit(slurm_cluster, tmp_path):
     # submitit's SlurmExecutor looks for `srun` when it is built: without a cluster this skips (slurm_cluster)
+    from stare_lab.plan.schema import load_sweep
     from stare_lab.sweep.launch import make_executor
-    from stare_lab.sweep.schema import load_sweep
 
     spec = load_sweep(write_sweep(tmp_path, launcher={"name": "slurm", "nodes": 2, "gpus_per_node": 8}))
     p = make_executor(spec).parameters
@@ -161,15 +161,15 @@ def test_slurm_executor_asks_for_one_task_per_gpu_and_kill_on_bad_exit(slurm_clu
 
 
 def test_local_executor_starts_one_task_per_process(tmp_path):
+    from stare_lab.plan.schema import load_sweep
     from stare_lab.sweep.launch import make_executor
-    from stare_lab.sweep.schema import load_sweep
 
     local = load_sweep(write_sweep(tmp_path, "loc", overrides=TWO, launcher={"name": "local", "processes": 2}))
     assert make_executor(local).parameters["tasks_per_node"] == 2
 
 
 def test_engine_arguments(monkeypatch):
-    from stare_lab.runner import engine_args
+    from stare_lab.run.runner import engine_args
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert engine_args("fsdp") == {} == engine_args("deepspeed_zero3")  # one process: as before
@@ -183,7 +183,7 @@ def test_engine_arguments(monkeypatch):
 
 
 def test_a_checkpoint_of_another_world_size_is_refused_in_one_line(tmp_path, monkeypatch):
-    import stare_lab.runner as runner
+    import stare_lab.run.runner as runner
     from stare_lab.record import checkpoint_world_size
 
     ckpt = tmp_path / "checkpoints" / "checkpoint-4"

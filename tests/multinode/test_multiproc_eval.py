@@ -24,7 +24,7 @@ def _free_port() -> int:
 
 
 def _records():
-    from stare_lab.eval_run import _benchmark
+    from stare_lab.evaluation.run_eval import _benchmark
     from stare_lab.tasks import build_task
 
     task = build_task({"name": "arithmetic", "train_size": 8, "heldout_size": 7, "seed": 0})

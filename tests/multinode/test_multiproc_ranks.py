@@ -1,4 +1,4 @@
-"""The rank files of a multi-process run (stare_lab.sweep.ranks) and the worker's use of them,
+"""The rank files of a multi-process run (stare_lab.launchers.ranks) and the worker's use of them,
 without starting torch.distributed: rank 0 alone claims and records; the other ranks follow its
 go, never the claim; a dead rank's line (or its death) becomes the run's error; a requeue is not a
 failure. Seconds."""
@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from stare_lab.launchers.ranks import RankGate, is_echo, latest_peer_failure
 from stare_lab.record import RunClaim, new_status, read_status, write_status
 from stare_lab.sweep import worker
-from stare_lab.sweep.ranks import RankGate, is_echo, latest_peer_failure
 from stare_lab.sweep.worker import run_one, run_rank
 
 

@@ -19,7 +19,7 @@ import yaml
 from multiproc_fixtures import KILLED_MARK, TWO_PROCESS, kill_rank_1_of_seed_0
 from sweep_fixtures import metric_steps, read_json, run_dirs, use_runner, write_sweep
 
-from stare_lab.sweep.cli import main
+from stare_lab.cli.sweep import main
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ def test_unknown_command_and_missing_run_dir(tmp_path, capsys):
 
 def test_train_refuses_to_overwrite_another_runs_record(tmp_path, capsys):
     """A run dir holding a different run's config is never overwritten."""
-    from stare_lab.config import compose, save_config
+    from stare_lab.config.run_config import compose, save_config
 
     other = compose(["method=stare", "seed=5"])
     d = tmp_path / "taken"
@@ -56,7 +56,7 @@ def test_train_writes_a_complete_run_record(tmp_path, capsys):
     """`stare-lab train method=stare seed=1 ...`: resolved config, status, metrics, checkpoint, eval."""
     import json
 
-    from stare_lab.config import load_config
+    from stare_lab.config.run_config import load_config
 
     args = [
         "method=stare",

@@ -14,13 +14,13 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from sweep_fixtures import ROOT
 
-from stare_lab import config
-from stare_lab.config import CONF_DIR, Config, ConfigError, compose, group_options
+from stare_lab.config import run_config as config
+from stare_lab.config.run_config import CONF_DIR, Config, ConfigError, compose, group_options
 from stare_lab.evaluation.benchmarks import VERIFIERS
+from stare_lab.launchers import LAUNCHERS
 from stare_lab.methods import list_methods
-from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.launchers import LAUNCHERS
-from stare_lab.sweep.schema import launcher_defaults, load_sweep
+from stare_lab.plan.expand import expand_sweep
+from stare_lab.plan.schema import launcher_defaults, load_sweep
 
 # config group → its schema (the task group is free-form: the task's builder checks it)
 SCHEMAS = {
@@ -185,7 +185,7 @@ def test_derived_defaults_and_run_id_come_from_one_function():
 
 def test_method_group_is_the_registry():
     assert not (CONF_DIR / "method").exists()
-    # the registry's rules, and `base` (the untrained model: stare_lab.controls, not a rule)
+    # the registry's rules, and `base` (the untrained model: stare_lab.core.controls, not a rule)
     assert group_options("method") == sorted([*list_methods(), "base"])
     assert "base" not in list_methods()
     for name in list_methods():
@@ -241,8 +241,8 @@ def test_the_throwaway_rule_is_gone_afterwards():
 
 
 def test_sweeps_are_found_by_path_or_by_packaged_name(tmp_path, monkeypatch):
-    from stare_lab.config import PACKAGE_DIR, SWEEP_DIR, sweep_path
-    from stare_lab.sweep.schema import SweepError
+    from stare_lab.config.run_config import PACKAGE_DIR, SWEEP_DIR, sweep_path
+    from stare_lab.plan.schema import SweepError
 
     assert CONF_DIR == PACKAGE_DIR / "conf" and SWEEP_DIR == PACKAGE_DIR / "sweeps"
     assert (ROOT / "conf").resolve() == CONF_DIR and (ROOT / "sweeps").resolve() == SWEEP_DIR  # documented layout
@@ -261,7 +261,7 @@ def test_sweeps_are_found_by_path_or_by_packaged_name(tmp_path, monkeypatch):
 def test_the_scheduler_choices_are_transformers_own():
     from transformers.trainer_utils import SchedulerType
 
-    from stare_lab.config_schema import LR_SCHEDULERS
+    from stare_lab.config.schema import LR_SCHEDULERS
 
     needs_eval = {"reduce_lr_on_plateau", "greedy"}  # the GRPO trainer runs no evaluation strategy
     assert set(LR_SCHEDULERS) == {s.value for s in SchedulerType} - needs_eval

@@ -1,4 +1,4 @@
-"""The controls (stare_lab.controls): the untrained model `base` and the random-reward control.
+"""The controls (stare_lab.core.controls): the untrained model `base` and the random-reward control.
 
 - `method=base` trains 0 steps, loads no trainer, and its evaluation is the starting checkpoint's under
   the same settings and evaluation seed (compared sample by sample with evaluate_model on the model);
@@ -19,11 +19,11 @@ import yaml
 from fixtures_runs import SETTINGS, SWEEP, write_run
 
 from stare_lab.analysis import collect_problems, collect_runs, results_table
-from stare_lab.config import ConfigError, compose, save_config
-from stare_lab.eval_run import evaluate_model
+from stare_lab.config.run_config import ConfigError, compose, save_config
+from stare_lab.evaluation.run_eval import evaluate_model
 from stare_lab.models import load_model_and_tokenizer
 from stare_lab.record import read_eval_results, read_metrics
-from stare_lab.runner import execute
+from stare_lab.run.runner import execute
 from stare_lab.tasks import build_task
 from stare_lab.tasks.rewards import bernoulli_reward, training_rewards
 
@@ -41,7 +41,7 @@ def test_base_run_evaluates_the_starting_checkpoint_without_a_trainer(tmp_path, 
     run_dir = tmp_path / "base"
     save_config(cfg, run_dir / "config.yaml")
     # loading the trainer would build a TokenRuleGRPOTrainer: make that impossible
-    import stare_lab.runner as runner
+    import stare_lab.run.runner as runner
 
     monkeypatch.setattr(runner, "build_trainer", lambda *a, **k: pytest.fail("base built a trainer"))
     execute(run_dir)
@@ -148,8 +148,8 @@ def _sweep_file(tmp_path, controls) -> str:
 
 
 def test_controls_expand_one_run_per_seed(tmp_path):
-    from stare_lab.sweep.expand import expand_sweep
-    from stare_lab.sweep.schema import load_sweep
+    from stare_lab.plan.expand import expand_sweep
+    from stare_lab.plan.schema import load_sweep
 
     runs = expand_sweep(load_sweep(_sweep_file(tmp_path, ["base", "random_reward"])))
     labels = [r.label for r in runs]

@@ -9,10 +9,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from stare_lab.cli import main
-from stare_lab.config import compose, save_config
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.evaluation import pass_at_k
 from stare_lab.record import read_eval_results
-from stare_lab.runner import execute
+from stare_lab.run.runner import execute
 
 TINY = [
     "trainer.per_device_train_batch_size=8",

@@ -1,4 +1,4 @@
-"""Every file a run reads is checked before anything launches (stare_lab/inputs.py): one line, exit 2,
+"""Every file a run reads is checked before anything launches (stare_lab/config/inputs.py): one line, exit 2,
 no run directory; a training set that holds held-out problems is said in one line."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from stare_lab.cli import main
-from stare_lab.config import ConfigError, compose
-from stare_lab.inputs import check_inputs, input_problems, overlap_warnings
+from stare_lab.config.inputs import check_inputs, input_problems, overlap_warnings
+from stare_lab.config.run_config import ConfigError, compose
 
 
 def _jsonl(path, problems):
@@ -100,7 +100,7 @@ def test_overlap_between_training_and_held_out_problems_is_one_line(tmp_path):
 def test_a_sweep_with_a_missing_input_stops_before_any_run_dir(tmp_path, capsys):
     import yaml
 
-    from stare_lab.sweep.cli import main as sweep_main
+    from stare_lab.cli.sweep import main as sweep_main
 
     path = tmp_path / "s.yaml"
     path.write_text(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from stare_lab.launchers.liveness import Liveness, process_start
 from stare_lab.record import (
     CORRUPT,
     RunClaim,
@@ -24,7 +25,6 @@ from stare_lab.record import (
     update_status,
     write_status,
 )
-from stare_lab.sweep.liveness import Liveness, process_start
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "trl")
@@ -34,9 +34,9 @@ HEAVY = ("torch", "transformers", "trl")
     "module",
     [
         "stare_lab.record",
-        "stare_lab.sweep.status",
-        "stare_lab.sweep.cli",
-        "stare_lab.analysis.collect",
+        "stare_lab.plan.status",
+        "stare_lab.cli.sweep",
+        "stare_lab.record.frames",
         "stare_lab.analysis.tables",
         "stare_lab.analysis.plots",
         "stare_lab.analysis",
@@ -52,7 +52,7 @@ def test_importing_the_runner_changes_no_process_settings():
     # libraries add filters of their own on import (sympy, transformers); ours is FutureWarning of transformers
     code = (
         "import torch, warnings; n = torch.get_num_threads(); "
-        "import stare_lab.runner, stare_lab.sweep.worker; "
+        "import stare_lab.run.runner, stare_lab.sweep.worker; "
         "ours = [f for f in warnings.filters if f[2] is FutureWarning and 'transformers' in str(f[3])]; "
         "print(torch.get_num_threads() == n, not ours)"
     )

@@ -13,11 +13,11 @@ import math
 import pytest
 from fixtures_trainer import grpo_config, length_reward
 
-from stare_lab.learning_signal import no_signal_warning
 from stare_lab.methods import get_method
 from stare_lab.record import read_metrics
-from stare_lab.tracking import GENERATION_STEP, MetricsLogger, is_train_log
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.learning_signal import no_signal_warning
+from stare_lab.training.tracking import GENERATION_STEP, MetricsLogger, is_train_log
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 # what TRL and the rule log at generation (carried to the steps that train on the batch without generating)
 GENERATION_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "num_tokens")

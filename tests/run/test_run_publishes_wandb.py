@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from wandb_files import final_summary, history, media, run_records
 
-from stare_lab.config import compose, save_config
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.record import read_eval_results
-from stare_lab.runner import execute
+from stare_lab.run.runner import execute
 
 
 def test_run_summary_holds_eval_and_token_page_after_execute(tmp_path):

@@ -9,7 +9,7 @@ import yaml
 
 from stare_lab.analysis import collect_runs
 from stare_lab.cli import main
-from stare_lab.config import sweep_path
+from stare_lab.config.run_config import sweep_path
 
 pytestmark = pytest.mark.slow
 

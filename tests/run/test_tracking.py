@@ -9,9 +9,9 @@ import pytest
 from sweep_fixtures import FailAt
 from wandb_files import history_by_step, wandb_records
 
-from stare_lab.config import compose, save_config
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.record import read_metrics
-from stare_lab.runner import execute
+from stare_lab.run.runner import execute
 
 SMALL = [
     "method=stare",

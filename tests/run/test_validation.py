@@ -68,7 +68,7 @@ def test_bad_train_value_is_one_line_exit_2_and_writes_nothing(args, needle, tmp
 def test_the_defaults_and_the_tiny_settings_pass(tmp_path):
     from omegaconf import OmegaConf
 
-    from stare_lab.config import check_values, compose
+    from stare_lab.config.run_config import check_values, compose
 
     for overrides in (
         [],

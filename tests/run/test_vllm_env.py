@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stare_lab.cli import main
-from stare_lab.config_schema import missing_vllm
-from stare_lab.tracking import VLLM_MISMATCH, metrics_row, mismatch_warning
+from stare_lab.config.schema import missing_vllm
+from stare_lab.training.tracking import VLLM_MISMATCH, metrics_row, mismatch_warning
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_VLLM = ROOT / ".venv-vllm"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from wandb_files import final_summary, run_records
 
-from stare_lab.config import compose, save_config
-from stare_lab.learning_signal import no_signal_warning
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.record import read_metrics
-from stare_lab.runner import execute
+from stare_lab.run.runner import execute
+from stare_lab.training.learning_signal import no_signal_warning
 
 
 def _logs(*zero_std: float) -> list[dict]:

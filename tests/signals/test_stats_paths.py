@@ -25,7 +25,7 @@ from stare_lab.methods import RuleState, get_method, list_methods
 from stare_lab.signals import token_statistics
 from stare_lab.signals.generation import record_generation
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 G = 4
 GEN_ATOL = 1e-4

@@ -7,7 +7,7 @@ samples with probability clip(d_p + effect_a/100 + π_ap + σ_as + ε_asp, 0, 1)
 at every logged step is its final value plus a drift that vanishes at the last step; the final value is
 N(mean_a, sd_a) over seeds.
 
-Records: the sweep file's planned runs (stare_lab.sweep.expand) get their resolved config.yaml, a
+Records: the sweep file's planned runs (stare_lab.plan.expand) get their resolved config.yaml, a
 finished status.json, metrics.jsonl rows and eval/<benchmark>/<settings>.json + .parquet written by
 stare_lab.record's own writers; the control arms (`base`: method base, no training metrics;
 `random_reward`: full trained on random rewards) are planned runs of the expansion like the others.
@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from stare_lab.launchers.liveness import write_manifest
+from stare_lab.plan.expand import expand_sweep
+from stare_lab.plan.schema import parse_sweep
 from stare_lab.record import new_status, write_eval_result, write_status
-from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.liveness import write_manifest
-from stare_lab.sweep.schema import parse_sweep
 
 STEPS = (10, 20, 30, 40, 50)
 EVAL = {"temperature": 1.0, "top_p": 0.7, "max_tokens": 24, "verifier": "exact", "engine": "transformers"}

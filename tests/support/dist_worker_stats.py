@@ -205,7 +205,7 @@ def rule_state(G: int):
 
 def _out_record(out, rows=None):
     """What a rule returned, restricted to this rank's rows (rows: a RowSlice) when given."""
-    from stare_lab.distributed import local_rows
+    from stare_lab.signals.distributed import local_rows
 
     def part(x):
         return None if x is None else (local_rows(x, rows) if rows is not None else x).clone()
@@ -222,8 +222,8 @@ def _out_record(out, rows=None):
 def rules_worker(rank: int, world_size: int, out_dir: Path) -> None:
     """For every rule variant and batch spec: the rule on the gathered global batch (this rank's rows)
     and on the one-process batch (the reference), over STEPS consecutive batches."""
-    from stare_lab.distributed import deterministic, global_token_stats, same_on_all_ranks
     from stare_lab.methods import get_method
+    from stare_lab.signals.distributed import deterministic, global_token_stats, same_on_all_ranks
 
     results = {}
     for spec_name, spec in SPECS.items():
@@ -275,7 +275,7 @@ def js_worker(rank: int, world_size: int, out_dir: Path) -> None:
     the reference is the one-process JS of the global batch."""
     import torch.nn.functional as F
 
-    from stare_lab.distributed import global_token_stats, split_rows
+    from stare_lab.signals.distributed import global_token_stats, split_rows
     from stare_lab.signals.js import chunked_js_to_group_mean
     from stare_lab.signals.statistics import js_for_split_groups
 
@@ -345,7 +345,7 @@ def _token_logp(model, prompt, completion, mask):
 
 
 def _loss(model, prompt, completion, stats, weights, agg, normalize, num_items, weight_total):
-    from stare_lab import objective
+    from stare_lab.training import objective
 
     logp = _token_logp(model, prompt, completion, stats.mask)
     per_token, _ = objective.clipped_surrogate(logp, logp.detach(), stats.advantages, 0.2, 0.28)
@@ -359,9 +359,9 @@ def loss_worker(rank: int, world_size: int, out_dir: Path) -> None:
     Reference (every rank): the one-process loss and gradient on the whole batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from stare_lab import objective
-    from stare_lab.distributed import global_token_stats, local_rows
     from stare_lab.methods import get_method
+    from stare_lab.signals.distributed import global_token_stats, local_rows
+    from stare_lab.training import objective
 
     spec = SPECS["trl_split"]
     stats, lengths = make_global_batch(spec, seed=21)
@@ -411,7 +411,7 @@ def loss_worker(rank: int, world_size: int, out_dir: Path) -> None:
 
 
 def errors_worker(rank: int, world_size: int, out_dir: Path) -> None:
-    from stare_lab.distributed import global_token_stats
+    from stare_lab.signals.distributed import global_token_stats
 
     spec = SPECS["trl_split"]
     stats, lengths = make_global_batch(spec, seed=1)

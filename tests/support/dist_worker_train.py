@@ -66,7 +66,7 @@ def train(rule: str | None, out_dir: Path, world_size: int, **rule_params) -> li
         trainer = GRPOTrainer(**kwargs)
     else:
         from stare_lab.methods import get_method
-        from stare_lab.trainer import TokenRuleGRPOTrainer
+        from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
         keep = dict(keep_batches_every=1, run_dir=out_dir / f"kept-{world_size}") if rule == "ict" else {}
         trainer = TokenRuleGRPOTrainer(rule=get_method(rule, **rule_params), **keep, **kwargs)

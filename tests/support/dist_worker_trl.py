@@ -55,7 +55,7 @@ def trl_layout_worker(rank: int, world_size: int, out_dir: Path) -> None:
     from fixtures_trainer import TRL_DEFAULT, grpo_config, tiny_lm, trainer_kwargs
     from trl import GRPOTrainer
 
-    from stare_lab.distributed import global_token_stats
+    from stare_lab.signals.distributed import global_token_stats
     from stare_lab.stats import TokenStats
     from stare_lab.tasks.arithmetic import ArithmeticTask
 

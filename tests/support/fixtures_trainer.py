@@ -27,7 +27,7 @@ from stare_lab.models.builtin import BUILTIN_DIR, build_model, build_tokenizer
 if TYPE_CHECKING:
     from trl import GRPOConfig
 
-    from stare_lab.trainer import TokenRuleGRPOTrainer
+    from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 # TRL and the trainer are imported in the functions that build them, so that a worker process that
 # only wants the tiny model (dist_worker_stats.py) does not load TRL.
@@ -110,7 +110,7 @@ def rule_trainer(
 ) -> TokenRuleGRPOTrainer:
     """TokenRuleGRPOTrainer on `model` itself (copy it first to keep the original); a rule's name is
     looked up with its default parameters; `trainer_kw` are our trainer's own (keep_batches_every, …)."""
-    from stare_lab.trainer import TokenRuleGRPOTrainer
+    from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
     return TokenRuleGRPOTrainer(
         rule=get_method(rule) if isinstance(rule, str) else rule,

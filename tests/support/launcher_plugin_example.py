@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stare_lab.sweep.launchers import Launcher, register_launcher
+from stare_lab.launchers import Launcher, register_launcher
 
 NAME = "plugin_example"
 
@@ -34,11 +34,11 @@ class PluginLauncher(Launcher):
         return ex
 
     def starter(self, executor, workers):
-        from stare_lab.sweep.jobs import RunStarter
+        from stare_lab.launchers.jobs import RunStarter
 
         return RunStarter(executor, workers.run, self.slots)
 
     def stop(self, jobs, echo) -> None:
-        from stare_lab.sweep.jobs import stop_local
+        from stare_lab.launchers.jobs import stop_local
 
         stop_local(jobs, echo, wait_s=30.0)

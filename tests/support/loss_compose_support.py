@@ -22,7 +22,7 @@ from trl import GRPOTrainer
 from stare_lab.methods import NORMALIZE, get_method
 from stare_lab.models.builtin import build_model, build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 G = 4
 

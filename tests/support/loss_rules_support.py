@@ -18,9 +18,9 @@ from loss_compose_support import G, current_logps, generation_batch, length_rewa
 
 from stare_lab.methods import get_method
 from stare_lab.methods.registry import Rule
-from stare_lab.objective import token_loss
-from stare_lab.token_weights import apply_rule, microbatch_stats
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.objective import token_loss
+from stare_lab.training.token_weights import apply_rule, microbatch_stats
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 T_MAX = 12
 

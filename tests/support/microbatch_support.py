@@ -20,7 +20,7 @@ from transformers import Qwen2ForCausalLM
 
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 G, TAU, GA = 4, 0.8, 2
 

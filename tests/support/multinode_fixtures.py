@@ -153,9 +153,9 @@ def query_shims(folder: Path, log: Path) -> Path:
 
 
 def _log_polls(log: Path) -> None:
-    """Record every batched Slurm look of this driver (stare_lab.sweep.liveness.slurm_states): time,
+    """Record every batched Slurm look of this driver (stare_lab.launchers.liveness.slurm_states): time,
     pid, the job ids asked, whether Slurm answered."""
-    from stare_lab.sweep import liveness
+    from stare_lab.launchers import liveness
 
     states = liveness.slurm_states
 
@@ -180,7 +180,7 @@ if __name__ == "__main__":  # `python tests/support/multinode_fixtures.py POLL_L
     import multinode_fixtures  # pickled by module name: workers can not import this __main__
     from sweep_fixtures import use_runner
 
-    from stare_lab.sweep.cli import main
+    from stare_lab.cli.sweep import main
 
     poll_log, step_s = Path(sys.argv[1]), float(sys.argv[2])
     use_runner(functools.partial(multinode_fixtures.counted_standin, step_s=step_s))

@@ -39,7 +39,7 @@ def _callback(fn):
 def kill_rank_1_of_seed_0(run_dir: Path) -> None:
     """The real runner; in the run of seed 0, rank 1 SIGKILLs itself at step 2 of its first attempt
     (after checkpoint-1), writing the time first."""
-    from stare_lab.runner import execute
+    from stare_lab.run.runner import execute
 
     run_dir = Path(run_dir)
     seed = yaml.safe_load((run_dir / "config.yaml").read_text())["seed"]
@@ -55,7 +55,7 @@ def kill_rank_1_of_seed_0(run_dir: Path) -> None:
 
 def slow_steps(run_dir: Path) -> None:
     """The real runner, each optimizer step 2 s longer (time to requeue a job mid-run)."""
-    from stare_lab.runner import execute
+    from stare_lab.run.runner import execute
 
     execute(run_dir, callbacks=[_callback(lambda step: time.sleep(2.0))])
 
@@ -67,7 +67,7 @@ if __name__ == "__main__":  # the sweep driver with `slow_steps` as the runner (
     import multiproc_fixtures  # pickled by module name: workers can not import this __main__
     from sweep_fixtures import use_runner
 
-    from stare_lab.sweep.cli import main
+    from stare_lab.cli.sweep import main
 
     use_runner(multiproc_fixtures.slow_steps)
     sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,5 @@
 """A project outside the repository with rules of its own, one for each way stare_lab imports them
-(stare_lab.rule_imports), for tests/methods/test_outside_rule*.py.
+(stare_lab.methods.outside), for tests/methods/test_outside_rule*.py.
 
     <root>/work/                       the current folder of every command
         cli_rules.py                   `below_median_entropy`, imported by `--import cli_rules`

@@ -2,7 +2,7 @@
 here.
 
 Plain Python over rows and tokens, written from the documented composition, not from
-stare_lab.trl_loss: the weights multiply each token's policy term after the loss type's term and
+stare_lab.training.trl_loss: the weights multiply each token's policy term after the loss type's term and
 the off-policy mask and before the vLLM importance-sampling ratio; β·KL stays on every valid
 token; "selected" replaces the policy term's token counts by weight sums; the entropy bonus is a
 mean over the weighted tokens; the MoE aux loss is added for every rule.

@@ -18,8 +18,8 @@ from rule_batches import TRAINER
 
 from stare_lab.methods import LossBatch, Rule, RuleState, TrainerValues
 from stare_lab.methods.registry import NORMALIZE
-from stare_lab.objective import Aggregation, aggregate
 from stare_lab.stats import STATISTICS, TokenStats
+from stare_lab.training.objective import Aggregation, aggregate
 
 PADDING = (float("nan"), float("inf"), -float("inf"), 1e3, -1e3)
 

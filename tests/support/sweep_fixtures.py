@@ -3,7 +3,7 @@
 - `slurm_cluster`: the local Slurm cluster started by scripts/slurm_cluster.sh. Without one the
   test skips with the reason, except under CI (CI=1 or STARE_LAB_REQUIRE_SLURM=1), where it fails.
 - `write_sweep`: a sweep file in tmp_path with the tiny real-runner settings.
-- `standin_execute`: a stand-in for stare_lab.runner.execute with the same resume contract
+- `standin_execute`: a stand-in for stare_lab.run.runner.execute with the same resume contract
   (checkpoints every save_steps, metrics rows after the last checkpoint dropped on resume); only
   for launcher tests that do not need a model.
 - `use_runner(runner, set_attr)`: workers run `runner` in place of the real one, in this process
@@ -33,7 +33,7 @@ import pytest
 import tomllib
 import yaml
 
-from stare_lab.config import CONF_DIR
+from stare_lab.config.run_config import CONF_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 # The test folders pytest puts on sys.path (pyproject's [tool.pytest.ini_options] pythonpath, read here so
@@ -143,7 +143,7 @@ def write_sweep(tmp_path: Path, name: str = "s", overrides: dict | None = None, 
 
 
 def sweep_env(**extra: str) -> dict[str, str]:
-    """Environment of a `python -m stare_lab.sweep` subprocess (the test folders importable for the stand-in)."""
+    """Environment of a `python -m stare_lab.cli sweep` subprocess (the test folders importable for the stand-in)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), *TEST_PATH, os.environ.get("PYTHONPATH", "")]),
@@ -153,7 +153,7 @@ def sweep_env(**extra: str) -> dict[str, str]:
     return env
 
 
-SWEEP = [sys.executable, "-m", "stare_lab.sweep"]  # `stare-lab sweep` in this interpreter
+SWEEP = [sys.executable, "-m", "stare_lab.cli", "sweep"]  # `stare-lab sweep` in this interpreter
 
 
 def as_terminal_foreground() -> None:
@@ -264,7 +264,7 @@ class RunnerPatch:
 
 
 def use_runner(runner, set_attr=setattr) -> None:
-    """Workers run `runner(run_dir)` in place of stare_lab.runner.execute: in this process and in
+    """Workers run `runner(run_dir)` in place of stare_lab.run.runner.execute: in this process and in
     every job submitted from it. `set_attr`: pytest's `monkeypatch.setattr` (undone after the
     test) or `setattr` (a driver process of its own)."""
     from submitit.core.core import Executor
@@ -359,7 +359,7 @@ class FailAt:
 
 def crash_method_random(run_dir: Path) -> None:
     """The real runner; a run of method `random` crashes at step 1."""
-    from stare_lab.runner import execute
+    from stare_lab.run.runner import execute
 
     method = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())["method"]["name"]
     execute(run_dir, callbacks=[FailAt(1)] if method == "random" else [])
@@ -367,7 +367,7 @@ def crash_method_random(run_dir: Path) -> None:
 
 def crash_array_task_1(run_dir: Path) -> None:
     """The real runner; the Slurm array's task 1 crashes at step 1 (a job failing on its own)."""
-    from stare_lab.runner import execute
+    from stare_lab.run.runner import execute
 
     execute(run_dir, callbacks=[FailAt(1)] if os.environ.get("SLURM_ARRAY_TASK_ID") == "1" else [])
 
@@ -389,7 +389,7 @@ if __name__ == "__main__":
     import functools
 
     sys.path.insert(0, str(ROOT))
-    from stare_lab.sweep.cli import main
+    from stare_lab.cli.sweep import main
 
     argv = sys.argv[1:]
     if argv[:1] in (["--standin"], ["--standin-deaf"]):

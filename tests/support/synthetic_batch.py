@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from stare_lab.viewer.batch import batch_path, save_batch
+from stare_lab.record.kept_batch import batch_path, save_batch
 
 PIECES = list(string.ascii_lowercase + string.digits + " +-=*\n") + ["<eos>", "\\boxed{", "}", "</script>"]
 

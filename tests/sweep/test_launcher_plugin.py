@@ -11,10 +11,10 @@ import sys
 import pytest
 from sweep_fixtures import run_dirs, standin_execute, use_runner, write_sweep
 
+from stare_lab.cli.sweep import main
+from stare_lab.launchers import base
+from stare_lab.plan.schema import SweepError, load_sweep
 from stare_lab.record import read_status
-from stare_lab.sweep.cli import main
-from stare_lab.sweep.launchers import base
-from stare_lab.sweep.schema import SweepError, load_sweep
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 from sweep_fixtures import fake_sacct, write_sweep
 
+from stare_lab.launchers.jobs import Tracked
+from stare_lab.launchers.liveness import Liveness, write_manifest
+from stare_lab.plan.expand import expand_sweep
+from stare_lab.plan.run_plan import plan_runs
+from stare_lab.plan.schema import load_sweep
+from stare_lab.plan.status import collect
 from stare_lab.record import write_status
-from stare_lab.sweep.expand import expand_sweep
-from stare_lab.sweep.jobs import Tracked
-from stare_lab.sweep.liveness import Liveness, write_manifest
-from stare_lab.sweep.plan import plan_runs
-from stare_lab.sweep.schema import load_sweep
-from stare_lab.sweep.status import collect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,8 +72,8 @@ def test_run_and_status_agree_about_a_worker_on_another_host(tmp_path):
 
 
 def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, monkeypatch):
-    from stare_lab.sweep.launchers.slurm import SlurmWatch
-    from stare_lab.sweep.liveness import slurm_states
+    from stare_lab.launchers.liveness import slurm_states
+    from stare_lab.launchers.slurm import SlurmWatch
 
     table = (
         "JobID|State|NodeList\\n7_0|RUNNING|n1\\n7_0.batch|RUNNING|n1\\n7_[1-2]|PENDING|None\\n9|CANCELLED by 0|n2\\n"
@@ -111,7 +111,7 @@ def test_slurm_is_asked_once_per_look_with_submitits_batched_sacct(tmp_path, mon
 def test_a_job_accounting_does_not_list_yet_is_asked_of_the_controller(tmp_path, monkeypatch):
     """slurmdbd records a job seconds after sbatch returns (seen on the CI cluster: a re-run right after
     its driver was killed found the fresh array in squeue only, and resumed runs whose jobs were queued)."""
-    from stare_lab.sweep.liveness import slurm_states
+    from stare_lab.launchers.liveness import slurm_states
 
     table = "JobID|State|NodeList\\n7_0|RUNNING|n1\\n"
     log = fake_sacct(tmp_path, monkeypatch, f'printf "{table}"', squeue="printf '12_0|RUNNING\\n12_1|PENDING\\n'")
@@ -127,7 +127,7 @@ def test_a_job_accounting_does_not_list_yet_is_asked_of_the_controller(tmp_path,
 
 
 def test_an_unanswered_sacct_counts_as_alive_and_no_slurm_as_dead(tmp_path, monkeypatch):
-    from stare_lab.sweep.liveness import slurm_states
+    from stare_lab.launchers.liveness import slurm_states
 
     fake_sacct(tmp_path, monkeypatch, "exit 1")
     assert slurm_states(["5"]) is None

@@ -14,8 +14,8 @@ import fixtures_runs as fx
 from sweep_fixtures import metric_steps, run_dirs, standin_execute, standin_run_dir, use_runner, write_sweep
 
 from stare_lab.analysis import collect_runs, results_table, run_states
+from stare_lab.cli.sweep import main as sweep_main
 from stare_lab.record import code_version, provenance, read_status, write_status
-from stare_lab.sweep.cli import main as sweep_main
 from stare_lab.sweep.worker import run_one
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Never twice, never silently: killed drivers, Ctrl-C, a full disk, damaged records, a diverging run.
 
-Real processes throughout: the sweep driver is `python -m stare_lab.sweep` in a subprocess, workers
+Real processes throughout: the sweep driver is `python -m stare_lab.cli sweep` in a subprocess, workers
 are submitit local jobs, runs use the real runner on the built-in model unless a test only needs
 the launcher (then the stand-in runner of sweep_fixtures, through sweep_fixtures.use_runner).
 """
@@ -29,12 +29,12 @@ from sweep_fixtures import (
     write_sweep,
 )
 
-from stare_lab.config import compose, save_config
+from stare_lab.cli.sweep import main as sweep_main
+from stare_lab.config.run_config import compose, save_config
+from stare_lab.launchers.jobs import KILL_WAIT_S
+from stare_lab.launchers.local import STOP_WAIT_S
 from stare_lab.record import new_status, read_metrics, read_status, write_status
-from stare_lab.runner import execute
-from stare_lab.sweep.cli import main as sweep_main
-from stare_lab.sweep.jobs import KILL_WAIT_S
-from stare_lab.sweep.launchers.local import STOP_WAIT_S
+from stare_lab.run.runner import execute
 
 SMALL = [
     "trainer.per_device_train_batch_size=8",

@@ -12,7 +12,7 @@ import yaml
 from tiny_qwen2 import tiny_qwen2
 
 from stare_lab.cli import main
-from stare_lab.config import BENCHMARK_DATA_DIR
+from stare_lab.config.run_config import BENCHMARK_DATA_DIR
 from stare_lab.tasks.loaders import load_records
 
 MATH500 = BENCHMARK_DATA_DIR / "math500.jsonl"

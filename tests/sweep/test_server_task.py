@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from stare_lab.record import new_status, update_status, write_status
+from stare_lab.serving.vllm_server import Server, ServerError
 from stare_lab.sweep import server_task
-from stare_lab.vllm_server import Server, ServerError
 
 
 @pytest.fixture

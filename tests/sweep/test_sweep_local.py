@@ -34,11 +34,11 @@ from sweep_fixtures import (
     write_sweep,
 )
 
+from stare_lab.cli.sweep import main
+from stare_lab.plan.lock import SweepLock
+from stare_lab.plan.schema import SweepError
 from stare_lab.record import read_status
 from stare_lab.sweep import worker
-from stare_lab.sweep.cli import main
-from stare_lab.sweep.lock import SweepLock
-from stare_lab.sweep.schema import SweepError
 from stare_lab.sweep.worker import run_one
 
 
@@ -140,7 +140,7 @@ def test_one_sweep_run_at_a_time_and_a_dead_holder_frees_the_lock(tmp_path, caps
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from stare_lab.sweep.lock import SweepLock; "
+            "from stare_lab.plan.lock import SweepLock; "
             f"SweepLock(Path({str(folder)!r}), 'locked').acquire(); print('held', flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,

@@ -24,9 +24,9 @@ from sweep_fixtures import (
     write_sweep,
 )
 
+from stare_lab.cli.sweep import main
 from stare_lab.record import read_status
 from stare_lab.sweep import worker
-from stare_lab.sweep.cli import main
 from stare_lab.sweep.worker import run_one
 
 FOUR = {"method": ["full", "random", "top_entropy", "stare"]}

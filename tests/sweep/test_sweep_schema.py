@@ -8,9 +8,9 @@ import pytest
 import yaml
 from sweep_fixtures import ROOT, write_sweep
 
-from stare_lab.sweep.cli import main
-from stare_lab.sweep.expand import expand_sweep, fmt_value, verify_run
-from stare_lab.sweep.schema import load_sweep
+from stare_lab.cli.sweep import main
+from stare_lab.plan.expand import expand_sweep, fmt_value, verify_run
+from stare_lab.plan.schema import load_sweep
 
 SHIPPED = sorted((ROOT / "sweeps").glob("*.yaml"))
 
@@ -147,14 +147,14 @@ def test_expansion_is_the_grid_product_times_variants_times_seeds(tmp_path):
     }
     assert isinstance(r.config["trainer"]["learning_rate"], float)  # 1 → 1.0, as the schema stores it
     for run in runs[::5]:
-        verify_run(run)  # fast path == stare_lab.config.compose
+        verify_run(run)  # fast path == stare_lab.config.run_config.compose
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_every_shipped_sweep_expands_and_matches_compose(path, tmp_path):
     spec = load_sweep(path, output=tmp_path)
     if spec.search is not None:
-        from stare_lab.sweep.expand import Composer
+        from stare_lab.plan.expand import Composer
         from stare_lab.sweep.search import distributions, trial_run
 
         sample = {k: (d.choices[0] if hasattr(d, "choices") else d.low) for k, d in distributions(spec.search).items()}
@@ -214,8 +214,8 @@ def test_cli_options_override_the_launcher(tmp_path):
 
 def test_the_built_in_launchers_keys_are_their_conf_files():
     # a launcher's fields type its keys (its class is the one schema); conf/launcher/<name>.yaml holds their values
-    from stare_lab.sweep.launchers import LAUNCHERS, launcher_defaults
-    from stare_lab.sweep.launchers.base import _fields
+    from stare_lab.launchers import LAUNCHERS, launcher_defaults
+    from stare_lab.launchers.base import _fields
 
     assert list(LAUNCHERS) == ["local", "slurm"]
     for name, cls in LAUNCHERS.items():

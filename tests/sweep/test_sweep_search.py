@@ -9,9 +9,9 @@ import optuna
 from optuna.trial import TrialState
 from sweep_fixtures import metric_steps, run_dirs, sweep_cli, sweep_env, wait_until, write_sweep
 
+from stare_lab.cli.sweep import main
+from stare_lab.plan.schema import load_sweep
 from stare_lab.record import read_status
-from stare_lab.sweep.cli import main
-from stare_lab.sweep.schema import load_sweep
 from stare_lab.sweep.search import distributions, intermediate_values, objective_value
 
 SEARCH = {

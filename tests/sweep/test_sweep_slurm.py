@@ -32,8 +32,8 @@ from sweep_fixtures import (
     write_sweep,
 )
 
+from stare_lab.cli.sweep import main
 from stare_lab.record import read_status
-from stare_lab.sweep.cli import main
 
 pytestmark = pytest.mark.slurm
 

@@ -8,6 +8,7 @@ so a worker's log says what the runtime itself read, not what our code believes 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -19,10 +20,9 @@ import pytest
 import yaml
 from sweep_fixtures import ROOT, TEST_PATH, read_json, run_dirs, slurm_cluster, sweep_env, sweep_run, write_sweep  # noqa: F401
 
-from stare_lab.sweep.launchers import parse_launcher
-from stare_lab.sweep.launchers.local import LocalLauncher
-from stare_lab.sweep.schema import SweepError, load_sweep
-from stare_lab.sweep.threads import (
+from stare_lab.launchers import parse_launcher
+from stare_lab.launchers.local import LocalLauncher
+from stare_lab.launchers.threads import (
     UNSET_POLICY,
     ThreadChoice,
     WorkerThreads,
@@ -34,6 +34,7 @@ from stare_lab.sweep.threads import (
     spawn_env,
     usable_cpus,
 )
+from stare_lab.plan.schema import SweepError, load_sweep
 
 
 @pytest.mark.parametrize(
@@ -348,3 +349,29 @@ def test_the_conf_files_document_the_key():
     for name in ("local", "slurm"):
         conf = yaml.safe_load((ROOT / "stare_lab" / "conf" / "launcher" / f"{name}.yaml").read_text())
         assert conf["threads_per_worker"] is None
+
+
+def test_the_decision_is_exported_for_accelerate_and_made_afresh_for_the_next_run():
+    """accelerate sets torch's threads itself on a multi-process CPU run unless OMP_NUM_THREADS is set
+    (a rank alone on its node took every core its node had, not its task's one), so a worker exports
+    its decision; the next run of a queue worker decides again (its own export is not the user's), and
+    a user's OMP_NUM_THREADS is never replaced."""
+    code = """
+import json, os
+from stare_lab.launchers.threads import WorkerThreads
+from stare_lab.sweep import worker
+out = [worker.start_worker(WorkerThreads(per_worker=2))["torch"], os.environ.get("OMP_NUM_THREADS")]
+worker._PLAN[0] = WorkerThreads(per_worker=1)
+started = worker.run_threads()
+out += [started["torch"], started["from"], os.environ.get("OMP_NUM_THREADS")]
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [2, "2", 1, "launcher.threads_per_worker", "1"]
+    env["OMP_NUM_THREADS"] = "1"
+    user = code.replace("per_worker=2", "per_worker=None").replace("per_worker=1", "per_worker=None")
+    done = subprocess.run([sys.executable, "-c", user], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [1, "1", 1, "OMP_NUM_THREADS", "1"]

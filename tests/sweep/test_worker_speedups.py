@@ -10,11 +10,11 @@ import os
 import pytest
 import yaml
 
+from stare_lab.core.utils import start_forked
+from stare_lab.launchers.threads import WorkerThreads, usable_cpus
 from stare_lab.record import CONFIG_FILE, write_status
+from stare_lab.record.kept_batch import UNTRAINED, why_no_batch
 from stare_lab.sweep import worker
-from stare_lab.sweep.threads import WorkerThreads, usable_cpus
-from stare_lab.utils import start_forked
-from stare_lab.viewer.batch import UNTRAINED, why_no_batch
 
 
 def _probe_counted(monkeypatch, busy: float) -> list[int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stare_lab.config import BENCHMARK_DATA_DIR
+from stare_lab.config.run_config import BENCHMARK_DATA_DIR
 from stare_lab.tasks import build_task, extract_boxed, load_records, math_reward
 from stare_lab.tasks.math import MATH_TEMPLATE, MathTask, build_prompt, repair_latex_escapes
 

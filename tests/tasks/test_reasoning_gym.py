@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import reasoning_gym
 
-from stare_lab.config import ConfigError, compose
+from stare_lab.config.run_config import ConfigError, compose
 from stare_lab.evaluation import checked_rows, resolve_scorer, summarize
 from stare_lab.tasks import build_task
 from stare_lab.tasks.reasoning_gym import ReasoningGymTask, heldout_budget, heldout_seed_of

@@ -103,9 +103,9 @@ def test_the_packaged_gym_sweep_expands_in_a_dry_run(tmp_path, monkeypatch, caps
     assert "sweep gym: 27 runs" in out and not (tmp_path / "runs").exists()  # 7 arms and 2 controls × 3 seeds
     for arm in ("grpo", "grpo_microbatch", "stare", "top_entropy", "clip_cov", "kl_cov", "entropy_adv"):
         assert f"{arm} seed=2" in out
-    from stare_lab.config import sweep_path
-    from stare_lab.sweep.expand import expand_sweep
-    from stare_lab.sweep.schema import load_sweep
+    from stare_lab.config.run_config import sweep_path
+    from stare_lab.plan.expand import expand_sweep
+    from stare_lab.plan.schema import load_sweep
 
     run = expand_sweep(load_sweep(sweep_path("gym"), output=tmp_path))[0]
     task, benchmarks = run.config["task"], run.config["eval"]["benchmarks"]

@@ -26,8 +26,8 @@ from dist_worker_stats import (
     spawn,
 )
 
-from stare_lab import distributed
 from stare_lab.methods import list_methods
+from stare_lab.signals import distributed
 
 WORLD = 2
 

@@ -14,10 +14,10 @@ import torch
 from fixtures_trainer import grpo_config, length_reward
 
 from stare_lab.methods import get_method
-from stare_lab.token_weights import token_fractions
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.kept_batches import KEPT_ROW
+from stare_lab.training.token_weights import token_fractions
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 from stare_lab.viewer import kept_steps, load_run_batch
-from stare_lab.viewer.collect import KEPT_ROW
 from stare_lab.viewer.page import render_run
 from stare_lab.viewer.selection import apply_all_rules, fractions, replay
 from stare_lab.viewer.wandb_export import page_data
@@ -217,9 +217,9 @@ def test_viewer_fractions_are_the_trainers_definition(tmp_path):
 def test_a_run_without_kept_batches_is_told_why_from_its_record(tmp_path, capsys):
     """The issue's case: a clip_cov run trained by a version that kept nothing in the loss, with
     keep_batches_every set; `stare-lab view` says so instead of asking to set it. Then the other reasons."""
-    from stare_lab.config import compose, save_config
+    from stare_lab.config.run_config import compose, save_config
     from stare_lab.record import new_status, write_status
-    from stare_lab.viewer.batch import why_no_batch
+    from stare_lab.record.kept_batch import why_no_batch
     from stare_lab.viewer.page import main_view
 
     run = tmp_path / "clip_cov_run"

@@ -87,7 +87,7 @@ def out(tmp_path_factory):
 def test_two_processes_keep_every_ranks_rows_of_each_pass(out, name):
     import json
 
-    from stare_lab.token_weights import token_fractions
+    from stare_lab.training.token_weights import token_fractions
     from stare_lab.viewer import kept_steps, load_run_batch
     from stare_lab.viewer.selection import own_views
 

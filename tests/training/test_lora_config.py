@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stare_lab.cli import main
-from stare_lab.config import ConfigError, compose
+from stare_lab.config.run_config import ConfigError, compose
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -63,8 +63,8 @@ def test_a_lora_run_trains_its_adapter(tmp_path):
 def test_a_sweep_sets_lora_by_dotted_keys_by_a_mapping_and_over_a_grid(tmp_path):
     import yaml
 
-    from stare_lab.sweep.expand import expand_sweep, verify_run
-    from stare_lab.sweep.schema import load_sweep
+    from stare_lab.plan.expand import expand_sweep, verify_run
+    from stare_lab.plan.schema import load_sweep
 
     path = tmp_path / "lora.yaml"
     path.write_text(

@@ -29,7 +29,7 @@ from loss_compose_support import (
 from ref_loss_compose import reference_loss
 
 from stare_lab.methods import NORMALIZE, get_method
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))

@@ -29,7 +29,7 @@ from loss_rules_support import (
 from stare_lab.methods import LossTerms, get_method, list_methods
 from stare_lab.methods.full import Params as FullParams
 from stare_lab.methods.registry import Rule, RuleOutput, _Entry
-from stare_lab.objective import clipped_surrogate
+from stare_lab.training.objective import clipped_surrogate
 
 
 @pytest.mark.parametrize("name", list_methods())

@@ -1,4 +1,4 @@
-"""scope "microbatch" (stare_lab/token_weights.py): selection inside the loss from the training forward.
+"""scope "microbatch" (stare_lab/training/token_weights.py): selection inside the loss from the training forward.
 
 - Against a loop reference: inside a real training run (2 micro-batches per generation batch), each
   micro-batch's weights equal the rule with scope "batch" applied to that micro-batch alone, with

@@ -42,10 +42,10 @@ from transformers import Qwen2ForCausalLM
 
 from stare_lab.methods import RuleState, get_method, list_methods
 from stare_lab.models.builtin import BUILTIN_DIR, build_tokenizer
-from stare_lab.objective import token_loss
 from stare_lab.stats import TokenStats
 from stare_lab.tasks.arithmetic import ArithmeticTask
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.objective import token_loss
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 
 # ---- slow references of the official codes -----------------------------------------------------

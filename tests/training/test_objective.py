@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stare_lab.methods.select import quantile
-from stare_lab.objective import Aggregation, aggregate, clipped_surrogate, kl_penalty, token_loss
+from stare_lab.training.objective import Aggregation, aggregate, clipped_surrogate, kl_penalty, token_loss
 
 
 def ref_surrogate(logp, old, adv, eps_low, eps_high, delta=None, mask=None):

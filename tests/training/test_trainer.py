@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from stare_lab.methods import get_method
-from stare_lab.trainer import TokenRuleGRPOTrainer
+from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
 G = 4
 

@@ -1,4 +1,4 @@
-"""stare_lab/trl_internals.py is the one module that reaches into TRL's private code: each place it does
+"""stare_lab/training/trl_internals.py is the one module that reaches into TRL's private code: each place it does
 is in its inventory (`REACHES`) with the source hash of the TRL function it was read from, and this test
 fails when TRL (or transformers, for the checkpoint override) changes any of them. No other module of
 stare_lab replaces a method or attribute of a live object."""
@@ -15,18 +15,17 @@ import transformers
 import trl
 from trl import GRPOTrainer
 
-from stare_lab import trl_internals
-from stare_lab.trl_internals import REACHES, TRL_VERSION, resolve, source_hash
+from stare_lab.training import trl_internals
+from stare_lab.training.trl_internals import REACHES, TRL_VERSION, resolve, source_hash
 
 PACKAGE = Path(__file__).resolve().parents[2] / "stare_lab"
 # The modules of the training layer besides trl_internals: the trainer, the loss, the statistics, the engine.
 TRAINER_LAYER = [
-    "trainer.py",
-    "trl_loss.py",
-    "objective.py",
-    "token_weights.py",
-    "distributed.py",
-    "vllm_engine.py",
+    "training/trainer.py",
+    "training/trl_loss.py",
+    "training/objective.py",
+    "training/token_weights.py",
+    "training/vllm_engine.py",
     *sorted(f"signals/{p.name}" for p in (PACKAGE / "signals").glob("*.py")),
 ]
 
@@ -76,7 +75,7 @@ def _assigned_attributes(tree: ast.AST) -> list[tuple[int, str]]:
 # Attribute assignments outside trl_internals to stare_lab's own objects (the recorder's parts, the rule state).
 OWN = re.compile(r"^(self\.ae|self\.rule_state|rec)\.")
 # vLLM's (not TRL's) CPU flag, set once before an engine is built, never restored (vllm_engine.py, docs/vllm.md).
-NOT_TRL = {"vllm_engine.py: ops._supports_onednn"}
+NOT_TRL = {"training/vllm_engine.py: ops._supports_onednn"}
 
 
 def test_no_other_module_replaces_a_method_of_trl_or_torch_at_run_time():

@@ -51,7 +51,7 @@ def test_substituted_trainer_is_ours_with_rule_full(tmp_path):
 
     from stare_lab.models.builtin import build_model, build_tokenizer
     from stare_lab.tasks.arithmetic import ArithmeticTask
-    from stare_lab.trainer import TokenRuleGRPOTrainer
+    from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
     suite = types.SimpleNamespace(GRPOTrainer=None, load_dataset=None)
     upstream.substitute(suite, "ours")

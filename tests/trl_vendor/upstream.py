@@ -87,7 +87,7 @@ def _import_with_skew(name: str):
 def ours_full():
     """A class that TRL's tests can call and subclass-check like GRPOTrainer: ours with rule `full`."""
     from stare_lab.methods import get_method
-    from stare_lab.trainer import TokenRuleGRPOTrainer
+    from stare_lab.training.trainer import TokenRuleGRPOTrainer
 
     class GRPOTrainer(TokenRuleGRPOTrainer):
         def __init__(self, *args, **kwargs):

@@ -4,7 +4,7 @@ writes the page, `stare-lab plot` adds the selection figures, bad input is one l
 from __future__ import annotations
 
 from stare_lab.cli import main
-from stare_lab.viewer.batch import kept_steps
+from stare_lab.record.kept_batch import kept_steps
 from stare_lab.viewer.wandb_export import page_data
 
 

@@ -10,7 +10,7 @@ import yaml
 from sweep_fixtures import TINY
 
 from stare_lab.cli import main
-from stare_lab.viewer.batch import kept_steps, load_run_batch
+from stare_lab.record.kept_batch import kept_steps, load_run_batch
 from stare_lab.viewer.page import sweep_runs
 from stare_lab.viewer.wandb_export import page_data
 

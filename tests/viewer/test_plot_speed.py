@@ -13,8 +13,8 @@ from synthetic_batch import write_random_batch
 
 from stare_lab.analysis.plots import plot_training
 from stare_lab.cli import main
-from stare_lab.figure_stamps import STAMP_KEY, current, read_stamp
-from stare_lab.viewer.batch import batch_path
+from stare_lab.record.figure_stamps import STAMP_KEY, current, read_stamp
+from stare_lab.record.kept_batch import batch_path
 from stare_lab.viewer.figures import plot_selection, run_stamp
 
 RUNS = ("aaa", "bbb", "ccc")

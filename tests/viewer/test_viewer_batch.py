@@ -10,11 +10,11 @@ from fixtures_trainer import length_reward
 from synthetic_batch import random_batch_tensors
 
 from stare_lab.methods import get_method, list_methods
+from stare_lab.record.kept_batch import BatchError
 from stare_lab.stats import TokenStats
 from stare_lab.tasks.arithmetic import ArithmeticTask
+from stare_lab.training.kept_batches import needed_statistics, stats_for_all_rules
 from stare_lab.viewer import collect_for_trainer, kept_steps, load_batch, save_batch
-from stare_lab.viewer.batch import BatchError
-from stare_lab.viewer.collect import needed_statistics, stats_for_all_rules
 from stare_lab.viewer.selection import apply_all_rules, apply_rule
 
 G = 4

@@ -13,10 +13,10 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from stare_lab.record.kept_batch import batch_path
+from stare_lab.training.kept_batches import piece_bytes, token_pieces
 from stare_lab.viewer import load_batch, save_batch
-from stare_lab.viewer.batch import batch_path
 from stare_lab.viewer.browser import chromium_path, dump_dom
-from stare_lab.viewer.collect import piece_bytes, token_pieces
 from stare_lab.viewer.page import render_run
 from stare_lab.viewer.selection import top_tokens
 

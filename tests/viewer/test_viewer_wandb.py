@@ -12,7 +12,7 @@ import pytest
 from synthetic_batch import write_random_batch
 from wandb_files import final_summary, history, media, run_records
 
-from stare_lab.config import compose, save_config
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.viewer import plot_selection, render_run
 from stare_lab.viewer.wandb_export import log_eval, log_sweep_summary, log_token_page, summary_run_id
 
@@ -110,8 +110,8 @@ def test_token_page_and_figures_go_into_the_run_record(tmp_path):
 
 
 def test_sweep_summary_run_holds_the_finished_table_and_passk_curves(tmp_path):
-    from stare_lab.analysis.collect import collect_runs
     from stare_lab.analysis.tables import passk_table, results_table
+    from stare_lab.record.frames import collect_runs
 
     avgs = {("full", 0): 0.25, ("full", 1): 0.375, ("stare", 0): 0.5, ("stare", 1): 0.625}
     for (method, seed), avg in avgs.items():
@@ -158,8 +158,8 @@ def test_stare_lab_table_wandb_writes_the_sweep_summary_run(tmp_path, capsys):
     got = final_summary(run_records(root / "wandb", summary_run_id("wb_cli")))
     assert got["table/full/arithmetic"] == pytest.approx(0.25)
     assert got["table/stare/arithmetic"] == pytest.approx(0.75)
-    from stare_lab.analysis.collect import collect_runs
     from stare_lab.analysis.tables import passk_table
+    from stare_lab.record.frames import collect_runs
 
     pk = passk_table(collect_runs(root), "arithmetic").pivot("mean")
     assert got["passk/arithmetic/stare/pass@1"] == pytest.approx(pk.loc["stare", 1])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stare_lab.config_schema import missing_vllm
+from stare_lab.config.schema import missing_vllm
 
 if missing_vllm():
     collect_ignore_glob = ["test_*.py"]
@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_engine():
-    from stare_lab import vllm_engine
+    from stare_lab.training import vllm_engine
 
     vllm_engine.reuse_engines()
     yield

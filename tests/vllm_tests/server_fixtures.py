@@ -1,7 +1,7 @@
 """A training task's stand-in for the Slurm server tests (tests/vllm_tests/test_server_slurm.py).
 
 On CPU the real trainer cannot train against the server (TRL's weight sync is NCCL on CUDA), so the job's
-training task runs `client_execute` instead of stare_lab.runner.execute: the same server set-up as the
+training task runs `client_execute` instead of stare_lab.run.runner.execute: the same server set-up as the
 runner (`vllm_server.for_run`: the server task's address, the /health watch between steps), one request of
 TRL's own `VLLMClient` (health check, then generate), then stand-in steps with the runner's checkpoint,
 resume and metrics contract (sweep_fixtures.standin_execute), each after the watch's check. Picklable by
@@ -22,8 +22,8 @@ CLIENT_FILE = "client.jsonl"  # one line per attempt: what the training task saw
 def client_execute(run_dir: Path | str, step_s: float = 1.0) -> None:
     from trl.generation.vllm_client import VLLMClient
 
-    from stare_lab.config import load_config
-    from stare_lab.vllm_server import for_run
+    from stare_lab.config.run_config import load_config
+    from stare_lab.serving.vllm_server import for_run
 
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.yaml")

@@ -9,10 +9,10 @@ import pytest
 import torch
 from engine_fixtures import SMALL
 
-from stare_lab import vllm_engine
-from stare_lab.config import compose, save_config
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.record import read_metrics
-from stare_lab.runner import build_trainer, execute
+from stare_lab.run.runner import build_trainer, execute
+from stare_lab.training import vllm_engine
 
 pytestmark = pytest.mark.vllm
 

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from engine_fixtures import SMALL
 
-from stare_lab import vllm_engine
-from stare_lab.config import compose, save_config
-from stare_lab.eval_run import evaluate_model
+from stare_lab.config.run_config import compose, save_config
 from stare_lab.evaluation import per_problem_counts
+from stare_lab.evaluation.run_eval import evaluate_model
 from stare_lab.models import load_model_and_tokenizer
 from stare_lab.record import find_eval_result, read_eval_results
-from stare_lab.runner import build_trainer
+from stare_lab.run.runner import build_trainer
+from stare_lab.training import vllm_engine
 
 pytestmark = pytest.mark.vllm
 

@@ -37,8 +37,8 @@ from multinode_fixtures import (
 from server_fixtures import CLIENT_FILE, client_execute
 from sweep_fixtures import metric_steps, read_json, run_dirs, use_runner, wait_until, write_sweep
 
+from stare_lab.cli.sweep import main
 from stare_lab.record import read_status
-from stare_lab.sweep.cli import main
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slurm, pytest.mark.multinode]
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from engine_fixtures import SMALL
 
-from stare_lab.config import compose
+from stare_lab.config.run_config import compose
 from stare_lab.methods import RuleState, list_methods
-from stare_lab.runner import build_grpo_config, build_trainer
+from stare_lab.run.runner import build_grpo_config, build_trainer
 from stare_lab.tasks.rewards import verifier_reward
 
 pytestmark = pytest.mark.vllm

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from stare_lab import vllm_server
 from stare_lab.cli import main
-from stare_lab.config import compose
+from stare_lab.config.run_config import compose
+from stare_lab.serving import vllm_server
 
 pytestmark = pytest.mark.vllm
 

@@ -33,8 +33,8 @@ from sweep_fixtures import (  # noqa: F401
     write_sweep,
 )
 
+from stare_lab.cli.sweep import main
 from stare_lab.record import read_status
-from stare_lab.sweep.cli import main
 
 pytestmark = pytest.mark.vllm
 
