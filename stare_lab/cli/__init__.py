@@ -1,5 +1,15 @@
 """Layer 7, the command line: `stare-lab` and its commands, each in one file (training, reading, claims, sweep).
-May import every folder; nothing imports it."""
+May import every folder; nothing imports it.
+
+A reader that goes before the output ends (`stare-lab table ... | head`, `sweep status ... | head -3`)
+ends the command quietly, as it ends a Unix tool: no traceback, no "Exception ignored", nothing more
+on stderr, exit status 141, the status a shell gives `yes | head` (128 + SIGPIPE). 141 rather than 0:
+the command did not write all it had, and a script under `set -o pipefail` is told so, as it is of
+`yes`. One mechanism for every command (cli/common.py, `output_guarded`): while a command runs, a
+write or flush of stdout or stderr that meets EPIPE raises `ReaderGone`, wherever the command
+printed from, and `main` returns 141. A `sweep run` whose reader goes ends so too, as a driver that
+died: its local workers go on, and the next `sweep run` watches them.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +18,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from stare_lab.cli.claims import cmd_claims
-from stare_lab.cli.common import OneLineParser, UserError, parse
+from stare_lab.cli.common import EXIT_READER_GONE, OneLineParser, ReaderGone, UserError, output_guarded, parse
 from stare_lab.cli.reading import (
     READING_COMMANDS,
     _plot,
@@ -26,7 +36,7 @@ from stare_lab.core.utils import start_forked
 from stare_lab.methods.outside import RuleImportError, reading
 from stare_lab.plan.schema import SweepError
 
-__all__ = ["UserError", "main"]
+__all__ = ["EXIT_READER_GONE", "UserError", "main"]
 
 HELP = """stare-lab: the command line (docs/design.md, "Command line").
 
@@ -41,7 +51,8 @@ HELP = """stare-lab: the command line (docs/design.md, "Command line").
     stare-lab view runs/X/<run-id>|sweeps/X.yaml [--step N] [--out FILE]
     stare-lab dashboard sweeps/X.yaml [--offline] [--name NAME] [--out FILE]
 
-User mistakes print one line on stderr and exit 2; no traceback.
+User mistakes print one line on stderr and exit 2; no traceback. A reader that goes before the
+output ends (`stare-lab table ... | head`) ends the command quietly, exit 141 as `yes | head`.
 """
 
 # The commands by family (HELP is `--help`'s text): training and evaluation
@@ -51,8 +62,17 @@ User mistakes print one line on stderr and exit 2; no traceback.
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `stare-lab` console command: 0 done, 1 a run failed, 2 a user's mistake (one line), 130 Ctrl-C."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The `stare-lab` console command: 0 done, 1 a run failed, 2 a user's mistake (one line), 130 Ctrl-C,
+    141 the output's reader went before it ended (the module's docstring)."""
+    try:
+        with output_guarded():
+            return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except ReaderGone:
+        return EXIT_READER_GONE
+
+
+def _dispatch(argv: list[str]) -> int:
+    """The command `argv` names, run; its refusals in one line."""
     if not argv or argv[0] in ("-h", "--help"):
         print(HELP)
         return 0

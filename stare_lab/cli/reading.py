@@ -230,7 +230,7 @@ def cmd_plot(argv: list[str]) -> int:
     p.add_argument(
         "--no-selection",
         action="store_true",
-        help="leave out the per-run selection figures (two per run that kept batches)",
+        help="leave out the per-run selection figures (two per run that kept batches): none drawn or removed",
     )
     a = parse(p, argv)
     root, runs = _sweep_runs(a.sweep, a.all_runs)
@@ -244,7 +244,8 @@ def _plot(root: Runs, out: Path, baseline: str, reuse_run_figures: bool = True, 
     records by the same code is kept, not drawn again (stare_lab.record.figure_stamps); the runs' own
     selection figures are reused the same way (`reuse_run_figures` is kept for callers: reuse is
     always on, as it can only give the same bytes). The selection figures to draw are started first,
-    in forked processes, and drawn while this process draws the others. `selection`: draw them."""
+    in forked processes, and drawn while this process draws the others. `selection`: draw them, and
+    remove those of runs no longer plotted (`_remove_stale_figures`); without it they are left alone."""
     selection_figures: Callable[[], list[Path]] = list
     if selection:
         from stare_lab.viewer.figures import start_selection  # deferred: the viewer's torch and matplotlib
@@ -261,10 +262,31 @@ def _plot(root: Runs, out: Path, baseline: str, reuse_run_figures: bool = True, 
         paths += plot_passk(evals, out, baseline=baseline)
         paths += _forest(root, evals, out, baseline)
     paths += selection_figures()
+    if selection:
+        _remove_stale_figures(root, out)
     if not paths:
         raise UserError(f"nothing to plot under {root if isinstance(root, Path) else 'the current plan'}")
     for line in output_lines(paths):
         print(line)
+
+
+def _remove_stale_figures(runs: Runs, out: Path) -> None:
+    """The selection figures this command drew into `out` for runs not plotted now (a run that left the
+    sweep's plan, or whose folder was removed) are removed, said in one line on stderr; a file that
+    does not bear a figure's stamp (a user's own) is never touched (viewer.figures.stale_figures)."""
+    from stare_lab.viewer.figures import stale_figures  # deferred: the viewer's torch and matplotlib
+
+    stale = stale_figures(runs, out)
+    figures = [p for paths in stale.values() for p in paths]
+    for path in figures:
+        path.unlink(missing_ok=True)
+    if figures:
+        n, k = len(figures), len(stale)
+        print(
+            f"stare-lab plot: removed {n} selection figure{'s' * (n != 1)} of {k} run{'s' * (k != 1)} "
+            f"no longer in the plan from {out}",
+            file=sys.stderr,
+        )
 
 
 def _forest(root: Runs, evals: pd.DataFrame, out: Path, baseline: str) -> list[Path]:

@@ -8,7 +8,8 @@ its trials RUNNING in the storage; the next `sweep run` relaunches exactly those
 from their checkpoints) before asking for new trials. With a pruner, the driver reads each running
 trial's intermediate values (intermediate evaluations for an eval metric, metrics.jsonl rows for a
 train metric), reports them, and stops a trial Optuna prunes (its run is recorded interrupted,
-"pruned ...").
+"pruned ..."). Ctrl-C stops the trials' jobs as a grid sweep's launch does (the launcher's one line;
+local runs recorded interrupted) and leaves their trials RUNNING, so that `sweep run` resumes them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stare_lab.launchers.errors import SweepError
-from stare_lab.launchers.jobs import Tracked, reconcile, stop_job, submit_run
+from stare_lab.launchers.jobs import Tracked, reconcile, record_stopped, stop_job, submit_run
 from stare_lab.launchers.run_spec import RunSpec
 from stare_lab.plan.expand import Composer, fmt_value
 from stare_lab.plan.run_plan import prepare
@@ -151,43 +152,56 @@ def run_search(spec: SweepSpec, echo: Callable[[str], None] = print) -> dict[str
     inflight: list[tuple[Trial, Tracked]] = []
     done = ended()
     echo(f"study {spec.name!r}: {done} of {s.trials} trials ended; up to {s.parallelism} at a time")
-    while inflight or (stale or done + len(inflight) < s.trials):
-        while len(inflight) < s.parallelism and (stale or done + len(inflight) < s.trials):
-            if stale:
-                frozen = stale.pop(0)
-                trial, params = Trial(study, frozen._trial_id), frozen.params
-            else:
-                trial = study.ask(dists)
-                params = trial.params
-            run = trial_run(composer, spec, trial.number, params)
-            trial.set_user_attr("run_id", run.id)
-            trial.set_user_attr("label", run.label)
-            if (read_status(run.run_dir) or {}).get("state") == "finished":
-                done += _tell(study, trial, run, s, echo)
-                continue
-            prepare(run)
-            inflight.append((trial, Tracked(run, submit_run(executor, worker, run))))
-        ended_jobs = {id(t) for t in watch.ended_runs([tracked for _, tracked in inflight])}
-        for trial, tracked in list(inflight):
-            if s.pruner.get("name") != "none" and _prune(trial, tracked, s, id(tracked) in ended_jobs):
-                inflight.remove((trial, tracked))
-                study.tell(trial, state=TrialState.PRUNED)
-                echo(f"trial {trial.number} pruned  {tracked.run.label}")
-                done += 1
-            elif id(tracked) in ended_jobs:
-                inflight.remove((trial, tracked))
-                state = reconcile(tracked)
-                if state == "watch":  # a worker of an earlier launch holds the run: follow it
-                    inflight.append((trial, Tracked(tracked.run)))
+    try:
+        while inflight or (stale or done + len(inflight) < s.trials):
+            while len(inflight) < s.parallelism and (stale or done + len(inflight) < s.trials):
+                if stale:
+                    frozen = stale.pop(0)
+                    trial, params = Trial(study, frozen._trial_id), frozen.params
+                else:
+                    trial = study.ask(dists)
+                    params = trial.params
+                run = trial_run(composer, spec, trial.number, params)
+                trial.set_user_attr("run_id", run.id)
+                trial.set_user_attr("label", run.label)
+                if (read_status(run.run_dir) or {}).get("state") == "finished":
+                    done += _tell(study, trial, run, s, echo)
                     continue
-                if state == "resume":  # ... and it died while we watched
-                    prepare(tracked.run)
-                    inflight.append((trial, Tracked(tracked.run, submit_run(executor, worker, tracked.run))))
-                    continue
-                done += _tell(study, trial, tracked.run, s, echo)
-        time.sleep(POLL_S if inflight else 0)
+                prepare(run)
+                inflight.append((trial, Tracked(run, submit_run(executor, worker, run))))
+            ended_jobs = {id(t) for t in watch.ended_runs([tracked for _, tracked in inflight])}
+            for trial, tracked in list(inflight):
+                if s.pruner.get("name") != "none" and _prune(trial, tracked, s, id(tracked) in ended_jobs):
+                    inflight.remove((trial, tracked))
+                    study.tell(trial, state=TrialState.PRUNED)
+                    echo(f"trial {trial.number} pruned  {tracked.run.label}")
+                    done += 1
+                elif id(tracked) in ended_jobs:
+                    inflight.remove((trial, tracked))
+                    state = reconcile(tracked)
+                    if state == "watch":  # a worker of an earlier launch holds the run: follow it
+                        inflight.append((trial, Tracked(tracked.run)))
+                        continue
+                    if state == "resume":  # ... and it died while we watched
+                        prepare(tracked.run)
+                        inflight.append((trial, Tracked(tracked.run, submit_run(executor, worker, tracked.run))))
+                        continue
+                    done += _tell(study, trial, tracked.run, s, echo)
+            time.sleep(POLL_S if inflight else 0)
+    except KeyboardInterrupt:  # as a grid's launch: stopped, the runs interrupted, the trials left RUNNING
+        _stop(spec, [tracked for _, tracked in inflight], echo)
+        raise
     states = [t.state.name.lower() for t in study.get_trials(deepcopy=False)]
     return {k: states.count(k) for k in sorted(set(states))}
+
+
+def _stop(spec: SweepSpec, tracked: list[Tracked], echo: Callable[[str], None]) -> None:
+    """Ctrl-C: the trials' jobs stopped through the sweep's launcher, in its one line (local ones:
+    SIGTERM, their workers record the runs interrupted; a worker killed after the wait is recorded so
+    here); Slurm's keep running. Their trials stay RUNNING in the study: the next `sweep run` relaunches
+    exactly those runs, which resume from their checkpoints (or, still running, are watched)."""
+    spec.launcher.stop([t.job for t in tracked if t.job is not None], echo)
+    record_stopped(tracked)
 
 
 def _tell(study, trial, run: RunSpec, s: SearchSpec, echo) -> int:

@@ -1,19 +1,26 @@
 """Reasoning Gym's registry as the config checks and the task read it: the installed library's datasets,
 `task.datasets` parsed and checked (names with the closest ones offered, generator keys, the generator's
 own refusals, weights), the `rg:<dataset>` benchmark names, and the seeds of the held-out streams.
-Importing this module imports nothing heavy; the first check imports reasoning_gym (~1.6 s, no torch).
+Importing this module imports nothing heavy. Names and keys are checked against the committed listing
+of the pinned version (reasoning_gym_registry.py), without the library; reasoning_gym (~1.6 s, no
+torch) is imported only to try a config of a dataset's own keys on its generator, so that a misspelt
+dataset or key, or an unknown `rg:<dataset>`, is refused in a fraction of a second.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from stare_lab.tasks.reasoning_gym_registry import DATASETS as LISTED
+from stare_lab.tasks.reasoning_gym_registry import VERSION as LISTED_VERSION
 
 PACKAGE_PIN = "reasoning-gym==0.1.25"
 MISSING_PACKAGE = (
@@ -34,9 +41,28 @@ def registry() -> dict[str, tuple[type, type]]:
     """{dataset name: (dataset class, config dataclass)} of the installed library, without `composite`."""
     if not installed():
         raise ValueError(MISSING_PACKAGE)
-    from reasoning_gym.factory import DATASETS  # deferred: ~1.6 s, only when a config names the task
+    from reasoning_gym.factory import DATASETS  # deferred: ~1.6 s, only when the task's data is made or checked
 
     return {k: v for k, v in sorted(DATASETS.items()) if k != "composite"}
+
+
+def installed_version() -> str | None:
+    """The installed reasoning-gym's version, from its package metadata (the library is not imported)."""
+    try:
+        return importlib.metadata.version("reasoning-gym")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def known_datasets() -> dict[str, tuple[str, ...]]:
+    """{dataset name: its generator config's keys, without `seed` and `size`} of the installed library:
+    the committed listing where the library is the version it lists (no import), else its registry."""
+    if not installed():
+        raise ValueError(MISSING_PACKAGE)
+    if installed_version() == LISTED_VERSION:
+        return LISTED
+    return {k: tuple(f.name for f in fields(cfg) if f.name not in _TASK_SET) for k, (_, cfg) in registry().items()}
 
 
 @dataclass(frozen=True)
@@ -79,7 +105,7 @@ def specs_problem(key: str) -> str | None:
     if not isinstance(value, list) or not value:
         return f"expected a non-empty list of {{name, weight, config}} mappings, got {value!r}"
     seen: set[str] = set()
-    for i, d in enumerate(value):
+    for i, d in enumerate(value):  # every entry's names, keys and weight first: no library needed
         if not isinstance(d, dict):
             return f"[{i}]: expected a mapping {{name, weight, config}}, got {d!r}"
         unknown = sorted(set(d) - {"name", "weight", "config"})
@@ -88,25 +114,35 @@ def specs_problem(key: str) -> str | None:
         weight = d.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             return f"[{i}].weight: must be a number > 0, got {weight!r}"
-        problem = dataset_problem(d.get("name"), d.get("config") or {})
+        problem = keys_problem(d.get("name"), d.get("config") or {})
         if problem:
             return f"[{i}]{problem}"
         if d["name"] in seen:
             return f"[{i}].name: {d['name']!r} is listed twice"
         seen.add(d["name"])
+    for i, d in enumerate(value):  # then the generators' own refusals
+        problem = generator_problem(d["name"], d.get("config") or {})
+        if problem:
+            return f"[{i}]{problem}"
     return None
 
 
 def dataset_problem(name: Any, config: Any) -> str | None:
     """Why a dataset with this generator config can not be generated (`.name: ...` / `.config...: ...`)."""
-    datasets = registry()
+    return keys_problem(name, config) or generator_problem(name, config)
+
+
+def keys_problem(name: Any, config: Any) -> str | None:
+    """An unknown dataset (with the closest names) or config key (with the closest key), or a key the
+    task sets: from the listing of the library's datasets (`known_datasets`), without importing it."""
+    datasets = known_datasets()
     if name not in datasets:
         close = difflib.get_close_matches(str(name), list(datasets), n=3, cutoff=0.5)
         hint = f"; closest: {', '.join(close)}" if close else f"; {len(datasets)} datasets (docs/tasks.md)"
         return f".name: unknown Reasoning Gym dataset {name!r}{hint}"
     if not isinstance(config, dict):
         return f".config: expected a mapping of {name}'s generator keys, got {config!r}"
-    keys = [f.name for f in fields(datasets[name][1]) if f.name not in _TASK_SET]
+    keys = list(datasets[name])
     for key in config:
         if key in _TASK_SET:
             return f".config.{key}: set by the task (task.seed, task.train_size, task.heldout_*), not per dataset"
@@ -115,6 +151,15 @@ def dataset_problem(name: Any, config: Any) -> str | None:
             return f".config.{key}: unknown key for {name}" + (
                 f" (did you mean {close[0]}?)" if close else f"; valid keys: {', '.join(keys)}"
             )
+    return None
+
+
+def generator_problem(name: str, config: dict[str, Any]) -> str | None:
+    """The generator's own refusal of a config of its keys, or None. The library's defaults (`{}`) are
+    not tried: every dataset generates at them (tests/tasks/test_reasoning_gym_registry.py), so only a
+    config of a dataset's own keys imports the library."""
+    if not config:
+        return None
     try:
         create(name, config, seed=0, size=1)[0]  # validate() and one problem: some configs fail only there
     except Exception as e:  # the generator's own refusal: AssertionError, ValueError, TypeError, ...

@@ -16,7 +16,8 @@ batch files and config.yaml, by name, size and modification time; the drawing co
 version: `run_stamp`, stare_lab.record.figure_stamps). A run whose figures in the output folder bear its
 current stamp is left as it is; one whose own figures (<run>/figures/, drawn when the run published
 its token page) bear it has them copied; the others are drawn, in parallel over the cores this process
-may use (forked processes, one thread each).
+may use (forked processes, one thread each). The figures in a folder that bear a stamp but belong to
+no run plotted now are `stale_figures` (`stare-lab plot` removes them).
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from stare_lab.core.utils import start_forked  # noqa: E402
 from stare_lab.launchers.threads import busy_elsewhere, decide_threads, usable_cpus  # noqa: E402
 from stare_lab.record import CONFIG_FILE, run_label  # noqa: E402
-from stare_lab.record.figure_stamps import code_stamp, config_stamp, current, digest, files_stamp, metadata  # noqa: E402
+from stare_lab.record.figure_stamps import (  # noqa: E402
+    code_stamp,
+    config_stamp,
+    current,
+    digest,
+    files_stamp,
+    metadata,
+    read_stamp,
+)
 from stare_lab.record.kept_batch import (  # noqa: E402
     BATCH_DIR,
     UNTRAINED,
@@ -249,9 +258,27 @@ def run_stamp(run_dir: Path) -> str:
     return digest("selection", inputs, config_stamp(run_dir / CONFIG_FILE), code)
 
 
+KINDS = ("quadrant", "steps")
+
+
 def figure_paths(run_dir: Path, out_dir: Path) -> list[Path]:
     stem = _stem(run_dir)
-    return [out_dir / f"selection-{kind}-{stem}.png" for kind in ("quadrant", "steps")]
+    return [out_dir / f"selection-{kind}-{stem}.png" for kind in KINDS]
+
+
+def stale_figures(run_dir_or_runs: Path | str | Iterable[Path | str], out_dir: Path | str) -> dict[str, list[Path]]:
+    """{run's file stem: its figures} of the selection figures in `out_dir` that were drawn here (they
+    bear a stamp: `read_stamp`) for runs other than these (a run that left the sweep's plan, or whose
+    folder was removed). A PNG without the stamp, a user's own, is never among them, whatever its name."""
+    out_dir = Path(out_dir)
+    wanted = {p.name for run_dir in all_runs(run_dir_or_runs) for p in figure_paths(run_dir, out_dir)}
+    stale: dict[str, list[Path]] = {}
+    for kind in KINDS:
+        prefix = f"selection-{kind}-"
+        for path in sorted(out_dir.glob(f"{prefix}*.png")):
+            if path.name not in wanted and read_stamp(path) is not None:
+                stale.setdefault(path.name[len(prefix) : -len(".png")], []).append(path)
+    return stale
 
 
 def plot_selection(
