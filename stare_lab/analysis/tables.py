@@ -1,7 +1,7 @@
 """Result tables: rule × benchmark (or rule × k) with mean ± std over seeds, Δ vs a baseline.
 
 The differences carry their per-comparison interval over seeds and problems where the runs kept
-per-problem samples (claims.py, compare.py); a cell is bold only where Holm's correction over the
+per-problem samples (differences.py, compare.py); a cell is bold only where Holm's correction over the
 arms of its column leaves p < 1 − confidence, marked better or worse; ties and leads within noise are
 never bold, and an interval that excludes 0 without surviving Holm is marked † and explained under
 the table. Arms that differ in a setting besides their rule are named under it (notes.confound_notes).
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-import stare_lab.analysis.differences as claims
+import stare_lab.analysis.differences as differences
 from stare_lab.analysis.compare import AVG_COLUMN
 from stare_lab.analysis.notes import (
     benchmark_columns,
@@ -72,6 +72,7 @@ class Table:
     comparison: pd.DataFrame | None = None
     caption: str | None = None
     confidence: float = 0.95
+    identical: frozenset[str] = frozenset()  # arms that trained exactly as the baseline (identical_in_training)
 
     def pivot(self, value: str = "mean") -> pd.DataFrame:
         """rule × column frame of one of mean, std, n_seeds, delta, best."""
@@ -88,6 +89,10 @@ class Table:
             texts, bests = [], []
             for col in self.columns:
                 row = cells.loc[(rule, col)] if (rule, col) in cells.index else None
+                if rule in self.identical and row is not None:  # the same training: no difference to measure
+                    texts.append(_identical_text(row, str(self.baseline), latex))
+                    bests.append(False)
+                    continue
                 texts.append(
                     # base's cell: the baseline's RL gain (unless base is the baseline itself: --baseline base)
                     _cell_text(
@@ -109,8 +114,8 @@ class Table:
         return str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
 
     def seeds_markdown(self, delta: float = 2.0, power: float = 0.8) -> str:
-        """Seeds per arm to detect `delta` points with `power` (claims.seeds_markdown)."""
-        return claims.seeds_markdown(self.comparison, self.columns, delta, power, self.confidence)
+        """Seeds per arm to detect `delta` points with `power` (differences.seeds_markdown)."""
+        return differences.seeds_markdown(self.comparison, self.columns, delta, power, self.confidence)
 
     def to_markdown(self) -> str:
         """Caption, GitHub markdown table (bold: better/worse after Holm), the notes as paragraphs, and
@@ -146,7 +151,7 @@ class Table:
             first = "{}" + first if first.startswith("[") else first  # `\\[` would read as a length
             out.append(" & ".join([first, self._seeds_text(rule)] + shown) + r" \\")
         out += [r"\bottomrule", r"\end{tabular}"]
-        notes = self.notes + [line for line in [claims.seeds_line(self.comparison)] if line]
+        notes = self.notes + [line for line in [differences.seeds_line(self.comparison)] if line]
         if notes:
             out += [r"\par\smallskip", r"{\footnotesize " + r" \par ".join(latex_escape(n) for n in notes) + "}"]
         caption = caption or self.caption
@@ -173,6 +178,8 @@ class Table:
             extra = []
         frame = self.cells[["rule", self.column_name, "mean", "std", "n_seeds", "delta", "best", *extra]].copy()
         frame["best"] = np.where(frame["best"], "*", "")
+        if self.identical:  # a column only where some arm trained exactly as the baseline
+            frame["identical_in_training"] = frame["rule"].isin(self.identical)
         for column in ("mean", "std", "delta", "ci_lo", "ci_hi"):
             if column in frame:  # fractions → the table's percent and points (rounded off float noise)
                 frame[column] = (frame[column].astype(float) * 100).round(10)
@@ -193,6 +200,48 @@ class Table:
 
     def __str__(self) -> str:
         return self.to_markdown()
+
+
+# What a run's training is compared by: TRL's loss and the gradient norm before clipping, at every logged step.
+TRAINING_KEYS = ("loss", "grad_norm")
+
+
+def identical_in_training(training: pd.DataFrame, baseline: str | None) -> frozenset[str]:
+    """The arms whose every seed trained exactly as the baseline's run of that seed: the same logged steps
+    and, at each, the same loss and gradient norm to the bit (`training`: `collect_training` output).
+
+    Such an arm touched no token's update: on a strictly on-policy layout (one optimizer step per
+    generation batch) the ratio is 1, PPO's clip never acts, and rules that act only through it (archer,
+    ce_gppo, dppo, stapo on the built-in testbed) train as `full`. Its difference to the baseline is 0 by
+    construction, not a tie measured on the data, and the table says so instead of printing +0.0. An arm
+    with a seed the baseline lacks, a run without logged steps, or any differing value is not identical;
+    the untrained `base` (no steps) never is."""
+    if baseline is None or training is None or training.empty:
+        return frozenset()
+    rows = training[training["metric"].isin(TRAINING_KEYS)]
+    series = {
+        (arm, seed): tuple(sorted(zip(g["step"], g["metric"], g["value"], strict=True)))
+        for (arm, seed), g in rows.groupby(["arm", "seed"], sort=False)
+    }
+    seeds: dict[str, set] = {}
+    for arm, seed in series:
+        seeds.setdefault(arm, set()).add(seed)
+    base_seeds = seeds.get(baseline, set())
+    return frozenset(
+        arm
+        for arm, own in seeds.items()
+        if arm not in (baseline, BASE)
+        and own <= base_seeds
+        and all(series[(arm, s)] and series[(arm, s)] == series[(baseline, s)] for s in own)
+    )
+
+
+def _identical_text(row, baseline: str, latex: bool) -> str:
+    """ "76.2 ± 2.9 (identical to full in training)": the arm's level, and why it shows no difference."""
+    text = _pct(row["mean"])
+    if np.isfinite(row["std"]):
+        text += (r" $\pm$ " if latex else " ± ") + _pct(row["std"])
+    return text + f" (identical to {baseline} in training)"
 
 
 def _pct(x: float) -> str:
@@ -372,6 +421,7 @@ def results_table(
     per_problem: pd.DataFrame | None = None,
     confidence: float = 0.95,
     seed: int = 0,
+    training: pd.DataFrame | None = None,
 ) -> Table:
     """Rule × benchmark table of `metric` (default: each benchmark's avg@n) over final evaluations.
 
@@ -384,7 +434,9 @@ def results_table(
     rule, seed, optionally state, code); rules and runs among them without results are listed in a
     "missing: ..." note and rules without any result get a row of dashes; runs from several code
     versions get a warning note. where / mix_settings: see `collect.select_settings` (a column
-    never silently mixes evaluation settings: SettingsMismatch).
+    never silently mixes evaluation settings: SettingsMismatch). training: `collect_training` output;
+    with it an arm whose every seed trained exactly as the baseline's is shown as "identical to
+    <baseline> in training" (`identical_in_training`) instead of a difference of 0.
     """
     final, settings_picked = select_settings(_final(df), where, mix_settings)
     if benchmarks is None:
@@ -408,7 +460,7 @@ def results_table(
         cells = _with_average(cells, rules, benchmarks, baseline)
         columns.append(AVG_COLUMN)
     comparison, compare_notes = _compare(values, metrics, per_problem, baseline, confidence, seed)
-    cells = claims.attach(cells, comparison, delta=2.0)
+    cells = differences.attach(cells, comparison, delta=2.0)
     shown = sorted({m for m in metrics.values() if m})
     metric_text = shown[0] if len(shown) == 1 else ", ".join(f"{b} {m}" for b, m in metrics.items())
     head = f"Values: {metric_text} in %, mean ± std over seeds (ddof=1)"
@@ -429,7 +481,7 @@ def results_table(
             )
             + "."
         )
-    notes = [head, *claims.method_notes(comparison, str(baseline), confidence), *compare_notes] + (
+    notes = [head, *differences.method_notes(comparison, str(baseline), confidence), *compare_notes] + (
         confound_notes(values, baseline if baseline in rules else None)
         + settings_notes(final, benchmarks)
         + settings_picked
@@ -444,8 +496,16 @@ def results_table(
     ]
     notes += missing_notes(final, benchmarks, expected)
     labels, problem_notes = benchmark_columns(final, benchmarks)
-    caption = claims.caption(metric_text, comparison, values, baseline if baseline in rules else None, confidence)
+    caption = differences.caption(metric_text, comparison, values, baseline if baseline in rules else None, confidence)
+    identical = identical_in_training(training, baseline) & set(rules) if baseline in rules else frozenset()
+    if identical:
+        notes.append(
+            f"identical to {baseline} in training: {', '.join(sorted(identical))} (every seed's loss and gradient norm"
+            f" equal {baseline}'s run of the same seed at every step: no token's update differed, so the difference"
+            " is 0 by construction, not a tie measured on the data)."
+        )
     table = Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes + problem_notes)
+    table.identical = frozenset(identical)
     table.column_labels = labels
     table.comparison, table.caption, table.confidence = comparison, caption, confidence
     return table
@@ -459,18 +519,20 @@ def _compare(
     confidence: float,
     seed: int,
 ) -> tuple[pd.DataFrame | None, list[str]]:
-    """compare_arms over the table's avg@n columns (claims.py); refusals raise ComparisonError."""
+    """compare_arms over the table's avg@n columns (differences.py); refusals raise ComparisonError."""
     if baseline is None or values.empty:
         return None, []
     benchmarks = list(metrics)
-    claims.check_comparable(values, baseline, benchmarks)
+    differences.check_comparable(values, baseline, benchmarks)
     comparable = [b for b, m in metrics.items() if m is not None and _AVG_METRIC.match(m)]
     notes = []
     if len(comparable) < len([m for m in metrics.values() if m]):
         notes.append("Intervals only for avg@n (c/n per problem); the other metrics have none and none is bold.")
     if not comparable:
         return None, notes
-    comparison, more = claims.compare_values(values, per_problem, baseline, benchmarks, comparable, confidence, seed)
+    comparison, more = differences.compare_values(
+        values, per_problem, baseline, benchmarks, comparable, confidence, seed
+    )
     return comparison, notes + more
 
 

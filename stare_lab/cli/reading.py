@@ -168,7 +168,13 @@ def _tables(
 ) -> tuple[Table, dict[str, Table]]:
     """(the results table, the pass@k table of each benchmark when they are written: --out, --wandb);
     results that can not be compared are refused in one line."""
-    from stare_lab.analysis import collect_problems, passk_table, results_table, run_states  # deferred: pandas, scipy
+    from stare_lab.analysis import (  # deferred: pandas, scipy
+        collect_problems,
+        collect_training,
+        passk_table,
+        results_table,
+        run_states,
+    )
     from stare_lab.analysis.compare import ComparisonError
     from stare_lab.record.frames import SettingsMismatch
 
@@ -182,6 +188,7 @@ def _tables(
             mix_settings=a.mix_settings,
             per_problem=collect_problems(runs) if baseline else None,
             confidence=a.confidence,
+            training=collect_training(runs) if baseline else None,
         )
         benchmarks = sorted(df["benchmark"].unique()) if a.out or a.wandb else []
         passk = {b: passk_table(df, b, baseline=baseline, where=where, mix_settings=a.mix_settings) for b in benchmarks}
