@@ -202,13 +202,17 @@ class Table:
         return self.to_markdown()
 
 
-# What a run's training is compared by: TRL's loss and the gradient norm before clipping, at every logged step.
-TRAINING_KEYS = ("loss", "grad_norm")
+# What a run's training is compared by, at every logged step: the gradient norm before clipping, the mean
+# reward of the step's rollouts and TRL's entropy of the policy on them (the same weights draw the same
+# rollouts under the same seed). Not the loss's value: a rule that changes the loss can give another value
+# with the same gradient (dppo on-policy: −A·sg(min(r, C))·log π against −r·A, both −A·∇log π at r = 1).
+TRAINING_KEYS = ("grad_norm", "reward", "entropy")
 
 
 def identical_in_training(training: pd.DataFrame, baseline: str | None) -> frozenset[str]:
     """The arms whose every seed trained exactly as the baseline's run of that seed: the same logged steps
-    and, at each, the same loss and gradient norm to the bit (`training`: `collect_training` output).
+    and, at each, the same gradient norm, mean reward and policy entropy to the bit (`TRAINING_KEYS`;
+    `training`: `collect_training` output).
 
     Such an arm touched no token's update: on a strictly on-policy layout (one optimizer step per
     generation batch) the ratio is 1, PPO's clip never acts, and rules that act only through it (archer,
@@ -500,9 +504,9 @@ def results_table(
     identical = identical_in_training(training, baseline) & set(rules) if baseline in rules else frozenset()
     if identical:
         notes.append(
-            f"identical to {baseline} in training: {', '.join(sorted(identical))} (every seed's loss and gradient norm"
-            f" equal {baseline}'s run of the same seed at every step: no token's update differed, so the difference"
-            " is 0 by construction, not a tie measured on the data)."
+            f"identical to {baseline} in training: {', '.join(sorted(identical))} (every seed's gradient norm, reward"
+            f" and entropy equal {baseline}'s run of the same seed at every step: no token's update differed, so the"
+            " difference is 0 by construction, not a tie measured on the data)."
         )
     table = Table(cells, rules, columns, metric_text, baseline if baseline in rules else None, notes + problem_notes)
     table.identical = frozenset(identical)
