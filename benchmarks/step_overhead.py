@@ -78,12 +78,13 @@ class TimedRule:
 
 
 def step_times(
-    rule: str | None, steps: int, tokens: int = 0, extra=()
+    rule: str | None, steps: int, tokens: int = 0, extra=(), attrs: dict | None = None
 ) -> tuple[list[float], float, float, list[float]]:
     """Wall time of each optimizer step after the first, stare_lab's own work (stats pass + rule at
     generation time; for scope microbatch/token the rule in the loss; for a loss-changing rule its terms
     and their addition to TRL's loss) per step, and transformers generation per step (with any statistics
-    recorded in it), timed directly, and the CPU time of each step after the first."""
+    recorded in it), timed directly, and the CPU time of each step after the first. `attrs`: attributes
+    set on our trainer before it trains (`stats_at_generation=False`: the statistics pass after generation)."""
     from trl import GRPOTrainer
 
     from stare_lab.config.run_config import compose
@@ -105,6 +106,8 @@ def step_times(
     )
     with tempfile.TemporaryDirectory() as d:
         trainer = build_trainer(cfg, Path(d))
+        for name, value in (attrs or {}).items():
+            setattr(trainer, name, value)
         if rule is None:  # plain TRL on the same model, data, reward and config
             trainer = GRPOTrainer(
                 model=trainer.model,

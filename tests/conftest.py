@@ -23,6 +23,8 @@ The fixtures build what a trainer test needs from tests/support/fixtures_trainer
 - `tiny_lm`: (tokenizer, tiny random Qwen2), built once per test module; copy the model before training it.
 - `tiny_arithmetic`: (tokenizer, `tiny_lm`'s model, a 64-problem arithmetic task, 16 held out).
 - `builtin_lm`: (tokenizer, the shipped trained built-in model), once per test module.
+- `smollm2_folder`: the converted SmolLM2-135M-Instruct folder (stare_lab.models.smollm2), converted at
+  most once per machine, into $STARE_LAB_CACHE or the default cache where later sessions find it.
 - `grpo_args(**overrides)`: GRPOConfig for a 2-step CPU run writing into the test's tmp_path.
 - `make_trainer(rule, dataset, **overrides)`: TokenRuleGRPOTrainer on a copy of `tiny_lm`'s model.
 
@@ -72,6 +74,15 @@ def builtin_lm():
     import fixtures_trainer
 
     return fixtures_trainer.builtin_lm()
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """The converted SmolLM2 folder, checked against its hashes: ~30 s of conversion the first time on
+    a machine (or after make install did not run), then ~0.5 s of hashing once per session."""
+    from stare_lab.models import smollm2
+
+    return smollm2.prepared_folder()
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ before it:
    `methods/` (the token rules, their types, the loss types and surrogate, rules kept outside the
    package), `record/` (the run record's files, the kept-batch format, the records read as tables),
    `tasks/`;
-2. configuration and plans: `config/` (a run's config and its checks, its inputs, where a vLLM
-   server sits), `models/`, `launchers/` (what a `launcher:` block means; local and Slurm jobs),
-   `plan/` (what a sweep file means, its declared claims, its plan and record on disk);
+2. configuration and plans: `models/` (the packaged models, loading any causal LM, the LoRA section),
+   `config/` (a run's config and its checks, its inputs, where a vLLM server sits), `launchers/` (what a
+   `launcher:` block means; local and Slurm jobs), `plan/` (what a sweep file means, its declared claims,
+   its plan and record on disk);
 3. one step: `signals/` (the statistics of a batch, across ranks), `training/` (the trainer, the
    objective, TRL's internals, tracking, the kept batches), `evaluation/`, `serving/` (the vLLM server);
 4. readers of records: `viewer/`, `analysis/`, `dashboard/`;
@@ -32,7 +33,7 @@ from import_graph import PACKAGE, import_graph
 # layer -> its folders (and top-level modules), bottom up; inside a layer, in the order they may import
 LAYERS: dict[int, tuple[str, ...]] = {
     1: ("core", "stats", "methods", "record", "tasks"),
-    2: ("config", "models", "launchers", "plan"),
+    2: ("models", "config", "launchers", "plan"),
     3: ("signals", "training", "evaluation", "serving"),
     4: ("viewer", "analysis", "dashboard"),
     5: ("run",),

@@ -1,12 +1,14 @@
 """The files a run will read, checked before anything launches, and a training set that holds held-out problems.
 
 `check_inputs(cfg)` fails with one line (ConfigError naming the key and the path) when a run would
-stop on a missing input after it launched: a local model folder (`model.name_or_path` starting
-with /, . or ~, or an existing path), a hub model not in the local cache while HF_HUB_OFFLINE is
-set, a local task source (`task.train_source`, `task.heldout_source`), the task's own held-out
-split named in `eval.benchmarks` without a `task.heldout_source`, and a benchmark with neither a
-local copy nor hub access. Hub names are otherwise left to the hub (they can not be checked
-without the network). It reads only the file system: no torch, no datasets.
+stop on a missing input after it launched: a packaged model's files (`smollm2`: its converted folder
+hashed against its record, else its pip package's GGUF and the gguf package; docs/models.md), a local
+model folder (`model.name_or_path` starting with /, . or ~, or an existing path), a hub model not in
+the local cache while HF_HUB_OFFLINE is set, a local task source (`task.train_source`,
+`task.heldout_source`), the task's own held-out split named in `eval.benchmarks` without a
+`task.heldout_source`, and a benchmark with neither a local copy nor hub access. Hub names are
+otherwise left to the hub (they can not be checked without the network). It reads (and hashes) only
+the file system: no torch, no datasets.
 
 `overlap_warnings(cfg)` compares the problems of local training and held-out files (text with
 whitespace collapsed) and returns one line per held-out set that shares problems with training.
@@ -23,6 +25,7 @@ from typing import Any
 import yaml
 
 from stare_lab.config.run_config import BENCHMARK_DATA_DIR, CONF_DIR, ConfigError
+from stare_lab.models import PACKAGED, packaged_problems
 from stare_lab.tasks.loaders import is_local_source
 
 LOCAL_PREFIXES = ("/", ".", "~")
@@ -56,7 +59,7 @@ def benchmark_source(name: str) -> str | None:
 def hub_problem(cfg: Mapping[str, Any]) -> str | None:
     """A hub model this machine can not load: not in the local cache while HF_HUB_OFFLINE is set."""
     model = str(cfg["model"]["name_or_path"])
-    local = model == "builtin" or model.startswith(LOCAL_PREFIXES) or Path(os.path.expanduser(model)).exists()
+    local = model in PACKAGED or model.startswith(LOCAL_PREFIXES) or Path(os.path.expanduser(model)).exists()
     if local or not _offline() or _hub_cached(model):
         return None
     return f"model.name_or_path: {model!r} is not in the local hub cache and HF_HUB_OFFLINE is set"
@@ -65,10 +68,12 @@ def hub_problem(cfg: Mapping[str, Any]) -> str | None:
 def input_problems(cfg: Mapping[str, Any], hub: bool = True) -> list[str]:
     """What `check_inputs` would refuse, one line each (empty: every input is there). `hub`: also
     `hub_problem` (a sweep's dry run only warns of it: the machine that launches may have the model)."""
-    problems = []
+    problems: list[str] = []
     model = str(cfg["model"]["name_or_path"])
     path = Path(os.path.expanduser(model))
-    if model != "builtin" and (model.startswith(LOCAL_PREFIXES) or path.exists()):
+    if model in PACKAGED:
+        problems.extend(f"model.name_or_path: {line}" for line in packaged_problems(model))
+    elif model.startswith(LOCAL_PREFIXES) or path.exists():
         if not (path / "config.json").is_file():
             what = "does not exist" if not path.exists() else "has no config.json (not a saved model)"
             problems.append(f"model.name_or_path: {model} {what}")

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from stare_lab.methods.loss_types import AGGREGATIONS, LOSS_TYPES, RANKS
+from stare_lab.models.lora import LoraConfig  # the LoRA section lives with the models that apply it
 from stare_lab.tasks.reasoning_gym_specs import datasets_problem  # the library itself only when checked
 
 
@@ -78,18 +79,6 @@ LR_SCHEDULERS = (
 
 
 # ------------------------------------------------------------------------------- the schemas
-@dataclass
-class LoraConfig:
-    """A LoRA adapter on the policy (peft.LoraConfig). `model.lora: null` trains every weight; any
-    LoRA key (`model.lora.r: 16`, or a mapping `model.lora: {r: 16}`) turns it on, the other keys
-    taking these values (the one place they are set)."""
-
-    r: int = field(default=8, metadata={"ge": 1})  # the adapter's rank
-    alpha: float = field(default=16.0, metadata={"gt": 0})  # scale alpha / r
-    dropout: float = field(default=0.0, metadata={"ge": 0, "lt": 1})
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
 @dataclass
 class ModelConfig:
     name_or_path: str = MISSING

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 
@@ -35,6 +36,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     pre-tokenizer and decoder here (without its regex split) makes ``AutoTokenizer`` on a saved
     checkpoint and this object encode and decode identically.
     """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # deferred: transformers' tokenizers
+    from transformers import PreTrainedTokenizerFast  # deferred: transformers; `BUILTIN_DIR` is read without it
+
     vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *CHARS])}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -61,6 +65,9 @@ def build_model(
     max_positions: int = 64,
 ) -> Qwen2ForCausalLM:
     """A freshly initialised Qwen2 with grouped-query attention (2 heads share a KV head)."""
+    # deferred: transformers; the launch check (stare_lab.config.inputs) reads `BUILTIN_DIR` without torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,

@@ -15,7 +15,7 @@ One module per part of a run's folder, read in this order:
 - metrics: metrics.jsonl, one row per logged step;
 - checkpoints: the trainer checkpoints a run resumes from, and the world size that wrote them;
 - eval_results: the evaluation results, one per benchmark, settings and step;
-- provenance: what code ran each attempt.
+- provenance: what code ran each attempt (and which weights, for a model converted from a packaged file).
 
 Writes are atomic (temp file + rename) except metrics.jsonl, which is appended one fsync'ed row
 per step; its readers tolerate a torn last row. A record that can not be parsed is never taken
@@ -80,7 +80,13 @@ from stare_lab.record.metrics import (
     truncate_metrics,
     write_metrics,
 )
-from stare_lab.record.provenance import PROVENANCE_PACKAGES, code_version, provenance
+from stare_lab.record.provenance import (
+    MODEL_SOURCE_FILE,
+    PROVENANCE_PACKAGES,
+    code_version,
+    provenance,
+    read_model_source,
+)
 from stare_lab.record.status import (
     CORRUPT,
     STATES,
@@ -103,6 +109,7 @@ __all__ = [
     "EVAL_SETTINGS",
     "FINAL_DIR",
     "METRICS_FILE",
+    "MODEL_SOURCE_FILE",
     "PROVENANCE_PACKAGES",
     "RESULT_SETTINGS",
     "RULE_STATE_FILE",
@@ -142,6 +149,7 @@ __all__ = [
     "read_json",
     "read_metric_values",
     "read_metrics",
+    "read_model_source",
     "read_status",
     "result_setting",
     "run_label",

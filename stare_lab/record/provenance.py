@@ -1,8 +1,12 @@
 """What code ran an attempt (status.json's `provenance`): the project's commit or version, the libraries'
-versions, Python and the device; `code_version` is the short form that the tables and the viewer show."""
+versions, Python and the device; `code_version` is the short form that the tables and the viewer show.
+For a model that stare_lab converted from a packaged file (stare_lab.models.smollm2), also which weights:
+`read_model_source` reads what the conversion wrote into the folder (`MODEL_SOURCE_FILE`), kept as the
+attempt's `model`."""
 
 from __future__ import annotations
 
+import json
 import platform
 import subprocess
 from importlib import metadata
@@ -10,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 PROVENANCE_PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate")
+# In a converted model folder: its source file with that file's sha256, each file's sha256, and one hash
+# over them (`folder_sha256`); written by the conversion (stare_lab.models.smollm2), read here.
+MODEL_SOURCE_FILE = "stare_lab_source.json"
 
 
 def provenance(device: str | None = None) -> dict[str, Any]:
@@ -69,3 +76,20 @@ def code_version(status_or_provenance: dict[str, Any] | None) -> str | None:
     rules = [m for m in p.get("rule_modules") or [] if m.get("defines_rule")]
     outside = [f"{m.get('module')}@{(m.get('sha256') or 'unhashed')[:10]}" for m in rules]
     return " ".join([own or "unrecorded", *outside]) if outside else own
+
+
+def read_model_source(folder: Path | str) -> dict[str, Any] | None:
+    """An attempt's `model`: `{"name", "folder", "source": {"package", "version", "file", "sha256", "license"},
+    "folder_sha256"}` of a folder converted from a packaged file; None for any other model (a hub name, a
+    folder without `MODEL_SOURCE_FILE`). The caller checked the folder against its hashes first
+    (stare_lab.models.resolve_model_path)."""
+    path = Path(folder) / MODEL_SOURCE_FILE
+    if not path.is_file():
+        return None
+    source = json.loads(path.read_text())
+    return {
+        "name": source["name"],
+        "folder": str(Path(folder).resolve()),
+        "source": source["source"],
+        "folder_sha256": source["folder_sha256"],
+    }

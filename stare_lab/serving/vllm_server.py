@@ -42,7 +42,7 @@ from omegaconf import DictConfig
 from transformers import TrainerCallback
 
 from stare_lab.config.server_layout import SERVER_ENV, SERVER_FILE, START_MARGIN_S, is_server_run
-from stare_lab.models import BUILTIN_DIR
+from stare_lab.models import resolve_model_path
 from stare_lab.record import first_line, read_json
 
 SERVER_LOG = "vllm_server.log"  # in the run folder
@@ -197,7 +197,7 @@ def serving(cfg, run_dir: Path | str, host: str | None = None, devices: str | No
     process (`for_run`); its log is <run_dir>/vllm_server.log."""
     t, m = cfg.trainer, cfg.model
     server = start(
-        str(BUILTIN_DIR) if m.name_or_path == "builtin" else str(m.name_or_path),
+        str(resolve_model_path(str(m.name_or_path))),  # a packaged model's folder; a hub name stays a name
         host or str(t.vllm_server_host),
         t.get("vllm_server_port"),
         log=Path(run_dir) / SERVER_LOG,

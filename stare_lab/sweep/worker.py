@@ -53,6 +53,7 @@ from stare_lab.launchers.threads import (
 )
 from stare_lab.methods.outside import import_run_modules, rule_modules
 from stare_lab.methods.registry import rule_module
+from stare_lab.models import model_source
 from stare_lab.record import (
     CONFIG_FILE,
     CORRUPT,
@@ -272,6 +273,10 @@ def _run_claimed(
         modules = outside_rule_modules(run_dir)
         if modules:  # beside the project's commit: the rule modules of this attempt, with their hashes
             status["provenance"][-1]["rule_modules"] = modules
+            write_status(run_dir, status)
+        model = model_source(load_config(run_dir / CONFIG_FILE))
+        if model:  # a packaged model converted from its file: that file's and the folder's sha256 (docs/models.md)
+            status["provenance"][-1]["model"] = model
             write_status(run_dir, status)
         execute_run(run_dir)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised

@@ -1,4 +1,5 @@
-"""stare_lab.signals against slow, obviously correct references on a tiny random Qwen2 (GQA 4/2)."""
+"""stare_lab.signals against slow, obviously correct references (tests/support/ref_signals.py) on a tiny
+random Qwen2 (GQA 4/2)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import pytest
 import torch
+from ref_signals import eager_attentions, naive_js, naive_vocab, reference_ae, reference_ae_fast
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -48,36 +50,10 @@ def _batch(T: int = 13, B: int = 4, seed: int = 1):
     return ids, mask
 
 
-def _eager_attentions(model, ids, mask):
-    prev = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            return model(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
-    finally:
-        model.set_attn_implementation(prev)
-
-
-def _reference_ae(attentions, mask, layers):
-    """Loop over rows and queries of eager attention maps: signals/attention.py's AE, averaged over layers."""
-    B, T = mask.shape
-    ref = torch.zeros(B, T, dtype=torch.float64)
-    for layer in layers:
-        mean_row = attentions[layer].double().mean(1)  # [B, T, T] ā
-        for b in range(B):
-            for t in range(T):
-                keys = [j for j in range(t + 1) if mask[b, j] == 1]
-                if mask[b, t] == 0 or len(keys) < 2:
-                    continue
-                row = mean_row[b, t, keys]
-                ref[b, t] += -(row * row.log()).sum() / math.log(len(keys)) / len(layers)
-    return ref.float()
-
-
 @pytest.fixture(scope="module")
 def eager_case(model):
     ids, mask = _batch()
-    return ids, mask, _eager_attentions(model, ids, mask)
+    return ids, mask, eager_attentions(model, ids, mask)
 
 
 @pytest.mark.parametrize("layers, chunk", [((1,), 1), ((1,), 5), ((0, 2, 3), 5), ((0, 2, 3), 128), (3, 4), (None, 13)])
@@ -85,7 +61,7 @@ def test_attention_entropy_matches_eager(model, eager_case, layers, chunk):
     ids, mask, attentions = eager_case
     got = attention_entropy(model, ids, mask, layers=layers, chunk_queries=chunk)
     resolved = {None: (2,), 3: (3,)}.get(layers, layers)  # None = 4 // 2
-    ref = _reference_ae(attentions, mask, resolved)
+    ref = reference_ae(attentions, mask, resolved)
     assert got.dtype == torch.float32 and got.shape == mask.shape
     assert ref[mask.bool()].std() > 0.05  # the check is not against a constant
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
@@ -99,7 +75,7 @@ def test_attention_entropy_without_padding_and_from_eager_model():
     model = _model("eager")
     ids, _ = _batch(T=9)
     mask = torch.ones_like(ids)
-    ref = _reference_ae(_eager_attentions(model, ids, mask), mask, (1, 2))
+    ref = reference_ae(eager_attentions(model, ids, mask), mask, (1, 2))
     got = attention_entropy(model, ids, mask, layers=[1, 2], chunk_queries=4)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     assert (got[:, 0] == 0).all()  # n_t = 1
@@ -133,15 +109,7 @@ def test_attention_entropy_first_position_and_bad_layer(model):
 def test_attention_entropy_long_sequence_odd_chunk(model):
     ids, mask = _batch(T=300, B=3, seed=3)
     got = attention_entropy(model, ids, mask, layers=(2,), chunk_queries=7)
-    torch.testing.assert_close(got, _reference_ae_fast(_eager_attentions(model, ids, mask)[2], mask), atol=1e-5, rtol=0)
-
-
-def _reference_ae_fast(att, mask):
-    """Vectorised version of `_reference_ae` for one layer (the loop is too slow at T=300)."""
-    mean_row = att.double().mean(1)
-    n = mask.cumsum(-1).double()
-    h = -torch.special.xlogy(mean_row, mean_row).sum(-1) / n.clamp(min=2).log()
-    return torch.where((mask == 1) & (n > 1), h, torch.zeros_like(h)).float()
+    torch.testing.assert_close(got, reference_ae_fast(eager_attentions(model, ids, mask)[2], mask), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
@@ -199,20 +167,6 @@ def test_chunked_attention_entropy_memory_bound():
     torch.testing.assert_close(got, chunked_attention_entropy(q, k, None, 0.3, chunk_queries=T), atol=1e-6, rtol=0)
 
 
-def _naive_vocab(hidden, W, b, targets, tau, cap=None):
-    z = hidden.double() @ W.double().T + (b.double() if b is not None else 0)
-    if cap is not None:
-        z = torch.tanh(z / cap) * cap
-    logp = torch.log_softmax(z / tau, -1)
-    p = logp.exp()
-    return {
-        "logp": logp.gather(-1, targets[..., None])[..., 0],
-        "entropy": -(p * logp).sum(-1),
-        "p2": (p * p).sum(-1),
-        "p2logp": (p * p * logp).sum(-1),
-    }
-
-
 @pytest.mark.parametrize("chunk", [1, 7, 1024])
 @pytest.mark.parametrize("tau", [1.0, 0.7])
 def test_vocab_stats_matches_full_softmax(chunk, tau):
@@ -222,7 +176,7 @@ def test_vocab_stats_matches_full_softmax(chunk, tau):
     got = vocab_stats(
         hidden, W, targets, temperature=tau, want=("entropy", "p2", "p2logp"), chunk_tokens=chunk, lm_head_bias=b
     )
-    ref = _naive_vocab(hidden, W, b, targets, tau)
+    ref = naive_vocab(hidden, W, b, targets, tau)
     assert set(got) == {"logp", "entropy", "p2", "p2logp"}
     assert ref["entropy"].std() > 0.1
     for k in got:
@@ -232,7 +186,7 @@ def test_vocab_stats_matches_full_softmax(chunk, tau):
         hidden, W, targets, temperature=tau, want=("entropy",), chunk_tokens=chunk, final_logit_softcapping=3.0
     )
     torch.testing.assert_close(
-        capped["entropy"], _naive_vocab(hidden, W, None, targets, tau, 3.0)["entropy"].float(), atol=1e-5, rtol=1e-5
+        capped["entropy"], naive_vocab(hidden, W, None, targets, tau, 3.0)["entropy"].float(), atol=1e-5, rtol=1e-5
     )
     assert set(vocab_stats(hidden, W, targets, want=()).keys()) == {"logp"}
     with pytest.raises(ValueError, match="entropyy"):
@@ -247,7 +201,7 @@ def test_vocab_stats_long_sequence_and_memory_bound():
     with _MaxNumel() as spy:
         got = vocab_stats(hidden, W, targets, want=("entropy", "p2"), chunk_tokens=chunk)
     assert spy.max_numel <= max(chunk * V, B * T * H)  # never B × T × V
-    ref = _naive_vocab(hidden, W, None, targets, 1.0)
+    ref = naive_vocab(hidden, W, None, targets, 1.0)
     for k in got:
         torch.testing.assert_close(got[k], ref[k].float(), atol=1e-5, rtol=1e-5)
 
@@ -266,25 +220,6 @@ def test_predictive_entropy_matches_model_logits(model, tau):
     assert (got[~v] == 0).all()
 
 
-def _naive_js(hidden, W, group, live, tau):
-    """Loop over groups, positions and rows with explicit probability vectors."""
-    B, T, _ = hidden.shape
-    out = torch.zeros(B, T, dtype=torch.float64)
-    for gid in group.unique().tolist():
-        rows = [i for i in range(B) if group[i] == gid]
-        for t in range(T):
-            alive = [i for i in rows if live[i, t]]
-            if len(alive) < 2:
-                continue
-            probs = {i: torch.softmax(hidden[i, t].double() @ W.double().T / tau, -1) for i in alive}
-            mean = sum(probs.values()) / len(alive)
-            for i in alive:
-                m = (probs[i] + mean) / 2
-                kl = lambda a, b: (a * (a / b).log()).sum()  # noqa: E731
-                out[i, t] = 0.5 * kl(probs[i], m) + 0.5 * kl(mean, m)
-    return out.float()
-
-
 @pytest.mark.parametrize("chunk", [1, 4, 64])
 def test_js_to_group_mean_matches_loop(chunk):
     g = torch.Generator().manual_seed(2)
@@ -299,7 +234,7 @@ def test_js_to_group_mean_matches_loop(chunk):
     live[5, 5:] = 0
     live[4, 5:] = 0  # group 5 at t=5,6: only row 3 live
     got = js_to_group_mean(hidden, W, group, live, temperature=0.8, chunk_positions=chunk)
-    ref = _naive_js(hidden, W, group, live, 0.8)
+    ref = naive_js(hidden, W, group, live, 0.8)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
     assert (got[2] == 0).all() and (got[6] == 0).all() and (got[3, 5:] == 0).all() and (got[0, 4:] == 0).all()
     assert (got[0, :4] > 0).all()
@@ -317,7 +252,7 @@ def test_js_long_sequence_memory_bound_and_contiguity():
     assert spy.max_numel <= max(2 * chunk * V, B * T * H)  # G × chunk × V, never G × T × V
     assert (got[:2, 250:] == 0).all() and (got[2:, 250:] > 0).all()
     torch.testing.assert_close(
-        got[:, 240:260], _naive_js(hidden[:, 240:260], W, group, live[:, 240:260], 1.0), atol=1e-5, rtol=1e-5
+        got[:, 240:260], naive_js(hidden[:, 240:260], W, group, live[:, 240:260], 1.0), atol=1e-5, rtol=1e-5
     )
     with pytest.raises(ValueError, match="contiguous"):
         js_to_group_mean(hidden, W, torch.tensor([0, 1, 0, 1]), live)

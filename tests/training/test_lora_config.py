@@ -1,5 +1,5 @@
-"""LoRA is a section of the schema (config_schema.LoraConfig): a dotted key or a mapping turns it on
-with the same resolved config, a wrong value or key is one line, and the adapter trains."""
+"""LoRA is a section of the schema (`model.lora`: stare_lab.models.lora.LoraConfig): a dotted key or a mapping
+turns it on with the same resolved config, a wrong value or key is one line, and the adapter trains."""
 
 from __future__ import annotations
 
