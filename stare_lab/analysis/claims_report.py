@@ -1,7 +1,9 @@
 """The claims report: Markdown, LaTeX, CSV and a figure of each claim's interval against its bound.
 
 Input: hypotheses.verdicts' frame (one row per claim) and the claims (their sources). Every number
-comes from the frame; the notes under the table say how each verdict was reached (docs/claims.md).
+comes from the frame; the notes under the table say how each verdict was reached (docs/claims.md). A
+sweep with a sequential design adds its section (`DesignSummary`: the design, each claim's state under it
+and the look that decided it, the runs spent against the fixed design's).
 """
 
 from __future__ import annotations
@@ -20,6 +22,32 @@ COLOURS = {"supported": "#1a9850", "contradicted": "#d73027", "undecided": "#878
 
 
 @dataclass
+class DesignSummary:
+    """A sequential design's outcome from the records (stare_lab.sweep.sequential computes it)."""
+
+    description: str  # stare_lab.plan.design.Design.describe()
+    looks_done: int
+    looks: int
+    states: dict[str, tuple[str, int | None, str]]  # claim id → (state, look decided or found futile, seeds)
+    spent: int  # finished runs of the looks so far
+    fixed: int  # the fixed design's runs: the last look's seeds × the arms
+    fixed_text: str  # "32 seeds × 15 arms"
+
+    def lines(self) -> list[str]:
+        heads = "| claim | state under the design | look | seeds per arm |\n|:--|:--|--:|:--|"
+        rows = [f"| {cid} | {state} | {look or ''} | {seeds} |" for cid, (state, look, seeds) in self.states.items()]
+        ratio = f" ({self.spent / self.fixed:.0%})" if self.fixed else ""
+        return [
+            f"Sequential design: {self.description}.",
+            heads + "\n" + "\n".join(rows),
+            f"Runs: {self.spent} over {self.looks_done} of {self.looks} looks, against {self.fixed} for the fixed "
+            f"design ({self.fixed_text}){ratio}. The design's states are its verdicts, with the familywise error "
+            "at its α over all claims and looks; the table below tests every finished run at one fixed look, "
+            "which after a sequential sweep is not error-controlled.",
+        ]
+
+
+@dataclass
 class ClaimsReport:
     frame: pd.DataFrame  # hypotheses.verdicts
     claims: list[Claim]
@@ -27,6 +55,7 @@ class ClaimsReport:
     runs: int  # finished runs read
     alpha: float = 0.05
     notes: list[str] = field(default_factory=list)
+    design: DesignSummary | None = None
 
     @property
     def tested(self) -> int:
@@ -111,7 +140,9 @@ class ClaimsReport:
             cells = [r["claim"], r["source"], r["paper"], r["tested"], r["ours"], verdict, r["p_holm"], r["seeds"],
                      r["needed"]]  # fmt: skip
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-        return f"{self.caption()}\n\n" + "\n".join(lines) + "\n\n" + "\n\n".join(self.method_notes()) + "\n"
+        design = "\n\n".join(self.design.lines()) + "\n\n" if self.design else ""
+        table = "\n".join(lines)
+        return f"{self.caption()}\n\n{design}" + table + "\n\n" + "\n\n".join(self.method_notes()) + "\n"
 
     def to_latex(self) -> str:
         out = [
@@ -128,7 +159,8 @@ class ClaimsReport:
             cells = [r["claim"], r["source"], r["paper"], r["tested"], r["ours"]]
             out.append(" & ".join([*map(_latex, cells), verdict, _latex(r["needed"])]) + r" \\")
         out += [r"\bottomrule", r"\end{tabular}", r"\par\smallskip"]
-        out.append(r"{\footnotesize " + r" \par ".join(_latex(n) for n in self.method_notes()) + "}")
+        notes = self.method_notes() + ([self.design.lines()[0], self.design.lines()[2]] if self.design else [])
+        out.append(r"{\footnotesize " + r" \par ".join(_latex(n) for n in notes) + "}")
         out += [r"\caption{" + _latex(self.caption()) + "}", r"\end{table}"]
         return "\n".join(out) + "\n"
 
@@ -138,6 +170,9 @@ class ClaimsReport:
         for key in ("arxiv", "where", "number", "model", "grade"):
             frame[f"paper_{key}"] = [by_id[i].source.get(key, "") for i in frame["id"]]
         frame["form"] = [by_id[i].form for i in frame["id"]]
+        if self.design:
+            frame["design_state"] = [self.design.states[i][0] for i in frame["id"]]
+            frame["design_look"] = [self.design.states[i][1] for i in frame["id"]]
         buf = io.StringIO()
         frame.to_csv(buf, index=False)
         return buf.getvalue()

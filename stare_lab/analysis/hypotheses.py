@@ -56,7 +56,10 @@ CLAIM_COLUMNS = [
 class Outcome:
     """One claim's statistics before Holm: estimate and interval (the quantity's unit; a gain form's as the
     fraction retained), the bound the claim is tested against, the two one-sided p-values, and what
-    projects the seeds needed (`distance` from the bound; `seeds_at(level)`)."""
+    projects the seeds needed (`distance` from the bound; `seeds_at(level)`). `effect` and `se`: the tested
+    combination's distance from its bound towards the claim and its standard error, in the quantity's unit
+    (a gain form's C = (A − base) − f·(B − base) in points; NaN effect for equivalence), what a sequential
+    design reads (stare_lab.analysis.sequential.ClaimLook)."""
 
     estimate: float
     lo: float
@@ -69,6 +72,8 @@ class Outcome:
     arms: str
     test: str
     note: str = ""
+    effect: float = math.nan
+    se: float = math.nan
     # level → seeds per arm (inf: more than MAX_SEEDS; −inf: no number of seeds, more problems are needed)
     seeds_at: Callable[[float], float] | None = field(default=None, repr=False)
 
@@ -172,6 +177,8 @@ def score_outcome(claim: Claim, arms: dict, alpha: float = ALPHA) -> Outcome:
         arms=" · ".join(f"{x} {100 * np.mean([t.mean() for t in arms[x][1]]):.1f}" for x in coefs),
         test=f"seeds × problems t ({paired})" + ("; TOST" if claim.form == "equivalence" else ""),
         note=shown["note"],
+        effect=_toward(claim.form) * 100 * (est - bound),
+        se=100 * shown["se"],
         seeds_at=seeds_at,
     )
 
@@ -190,6 +197,13 @@ def _form_tests(claim: Claim, test_at, m: float, est: float):
     up = _up(res)
     upward = form in ("superiority", "non_inferiority", "retained_gain")
     return est, ((up, 1 - up) if upward else (1 - up, up)), bound, res
+
+
+def _toward(form: str) -> float:
+    """+1 where the claim is D > bound, −1 where D < bound, NaN for equivalence (two bounds)."""
+    if form == "equivalence":
+        return math.nan
+    return 1.0 if form in ("superiority", "non_inferiority", "retained_gain") else -1.0
 
 
 def _fieller(arms: dict, claim: Claim, alpha: float) -> tuple[float, float, float]:
@@ -286,6 +300,8 @@ def seed_outcome(claim: Claim, values: dict[str, np.ndarray], alpha: float = ALP
         arms=arms,
         test="Brown-Forsythe over seeds (Welch t on |score − median|)" if spread else "Welch t over seeds",
         note="" if seeds >= 3 else "2 seeds: Welch's df rests on 1 degree of freedom per arm",
+        effect=_toward(claim.form) * scale * (est - bound),
+        se=scale * shown["se"],
         seeds_at=lambda level: welch_seeds_needed(distance, var_terms, level, POWER),
     )
 

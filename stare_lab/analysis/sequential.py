@@ -59,6 +59,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, special
 
+from stare_lab.plan.design import schedule_looks
+
 SPENDING = ("obf", "pocock", "hsd")
 DIRECTIONS = ("both", "support")
 FUTILITY_UNDER = ("target", "estimate")
@@ -304,11 +306,12 @@ def _pass_weight(w: np.ndarray, g: np.ndarray, rows: np.ndarray, j: np.ndarray) 
 @dataclass(frozen=True)
 class SequentialClaim:
     """A claim as the design sees it: its id, the effect beyond its bound (towards the claim, in the claim's
-    unit) the design is powered for, the arms it reads and, for simulation, their coefficients in the
-    claim's combination (default A − B for two arms, A for one)."""
+    unit) the design is powered for (None: not given; only futility under the target reads it), the arms it
+    reads and, for simulation, their coefficients in the claim's combination (default A − B for two arms, A
+    for one)."""
 
     id: str
-    target: float
+    target: float | None = None
     arms: tuple[str, ...] = ()
     coefs: tuple[float, ...] = ()
 
@@ -369,11 +372,9 @@ class SequentialDesign:
 def looks_from_schedule(maximum: int, fractions: Sequence[float]) -> tuple[int, ...]:
     """Seeds per arm at each look from a maximum and a schedule of fractions (the last 1): (32, (1/8, 1/4,
     1/2, 1)) → (4, 8, 16, 32); refused where rounding makes two looks equal."""
-    if not fractions or not math.isclose(fractions[-1], 1.0):
-        raise DesignError(f"schedule {tuple(fractions)}: the fractions must end at 1 (the maximum, {maximum} seeds)")
-    looks = tuple(round(f * maximum) for f in fractions)
-    if any(b <= a for a, b in zip(looks, looks[1:], strict=False)):
-        raise DesignError(f"schedule {tuple(fractions)} of {maximum} seeds gives looks {looks}: they must increase")
+    looks, problem = schedule_looks(maximum, [float(f) for f in fractions])
+    if problem:
+        raise DesignError(f"schedule: {problem}")
     return looks
 
 
@@ -401,6 +402,10 @@ def _check_design(d: SequentialDesign) -> None:
     if d.directions not in DIRECTIONS:
         raise DesignError(f"directions {d.directions!r}: expected one of {', '.join(DIRECTIONS)}")
     _check_claims(d.claims)
+    if d.futility > 0 and d.futility_under == "target":
+        untargeted = [c.id for c in d.claims if c.target is None]
+        if untargeted:
+            raise DesignError(f"claim {untargeted[0]}: futility under the target needs its target (the effect > 0)")
 
 
 def _check_claims(claims: tuple[SequentialClaim, ...]) -> None:
@@ -411,7 +416,9 @@ def _check_claims(claims: tuple[SequentialClaim, ...]) -> None:
     if twice:
         raise DesignError(f"claims: id {twice[0]!r} appears more than once")
     for c in claims:
-        if not (isinstance(c.target, (int, float)) and math.isfinite(c.target) and c.target > 0):
+        if c.target is not None and not (
+            isinstance(c.target, (int, float)) and math.isfinite(c.target) and c.target > 0
+        ):
             raise DesignError(
                 f"claim {c.id}: target {c.target!r} must be an effect > 0 (beyond the bound, the claim's unit)"
             )
@@ -543,9 +550,11 @@ def _futility(design, zn, se_k, w, state, look, k, owner) -> np.ndarray:
     hypotheses all fall below the threshold becomes futile. Returns the powers [S, H] (NaN: not open)."""
     ratio = design.looks[-1] / design.looks[k]
     c_last = _bounds_at(design, design.alpha * w)[:, :, -1]
-    target = np.array([c.target for c in design.claims])[owner]
     with np.errstate(divide="ignore", invalid="ignore"):
-        drift = target[None, :] / se_k if design.futility_under == "target" else zn[:, :, k]
+        if design.futility_under == "target":
+            drift = np.array([float(c.target or math.nan) for c in design.claims])[owner][None, :] / se_k
+        else:
+            drift = zn[:, :, k]
         cp = np.where(w > 0, conditional_power(zn[:, :, k], c_last, ratio, drift), 0.0)
     live = state == OPEN
     cp = np.where(live[:, owner], cp, np.nan)

@@ -30,13 +30,15 @@ from stare_lab.record.frames import _runs  # one parse of each config, arms name
 
 def decide(claims: list[Claim], problems: pd.DataFrame, training: pd.DataFrame | None, alpha: float = ALPHA):
     """Each claim's outcome (a text where its data are missing), Holm over the claims, the verdicts."""
-    outcomes: list[Outcome | str] = []
-    for claim in claims:
-        try:
-            outcomes.append(_outcome(claim, problems, training, alpha))
-        except ComparisonError as e:
-            outcomes.append(str(e))
-    return verdicts(claims, outcomes, alpha)
+    return verdicts(claims, [claim_outcome(c, problems, training, alpha) for c in claims], alpha)
+
+
+def claim_outcome(claim: Claim, problems: pd.DataFrame, training: pd.DataFrame | None, alpha: float = ALPHA):
+    """One claim's Outcome before Holm, or the text saying why its data can not decide it."""
+    try:
+        return _outcome(claim, problems, training, alpha)
+    except ComparisonError as e:
+        return str(e)
 
 
 def _outcome(claim: Claim, problems: pd.DataFrame, training: pd.DataFrame | None, alpha: float) -> Outcome | str:

@@ -36,8 +36,9 @@ def cmd_claims(argv: list[str]) -> int:
     a = parse(p, argv)
     if not 0 < a.alpha < 0.5:
         raise UserError(f"--alpha {a.alpha:g}: expected a level in (0, 0.5)")
-    spec, claims, runs = _checked(a.file)
-    report = _report(spec, claims, runs, a.alpha)
+    spec, claims, planned = _checked(a.file)
+    report = _report(spec, claims, _run_folders(spec, set(planned)), a.alpha)
+    report.design = _design(spec, planned)
     rendered = {"md": report.to_markdown(), "latex": report.to_latex(), "csv": report.to_csv()}
     print(rendered[a.format])
     if a.out:
@@ -74,8 +75,8 @@ def _fail(where: str) -> Fail:
     return fail
 
 
-def _checked(file: str) -> tuple[SweepSpec, list, list[Path]]:
-    """The sweep, its claims checked against its plan, and the run folders to read."""
+def _checked(file: str) -> tuple[SweepSpec, list, dict[str, dict]]:
+    """The sweep, its claims checked against its plan, and the plan ({run folder name: flat config})."""
     spec, claims = load_claims(file)
     if not claims:
         raise UserError(f"{spec.where()}: no claims: (declare them in the sweep, or in a claims file)")
@@ -83,7 +84,17 @@ def _checked(file: str) -> tuple[SweepSpec, list, list[Path]]:
         raise UserError(f"{spec.where()}: a search has no arms to compare")
     planned = _plan(spec)
     check_claims(claims, list(planned.values()), spec.controls, spec.where())
-    return spec, claims, _run_folders(spec, set(planned))
+    return spec, claims, planned
+
+
+def _design(spec: SweepSpec, planned: dict[str, dict]):
+    """A sequential design's section (its states recomputed from the records: stare_lab.sweep.sequential)."""
+    if spec.design is None:
+        return None
+    from stare_lab.sweep.look_report import design_summary  # deferred: scipy and pandas
+    from stare_lab.sweep.sequential import planned_runs, sequential_state
+
+    return design_summary(sequential_state(spec, planned_runs(spec, planned)))
 
 
 def _plan(spec: SweepSpec) -> dict[str, dict]:

@@ -1,12 +1,14 @@
 """`stare-lab sweep run|status FILE`: the command line of sweeps.
 
     stare-lab sweep run sweeps/demo.yaml [--import MODULE]... [--launcher local|slurm] [--dry-run] [--retry-failed]
-        [--rerun-other-code] [--workers N] [--processes N] [--nodes N] [--partition P] [--account A] [--gpus N]
-        [--cpus N] [--mem-gb G] [--time-min M] [--root DIR]
+        [--rerun-other-code] [--until-decided [--budget N|Nh]] [--workers N] [--processes N] [--nodes N]
+        [--partition P] [--account A] [--gpus N] [--cpus N] [--mem-gb G] [--time-min M] [--root DIR]
     stare-lab sweep status sweeps/demo.yaml [--all] [--root DIR]
 
 User mistakes print one line on stderr and exit 2 with nothing launched. `run` exits 0 when
-every run (or, for a search, at least one trial) finished, 1 otherwise, 130 on Ctrl-C.
+every run (or, for a search, at least one trial) finished, 1 otherwise, 130 on Ctrl-C. With
+`--until-decided` (a sweep with `design:`) it runs the design's looks (stare_lab.sweep.sequential) and
+exits 0 when no claim is open or the budget stops it, 1 when a look's runs did not all finish.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--rerun-other-code",
         action="store_true",
         help="redo finished runs whose last attempt ran other code than this checkout",
+    )
+    run.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="run the design's looks, adding seeds only to the arms of open claims, until every claim is decided",
+    )
+    run.add_argument(
+        "--budget", metavar="N|Nh", help="with --until-decided: at most N runs of the design, or hours (3h, 90m)"
     )
     run.add_argument("--workers", type=int, help="parallel runs: local workers, or the Slurm array's parallelism")
     run.add_argument("--partition")
@@ -125,15 +135,63 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SweepError("--workers: expected an integer ≥ 1")
     if spec.search is not None:
         return _run_search(spec, args)
+    budget = _sequential_options(spec, args)
     if args.dry_run:
-        _print_plan(spec, _checked_runs(spec, dry_run=True))
+        planned = _checked_runs(spec, dry_run=True)
+        _print_plan(spec, planned)
+        if spec.design is not None:
+            _print_design(spec, planned)
         return 0
     # A new sweep writes nothing (not even its output folder) before every run is checked; a sweep
     # that ran before takes its lock first, so a second `sweep run` is told at once, before expanding.
     runs = _checked_runs(spec) if not spec.folder.is_dir() else None
     check_output(spec)
     with SweepLock(spec.folder, spec.name):
-        return _launch(spec, runs or _checked_runs(spec), args.retry_failed, args.rerun_other_code)
+        planned = runs or _checked_runs(spec)
+        if args.until_decided:
+            return _until_decided(spec, planned, budget, args.retry_failed, args.rerun_other_code)
+        return _launch(spec, planned, args.retry_failed, args.rerun_other_code)
+
+
+def _sequential_options(spec, args: argparse.Namespace):
+    """--until-decided needs a design; --budget (parsed: stare_lab.sweep.sequential.Budget) needs --until-decided."""
+    if args.until_decided and spec.design is None:
+        raise SweepError(f'--until-decided: {spec.where()} has no design: (docs/claims.md, "Sequential designs")')
+    if args.budget is None:
+        return None
+    if not args.until_decided:
+        raise SweepError("--budget: only with --until-decided (the budget of a sequential design's looks)")
+    from stare_lab.sweep.sequential import Budget  # deferred: scipy and pandas
+
+    return Budget.parse(args.budget)
+
+
+def _print_design(spec, runs) -> None:
+    """The design's state from the records so far, and what its next look costs (stare_lab.sweep.look_report)."""
+    from stare_lab.sweep.look_report import describe  # deferred: scipy and pandas
+    from stare_lab.sweep.sequential import planned_runs, sequential_state
+
+    state = sequential_state(spec, planned_runs(spec, {r.id: flatten(r.config) for r in runs}))
+    for line in describe(state):
+        print(line)
+
+
+def _until_decided(spec, runs, budget, retry_failed: bool, rerun_other_code: bool) -> int:
+    """The design's looks, each one launch of its runs; the caller holds the sweep's lock."""
+    from stare_lab.sweep.launch import launch_runs  # deferred: submitit
+    from stare_lab.sweep.until_decided import run_until_decided
+
+    _record_plan(spec, runs)
+
+    def launch(look_runs) -> bool:
+        plan = plan_runs(look_runs, retry_failed, rerun_other_code)
+        print(f"launching ({spec.launcher.name}, {len(look_runs)} runs of the look): {plan.summary()}", flush=True)
+        counts = launch_runs(spec, plan, echo=lambda s: print(s, flush=True))
+        return counts.get("finished", 0) == len(look_runs)
+
+    code = run_until_decided(spec, runs, launch, budget, echo=lambda s: print(s, flush=True))
+    _publish_dashboard(spec)
+    return code
 
 
 def _checked_runs(spec, dry_run: bool = False) -> list:
@@ -171,16 +229,7 @@ def _launch(spec, runs, retry_failed: bool, rerun_other_code: bool = False) -> i
     """Launch the planned runs; the caller holds the sweep's lock."""
     from stare_lab.sweep.launch import launch_runs  # deferred: submitit (a refused sweep never pays for it)
 
-    verify_run(runs[0])
-    write_manifest(
-        spec.folder,
-        spec.name,
-        spec.digest,
-        launcher=spec.launcher.name,
-        runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs],
-    )
-    if spec.path is not None:
-        atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
+    _record_plan(spec, runs)
     plan = plan_runs(runs, retry_failed, rerun_other_code)
     print(
         f"sweep {spec.name!r} ({spec.launcher.name}, {len(runs)} runs in {spec.folder}): {plan.summary()}",
@@ -193,6 +242,21 @@ def _launch(spec, runs, retry_failed: bool, rerun_other_code: bool = False) -> i
         print(f"{bad} run(s) not finished: `stare-lab sweep status {spec.path}` shows why", flush=True)
     _publish_dashboard(spec)
     return 0 if bad == 0 else 1
+
+
+def _record_plan(spec, runs) -> None:
+    """Before anything starts: the first run checked against compose(), the plan's manifest (every run of
+    the file, a sequential sweep's included) and the sweep file's copy."""
+    verify_run(runs[0])
+    write_manifest(
+        spec.folder,
+        spec.name,
+        spec.digest,
+        launcher=spec.launcher.name,
+        runs=[{"id": r.id, "label": r.label, "variant": r.variant, "seed": r.seed} for r in runs],
+    )
+    if spec.path is not None:
+        atomic_write_text(spec.folder / "sweep.yaml", spec.path.read_text())
 
 
 def _publish_dashboard(spec) -> None:

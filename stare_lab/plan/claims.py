@@ -11,7 +11,8 @@ Quantities: a held-out score (`score: avg@32` or `pass@4`, on `benchmarks:`, the
 mean when several), a training metric of metrics.jsonl (`metric: entropy` `at: last`, or averaged over
 `steps: [first, last]` or the `last_steps: N`), or the spread over seeds of the final score
 (`spread: avg@32`). A margin carries its unit: points for scores and spreads, nats for an entropy,
-`cosine` for the gradient cosine, `units` for any other metric.
+`cosine` for the gradient cosine, `units` for any other metric. A claim of a sweep with a sequential
+design (stare_lab.plan.design) may carry a `target:` in the same unit.
 
 `parse_claims` checks the block alone (the schema calls it); `check_claims` checks it against the
 sweep's planned runs (arms by the label analysis gives them, stare_lab.record.arms, plus the
@@ -40,7 +41,7 @@ FORMS = {
     "retained_gain": ("A − base ≥ f·(B − base)", False, True),
     "gain_below": ("A − base < f·(B − base)", False, True),
 }
-CLAIM_KEYS = ("id", "statement", "source", "form", "a", "b", "base", "quantity", "margin", "fraction")
+CLAIM_KEYS = ("id", "statement", "source", "form", "a", "b", "base", "quantity", "margin", "fraction", "target")
 SOURCE_KEYS = ("arxiv", "where", "number", "model", "grade", "note")
 SOURCE_REQUIRED = ("arxiv", "where", "number", "model")
 UNITS = {"points": ("point", "points", "pts", "pp"), "nats": ("nat", "nats"), "cosine": ("cosine",)}
@@ -105,6 +106,9 @@ class Claim:
     margin: float = 0.0  # in the quantity's unit
     fraction: float = 0.0  # f of the gain forms
     statement: str = ""
+    # a sequential design's effect beyond the bound, towards the claim (the quantity's unit; a gain form's in
+    # points of (A − base) − f·(B − base)), which its futility stop reads (stare_lab.plan.design)
+    target: float | None = None
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -178,6 +182,11 @@ def _claim(item: Any, at: str, fail: Fail) -> Claim:
     elif needs_margin:
         fail(at, f"form {form} ({FORMS[form][0]}) needs a margin with its unit, e.g. margin: 2 {quantity.unit}")
     fraction = _fraction(item.get("fraction"), f"{at}.fraction", fail) if needs_base else 0.0
+    target = None
+    if "target" in item:
+        target = _margin(item["target"], quantity, f"{at}.target", fail, what="target")
+        if not target > 0:
+            fail(f"{at}.target", f"{item['target']!r}: a target is an effect > 0 beyond the claim's bound")
     statement = item.get("statement", "")
     if not isinstance(statement, str):
         fail(f"{at}.statement", f"expected text, got {statement!r}")
@@ -192,6 +201,7 @@ def _claim(item: Any, at: str, fail: Fail) -> Claim:
         margin=margin,
         fraction=fraction,
         statement=statement,
+        target=target,
     )
 
 
@@ -263,16 +273,16 @@ def _is_int(x: Any) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _margin(value: Any, quantity: Quantity, at: str, fail: Fail) -> float:
+def _margin(value: Any, quantity: Quantity, at: str, fail: Fail, what: str = "margin") -> float:
     m = _MARGIN.match(str(value)) if isinstance(value, str) else None
     if m is None:
-        fail(at, f"{value!r}: a margin carries its unit, e.g. '{value} {quantity.unit}' (the unit of {quantity.name})")
+        fail(at, f"{value!r}: a {what} carries its unit, e.g. '{value} {quantity.unit}' (the unit of {quantity.name})")
     number, word = float(m.group(1)), m.group(2).lower()
     unit = next((u for u, words in UNITS.items() if word in words), word)
     if unit != quantity.unit:
         fail(at, f"{value!r}: {quantity.name} is in {quantity.unit}, not {word}")
     if not math.isfinite(number) or number < 0:
-        fail(at, f"{value!r}: a margin is a finite number ≥ 0")
+        fail(at, f"{value!r}: a {what} is a finite number ≥ 0")
     return number
 
 

@@ -41,6 +41,7 @@ from stare_lab.methods import list_methods
 from stare_lab.methods.outside import Imported, RuleImportError, import_modules, is_reading, module_name_problem
 from stare_lab.methods.registry import OUTSIDE_HINT, is_registered
 from stare_lab.plan.claims import Claim, parse_claims
+from stare_lab.plan.design import Design, design_seeds, parse_design
 from stare_lab.plan.keys import check_key
 from stare_lab.plan.records import recorded_configs
 from stare_lab.plan.search_spec import SearchSpec, parse_search
@@ -59,6 +60,7 @@ TOP_KEYS = (
     "output",
     "search",
     "claims",
+    "design",
 )
 EVAL_KEYS = tuple(schema_fields(EvalConfig))
 # A sweep file is written by hand (the shipped ones are < 3 kB); a bigger one is refused unread.
@@ -90,6 +92,7 @@ class SweepSpec:
     reading: bool = False  # loaded for a reading command: nothing imported, unknown rules read from records
     claims: list[Claim] = field(default_factory=list)  # the file's `claims:` (stare_lab.plan.claims)
     controls: list[str] = field(default_factory=list)  # `controls:` (stare_lab.core.controls): base, random_reward
+    design: Design | None = None  # `design:`: the claims decided in looks (stare_lab.plan.design)
 
     @property
     def folder(self) -> Path:
@@ -219,7 +222,9 @@ def parse_sweep(
     overrides.update(_eval(data.get("eval"), fail))
     grid = _grid(data.get("grid"), fail, choices)
     variants = _variants(data.get("variants"), fail, grid, choices)
-    seeds = _seeds(data.get("seeds", [0]), fail)
+    claims = parse_claims(data.get("claims"), fail)
+    design = parse_design(data.get("design"), claims, fail)
+    seeds = _seeds(data.get("seeds", [0]) if design is None else design_seeds(design, data.get("seeds"), fail), fail)
     controls = _controls(data.get("controls"), fail)
     launch = parse_launcher(data.get("launcher"), launcher or {}, fail)
     search = None
@@ -232,7 +237,6 @@ def parse_sweep(
     if search is not None and controls:
         fail("controls", "a search runs trials, not arms; controls go with a grid")
     _check_run_count(grid, variants, seeds, fail)
-    claims = parse_claims(data.get("claims"), fail)
     if claims and search is not None:
         fail("claims", "a search has no arms to compare; claims belong to a grid or variants sweep")
     desc = data.get("description") or ""
@@ -252,6 +256,7 @@ def parse_sweep(
         reading=reading,
         controls=controls,
         claims=claims,
+        design=design,
     )
 
 
