@@ -1,10 +1,11 @@
 """The untrained SmolLM2-135M-Instruct's score on candidate Reasoning Gym datasets: a first look for the
 task pilot of issue 46 (analysis/smollm2_pilot/results.md).
 
-    python scripts/smollm2_task_probe.py '[["chain_sum", {}]]' QUESTIONS SAMPLES MAX_TOKENS
+    python scripts/smollm2_task_probe.py '[["chain_sum", {}]]' QUESTIONS SAMPLES MAX_TOKENS [TASK_KEYS]
 
-Samples at T=1.0, top-p 1.0 from the chat-templated prompt of the task's default template, and scores
-each completion with the dataset's own score_answer (stare_lab.tasks.reasoning_gym).
+Samples at T=1.0, top-p 1.0 from the chat-templated prompt of the task's template (the default, or
+TASK_KEYS' `template`), reads the answer as TASK_KEYS' `answer` says (default: the `<answer>` tag), and
+scores each completion with the dataset's own score_answer (stare_lab.tasks.reasoning_gym).
 """
 
 import json
@@ -21,9 +22,10 @@ model, tok = load_model_and_tokenizer("smollm2")
 model.eval()
 cands = json.loads(sys.argv[1])
 NQ, N, MAXT = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+KEYS = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
 for name, cfg in cands:
     t0 = time.time()
-    task = ReasoningGymTask([{"name": name, "weight": 1.0, "config": cfg}], train_size=10, heldout_size=NQ)
+    task = ReasoningGymTask([{"name": name, "weight": 1.0, "config": cfg}], train_size=10, heldout_size=NQ, **KEYS)
     task.bind_tokenizer(tok)
     recs = task.benchmark_records(name)
     texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in recs]

@@ -234,8 +234,9 @@ class ReasoningGymTaskConfig:
     heldout_size: int = bounded(ge=1)  # per dataset
     seed: int = bounded(ge=0, lt=2**32)
     heldout_seed: int = bounded(ge=0, lt=2**32)
-    template: str = MISSING  # must contain {question} and {tag}
+    template: str = MISSING  # must contain {question}, and {tag} where answer is tag
     answer_tag: str = MISSING
+    answer: str = bounded(choices=("tag", "last_number"))
     chat: Any = bounded(choices=(True, False, "auto"))
     system_prompt: str | None = MISSING
     reward: str = bounded(choices=("verifier", "random"))

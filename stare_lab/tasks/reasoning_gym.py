@@ -14,9 +14,14 @@ stream goes on until `train_size` remain. Most generators draw item i from `Rand
 streams with close seeds overlap: the removal, not the seeds, is what keeps the splits disjoint.
 
 Prompt: the question in `template` (`{question}`; `{tag}` is `answer_tag`), through the model's chat
-template when it has one (`chat: auto`). Reward: the dataset's own `score_answer` on the text of the
-last `<answer>…</answer>` (partial credit kept as the dataset gives it); a completion without one
-scores 0 and is counted (`task/no_answer`).
+template when it has one (`chat: auto`). Reward: the dataset's own `score_answer` on the answer read from
+the completion (partial credit kept as the dataset gives it); a completion without one scores 0 and is
+counted (`task/no_answer`). `answer: tag` (the library's convention) reads the text of the last
+`<answer>…</answer>`; `answer: last_number` reads the completion's last number (`-3`, `12.5`, `1,234` as
+`1234`), for numeric datasets and models too small to write the tags (SmolLM2-135M writes them in 0-2% of
+completions, analysis/smollm2_pilot/results.md). Our decision, not the library's: with `last_number` a
+completion that states a right sum and then another number is wrong, as a reader taking the last
+number would score it; the template then needs no `{tag}`.
 
 reasoning-gym 0.1.25 notes: importing it takes ~1.6 s (cellpylib imports matplotlib.pyplot, the
 algebra tasks sympy) and no torch; `score_answer` of some datasets (countdown, puzzle24) gives 0.01 for
@@ -27,6 +32,7 @@ single oracle answer (`answer` None, recorded as ""), and are scored by `score_a
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -68,6 +74,16 @@ TEMPLATE = (
     "When an example is provided, follow the format of the answer in that example."
 )
 HELDOUT_SEED = 20261129  # conf/task/reasoning_gym.yaml's held-out seed, for a task built without it
+ANSWER_FORMATS = ("tag", "last_number")
+# a number as written in a completion: sign, digits with optional thousands commas, optional decimals
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    """The last number of `text` as the datasets write answers (`1,234` → `1234`, `12.50` kept as
+    written), or None where it has none."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
 
 
 def chat_template_present(model: Any, tokenizer: Any) -> bool:
@@ -99,9 +115,13 @@ class ReasoningGymTask:
         answer_tag: str = "answer",
         chat: bool | str = "auto",
         system_prompt: str | None = None,
+        answer: str = "tag",
     ) -> None:
-        if "{question}" not in template or "{tag}" not in template:
-            raise ValueError(f"task.template: must contain '{{question}}' and '{{tag}}', got {template!r}")
+        if answer not in ANSWER_FORMATS:
+            raise ValueError(f"task.answer: expected one of {', '.join(ANSWER_FORMATS)}, got {answer!r}")
+        if "{question}" not in template or (answer == "tag" and "{tag}" not in template):
+            needs = "'{question}' and '{tag}'" if answer == "tag" else "'{question}'"
+            raise ValueError(f"task.template: must contain {needs} (task.answer: {answer}), got {template!r}")
         if not str(answer_tag).isidentifier():
             raise ValueError(f"task.answer_tag: expected a tag name such as 'answer', got {answer_tag!r}")
         if chat not in (True, False, "auto"):
@@ -111,6 +131,7 @@ class ReasoningGymTask:
         self.seed, self.heldout_seed = int(seed), int(heldout_seed)
         self.template, self.answer_tag, self.system_prompt = template, str(answer_tag), system_prompt
         self.chat: bool | str = chat
+        self.answer = answer
         self._entries: dict[str, dict[str, Any]] = {}  # problem_id → the generator's entry, for scoring
         self._heldout: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         self._report: dict[str, Any] = {"heldout": {}, "train": {}}
@@ -251,6 +272,9 @@ class ReasoningGymTask:
 
     # ------------------------------------------------------------------------------ scores
     def extract(self, completion: Any) -> str | None:
+        """The completion's answer: its last `<answer_tag>` text (`answer: tag`) or last number."""
+        if self.answer == "last_number":
+            return last_number(completion_text(completion))
         from reasoning_gym.utils import extract_answer  # deferred: as in registry
 
         return extract_answer(completion_text(completion), tag_name=self.answer_tag)

@@ -258,3 +258,67 @@ def test_refusals_exit_2_in_one_line_without_torch(mode, argv, message):
     assert run.returncode == 2, run.stderr
     assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "torch loaded: False heavy: []" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "text, number",
+    [
+        ("7 + 5 = 12", "12"),
+        ("The sum is -3.", "-3"),
+        ("3 + 4 = 7, so 7 * 2 = 14.5 in total", "14.5"),
+        ("That makes 1,234 apples", "1234"),
+        ("12 apples and 3,00 pears", "00"),  # not a thousands group: the digits after the comma are a number
+        ("no digits here", None),
+        ("", None),
+    ],
+)
+def test_last_number_reads_the_completions_last_number(text, number):
+    from stare_lab.tasks.reasoning_gym import last_number
+
+    assert last_number(text) == number
+
+
+def test_answer_last_number_scores_the_last_number_with_the_datasets_own_score():
+    """`answer: last_number`: no tags needed; the dataset's score_answer judges the last number written."""
+    config = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    task = ReasoningGymTask(
+        [{"name": "basic_arithmetic", "weight": 1.0, "config": config}],
+        heldout_size=3,
+        chat=False,
+        template="{question}\nGive the number.",
+        answer="last_number",
+    )
+    library = reasoning_gym.create_dataset("basic_arithmetic", **config)
+    for record in task.benchmark_records("basic_arithmetic"):
+        entry = library_entry("basic_arithmetic", config, record["problem_id"])
+        gold = int(entry["answer"])
+        completions = [
+            f"So the answer is {gold}",
+            f"{gold} and then {gold + 1}",
+            "I do not know",
+            f"<answer>{gold}</answer>",
+        ]
+        logged: dict[str, float] = {}
+        rewards = task.reward(
+            completions,
+            answer=[record["answer"]] * 4,
+            problem_id=[record["problem_id"]] * 4,
+            log_metric=logged.__setitem__,
+        )
+        assert rewards[0] == 1.0 and rewards[3] == 1.0 and rewards[2] == 0.0
+        assert rewards[1] == library.score_answer(str(gold + 1), entry) < 1.0
+        assert logged["task/no_answer"] == 0.25
+        assert "Give the number." in record["prompt"] and "<answer>" not in record["prompt"]
+
+
+def test_answer_format_and_its_template_are_checked():
+    with pytest.raises(ValueError, match="task.answer: expected one of tag, last_number, got 'last'"):
+        ReasoningGymTask([{"name": "gcd"}], answer="last")
+    with pytest.raises(ValueError, match=r"must contain '\{question\}' and '\{tag\}' \(task.answer: tag\)"):
+        ReasoningGymTask([{"name": "gcd"}], template="{question} give a number")
+    assert (
+        ReasoningGymTask([{"name": "gcd"}], template="{question} give a number", answer="last_number").answer
+        == "last_number"
+    )
+    with pytest.raises(ConfigError, match="task.answer"):
+        compose(["task=reasoning_gym", "model=qwen2_5_1_5b", "task.answer=number"])
