@@ -322,3 +322,16 @@ def test_answer_format_and_its_template_are_checked():
     )
     with pytest.raises(ConfigError, match="task.answer"):
         compose(["task=reasoning_gym", "model=qwen2_5_1_5b", "task.answer=number"])
+
+
+def test_the_packaged_chain_sum_task_is_the_smollm2_sweeps():
+    """`task=chain_sum` (the README's quick start on SmolLM2) composes the task the SmolLM2 sweep trains on."""
+    from omegaconf import OmegaConf
+
+    from stare_lab.plan.expand import expand_sweep
+    from stare_lab.plan.schema import load_sweep
+
+    packaged = OmegaConf.to_container(compose(["model=smollm2", "task=chain_sum"]).task)
+    run = next(r for r in expand_sweep(load_sweep("smollm2_chain_sum")) if r.label == "full seed=0")
+    assert packaged == run.config["task"]
+    assert packaged["answer"] == "last_number" and packaged["datasets"][0]["name"] == "chain_sum"
