@@ -1,16 +1,18 @@
-"""What a sweep's final evaluations are made of: per arm, the share of samples that are right, that give a
-wrong number, and that give none, from each run's own evaluation samples (eval/<benchmark>/*.parquet).
+"""What a sweep's final evaluations are made of: per arm, the share of samples that are right, that write the
+right number but end on another (an extraction or format failure: the answer is read as the last number),
+that give a wrong number (the right one nowhere in the completion), and that give none, from each run's own
+evaluation samples (eval/<benchmark>/*.parquet: the completion is the column `answer`).
 
     python scripts/failure_kinds.py runs/smollm2_chain_sum rg:chain_sum
 
-A gain that is only format shows as "no answer" falling with "wrong" unchanged; a gain in the task itself
-as "wrong" falling. Printed as a markdown table: mean over the arm's seeds, each seed's value in brackets.
-Also per arm: the mean completion length in characters, and the share of completions that are a bare
-answer (nothing but the number, after stripping whitespace and a final period).
+A gain that is only format shows as "no number" or "right, not last" falling with "wrong number"
+unchanged; a gain in the task itself as "wrong number" falling. Printed as a markdown table: mean over the
+arm's seeds, each seed's value in brackets; per arm also the mean completion length in tokens.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -32,16 +34,20 @@ def run_rows(root: Path, benchmark: str) -> list[dict]:
         samples = pd.read_parquet(path)
         none = samples["extracted"].isna()
         right = samples["correct"].astype(bool)
-        text = samples["text"].astype(str).str.strip().str.rstrip(".")
+        written = [
+            bool(re.search(rf"(?<![\d.]){re.escape(str(gold))}(?![\d]|\.\d)", str(text)))
+            for text, gold in zip(samples["answer"], samples["gold"], strict=True)
+        ]
+        not_last = ~right & ~none & pd.Series(written, index=samples.index)
         rows.append(
             {
                 "arm": label.split(" seed=")[0],
                 "seed": int(label.split(" seed=")[1]),
                 "right": right.mean(),
-                "wrong number": (~right & ~none).mean(),
+                "right, not last": not_last.mean(),
+                "wrong number": (~right & ~none & ~not_last).mean(),
                 "no number": none.mean(),
-                "length": samples["text"].astype(str).str.len().mean(),
-                "bare answer": (text == samples["extracted"].astype(str)).mean(),
+                "length": samples["length"].mean(),
             }
         )
     return rows
@@ -50,8 +56,8 @@ def run_rows(root: Path, benchmark: str) -> list[dict]:
 def main(argv: list[str]) -> None:
     root, benchmark = Path(argv[0]), argv[1]
     df = pd.DataFrame(run_rows(root, benchmark))
-    cols = ["right", "wrong number", "no number", "bare answer"]
-    print(f"| arm | seeds | {' | '.join(cols)} | length (chars) |")
+    cols = ["right", "right, not last", "wrong number", "no number"]
+    print(f"| arm | seeds | {' | '.join(cols)} | length (tokens) |")
     print("|:--|--:|" + "--:|" * (len(cols) + 1))
     for arm, g in df.groupby("arm", sort=False):
         g = g.sort_values("seed")
