@@ -335,3 +335,17 @@ def test_the_packaged_chain_sum_task_is_the_smollm2_sweeps():
     run = next(r for r in expand_sweep(load_sweep("smollm2_chain_sum")) if r.label == "full seed=0")
     assert packaged == run.config["task"]
     assert packaged["answer"] == "last_number" and packaged["datasets"][0]["name"] == "chain_sum"
+
+
+def test_the_readme_command_on_smollm2_is_the_sweeps_full_run():
+    """`stare-lab train model=smollm2 task=chain_sum trainer=cpu_smollm2 eval=chain_sum` (README) trains the
+    run the SmolLM2 sweep's `full seed=0` trained: the same resolved config outside the run's own section."""
+    from omegaconf import OmegaConf
+
+    from stare_lab.plan.expand import expand_sweep
+    from stare_lab.plan.schema import load_sweep
+
+    cfg = compose(["model=smollm2", "task=chain_sum", "trainer=cpu_smollm2", "eval=chain_sum"])
+    readme = {k: v for k, v in OmegaConf.to_container(cfg).items() if k != "run"}
+    run = next(r for r in expand_sweep(load_sweep("smollm2_chain_sum")) if r.label == "full seed=0")
+    assert readme == {k: v for k, v in run.config.items() if k != "run"}
