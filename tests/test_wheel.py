@@ -100,7 +100,10 @@ print(json.dumps(data))
     assert out["package"].startswith(str(site)) and out["conf"].startswith(str(site))
     assert out["sweep"] == str(site / "stare_lab" / "sweeps" / "demo.yaml")
     assert out["output"] == str(tmp_path / "runs")  # runs land under the current directory
-    assert out["groups"]["trainer"] == ["cpu_small", "gpu_stare"] and "slurm" in out["groups"]["launcher"]
+    for group in ("model", "trainer", "eval"):  # the wheel holds every config of the source tree
+        assert out["groups"][group] == sorted(p.stem for p in (ROOT / "stare_lab" / "conf" / group).glob("*.yaml"))
+    assert {"cpu_small", "cpu_smollm2", "gpu_stare"} <= set(out["groups"]["trainer"])
+    assert {"builtin", "smollm2"} <= set(out["groups"]["model"]) and "slurm" in out["groups"]["launcher"]
     assert set(BENCHMARKS) <= set(out["groups"]["benchmark"])
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(out["model"])
     for name, (digest, rows) in out["benchmarks"].items():
