@@ -48,13 +48,15 @@ TRUTHS = {
     "all at target": (TARGET, TARGET, TARGET, TARGET),
     "mixed": (0.0, TARGET, TARGET, -TARGET),
 }
-# (spending, futility threshold, conditional power under, statistic, problem sd)
+# (spending, futility threshold, conditional power under, statistic, problem sd, first futility look);
+# new rows go last: each row's random seed is its index, so the earlier rows' numbers stay the same
 DESIGNS = [
-    ("obf", 0.1, "target", "z", 0.0),
-    ("obf", 0.1, "target", "t", 0.0),
-    ("obf", 0.1, "target", "z + problems", 0.5),
-    ("obf", 0.1, "estimate", "z", 0.0),
-    ("pocock", 0.1, "target", "z", 0.0),
+    ("obf", 0.1, "target", "z", 0.0, 1),
+    ("obf", 0.1, "target", "t", 0.0, 1),
+    ("obf", 0.1, "target", "z + problems", 0.5, 1),
+    ("obf", 0.1, "estimate", "z", 0.0, 1),
+    ("pocock", 0.1, "target", "z", 0.0, 1),
+    ("obf", 0.1, "estimate", "z", 0.0, 2),
 ]
 
 
@@ -77,17 +79,17 @@ def power(state: np.ndarray, effects: np.ndarray, sign: float) -> float:
     return float((state[:, kind] == right).mean())
 
 
-def row(spend, futility, under, statistic, problem_sd, truth, sweeps, seed) -> dict:
+def row(spend, futility, under, statistic, problem_sd, since, truth, sweeps, seed) -> dict:
     effects = np.array(TRUTHS[truth])
     means = {"full": 0.0, **dict(zip(ARMS, effects, strict=True))}
     stat = "t" if statistic == "t" else "z"
     kw = {"sweeps": sweeps, "seed": seed, "sd": SD, "problem_sd": problem_sd, "statistic": stat}
-    seq = SequentialDesign(claims(), LOOKS, ALPHA, spend, futility=futility, futility_under=under)
+    seq = SequentialDesign(claims(), LOOKS, ALPHA, spend, futility=futility, futility_under=under, futility_from=since)
     fixed = SequentialDesign(claims(), (LOOKS[-1],), ALPHA, spend)
     s, f = simulate(seq, means, **kw), simulate(fixed, means, **kw)  # the same runs (same seed, same maximum)
     fwer = float(false_verdicts(s.state, effects).mean())
     return {
-        "design": f"{spend}, futility {futility:g} under {under}",
+        "design": f"{spend}, futility {futility:g} under {under}" + (f" from look {since}" if since > 1 else ""),
         "statistic": statistic,
         "truth": truth,
         "fwer": fwer,

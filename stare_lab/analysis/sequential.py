@@ -45,8 +45,10 @@ design's threshold for both verdicts is "futile": its arms get no more seeds for
 last look (Lan, Simon & Halperin 1982, Commun Stat C 1:207-219; Jennison & Turnbull 2000, ch. 10) of a
 hypothesis at its current level: P(Z_K ≥ c_K | Z_k = z) = Φ((z + η(r − 1) − c_K√r)/√(r − 1)), r = n_K/n_k,
 with the drift η = θ√I_k under the design's target effect (η = target/SE_k, default) or the current estimate
-(η = z). A futile claim is never rejected on data it did not collect, so futility stopping only removes
-rejections: the type I error is not inflated whether or not the stop is obeyed.
+(η = z), at every interim look from the design's `futility_from` (default the first: an estimate from
+few seeds is wide, and a later first futility look trades runs for power). A futile claim is never
+rejected on data it did not collect, so futility stopping only removes rejections: the type I error is
+not inflated whether or not the stop is obeyed.
 """
 
 from __future__ import annotations
@@ -334,6 +336,7 @@ class SequentialDesign:
     gamma: float | None = None
     futility: float = 0.0
     futility_under: str = "target"
+    futility_from: int = 1
     directions: str = "both"
     graph: Graph | None = None
     _graph: Graph = field(init=False, repr=False, compare=False)
@@ -399,6 +402,10 @@ def _check_design(d: SequentialDesign) -> None:
         raise DesignError(f"futility {d.futility!r}: expected a conditional-power threshold in [0, 1)")
     if d.futility_under not in FUTILITY_UNDER:
         raise DesignError(f"futility_under {d.futility_under!r}: expected one of {', '.join(FUTILITY_UNDER)}")
+    if not (isinstance(d.futility_from, int) and 1 <= d.futility_from <= max(1, len(looks) - 1)):
+        raise DesignError(
+            f"futility_from {d.futility_from!r}: expected the first look (1-based) of a futility stop, 1 … K − 1"
+        )
     if d.directions not in DIRECTIONS:
         raise DesignError(f"directions {d.directions!r}: expected one of {', '.join(DIRECTIONS)}")
     _check_claims(d.claims)
@@ -511,7 +518,7 @@ def run_looks(design: SequentialDesign, z: np.ndarray, se: np.ndarray) -> Run:
         open_at[:, :, k] = live
         last[live] = k
         _graph_rounds(design, zn, w, g, state, look, last, k, owner, sign)
-        if k < len(design.looks) - 1 and design.futility > 0:
+        if design.futility_from - 1 <= k < len(design.looks) - 1 and design.futility > 0:
             power = _futility(design, zn, se[:, owner, k], w, state, look, k, owner)
     if n_looks == len(design.looks):
         state[state == OPEN] = UNDECIDED

@@ -6,6 +6,7 @@
       spending: obf                # obf | pocock | hsd (with gamma)
       futility: 0.1                # an open claim whose conditional power at the last look is below it stops
       futility_under: target       # target (each claim's `target:`) | estimate
+      futility_from: 1             # the first look (1-based) at which futility may stop a claim
       directions: both             # both (supported or contradicted) | support
 
 `stare-lab sweep run --until-decided` runs the looks (stare_lab.sweep.sequential); the statistics are
@@ -32,6 +33,7 @@ DESIGN_KEYS = (
     "gamma",
     "futility",
     "futility_under",
+    "futility_from",
     "directions",
 )
 SPENDING = ("obf", "pocock", "hsd")
@@ -52,6 +54,7 @@ class Design:
     gamma: float | None = None  # hsd only
     futility: float = 0.0  # conditional-power threshold; 0: no futility stop
     futility_under: str = "target"
+    futility_from: int = 1  # the first look (1-based) whose conditional power may stop a claim
     directions: str = "both"
     targets: dict[str, float] = field(default_factory=dict)  # claim id → its `target:` (the claim's unit)
 
@@ -66,6 +69,7 @@ class Design:
         futile = (
             f"futility: conditional power at the last look < {self.futility:g} under the "
             + ("claim's target" if self.futility_under == "target" else "current estimate")
+            + (f", from look {self.futility_from}" if self.futility_from > 1 else "")
             if self.futility > 0
             else "no futility stop"
         )
@@ -103,6 +107,7 @@ def parse_design(block: Any, claims: list[Claim], fail: Fail) -> Design | None:
         gamma=_gamma(block, fail),
         futility=_futility(block.get("futility", 0.0), fail),
         futility_under=_choice(block, "futility_under", FUTILITY_UNDER, "target", fail),
+        futility_from=_futility_from(block, fail),
         directions=_choice(block, "directions", DIRECTIONS, "both", fail),
         targets={c.id: c.target for c in claims if c.target is not None},
     )
@@ -189,6 +194,21 @@ def _futility(value: Any, fail: Fail) -> float:
     if not _is_number(value) or not 0 <= value < 1:
         fail("design.futility", f"{value!r}: expected a conditional-power threshold in [0, 1) (0: no futility stop)")
     return float(value)
+
+
+def _futility_from(block: dict, fail: Fail) -> int:
+    """The first look at which futility may stop a claim: 1 … K − 1 (the last look decides or leaves open)."""
+    value = block.get("futility_from", 1)
+    n_looks = len(block["looks"]) if isinstance(block.get("looks"), list) else len(block.get("schedule") or [])
+    last = max(1, n_looks - 1)
+    if not _is_int(value) or not 1 <= value <= last:
+        fail(
+            "design.futility_from",
+            f"{value!r}: expected the first look (1-based) at which futility may stop a claim, 1 … {last}",
+        )
+    if value > 1 and not block.get("futility"):
+        fail("design.futility_from", f"{value} reads a futility threshold: give futility: (e.g. 0.1) or drop it")
+    return int(value)
 
 
 def _check_claims(design: Design, claims: list[Claim], fail: Fail) -> None:

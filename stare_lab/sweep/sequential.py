@@ -104,6 +104,7 @@ def sequential_design(spec: SweepSpec) -> SequentialDesign:
         gamma=d.gamma,
         futility=d.futility,
         futility_under=d.futility_under,
+        futility_from=d.futility_from,
         directions=d.directions,
     )
 

@@ -315,6 +315,20 @@ def test_futility_by_conditional_power_at_the_last_look():
     assert futile.done and futile.open == () and futile.arms == ()
 
 
+def test_futility_waits_for_its_first_look():
+    """futility_from 2, looks 4, 8, 16: z = 0.3 at look 1 (conditional power under the estimate far below
+    0.2) leaves the claim open with no power computed; the same z at look 2 makes it futile there."""
+    d = design(looks=(4, 8, 16), futility=0.2, futility_under="estimate", futility_from=2)
+    at1 = decide(d, [{"c0": ClaimLook(0.3, 1.0)}]).claims[0]
+    assert at1.state == "open" and at1.look is None and all(math.isnan(p) for p in at1.conditional_power)
+    at2 = decide(d, [{"c0": ClaimLook(0.3, 1.0)}, {"c0": ClaimLook(0.3, 0.7)}]).claims[0]
+    assert at2.state == "futile" and at2.look == 2
+    c3 = boundaries([0.25, 0.5, 1.0], 0.025)[2]
+    assert at2.conditional_power[0] == pytest.approx(Z.cdf((0.3 * 2 - c3 * math.sqrt(2)) / 1.0), abs=1e-12)
+    eager = decide(design(looks=(4, 8, 16), futility=0.2, futility_under="estimate"), [{"c0": ClaimLook(0.3, 1.0)}])
+    assert eager.claims[0].state == "futile" and eager.claims[0].look == 1
+
+
 def test_a_futile_claim_is_supported_when_its_level_rises():
     """Non-binding: c1, found futile at look 1 (its target 0.001 is out of reach: conditional power about ½
     < 0.6), keeps its weight; when c0 (target 1, SE 0.25: conditional power about 1) is supported at look 2,
@@ -366,7 +380,7 @@ def _reference(d: SequentialDesign, z: np.ndarray, se: np.ndarray) -> list[tuple
                         g[j][i] = g[i][j] = 0.0
                     changed = True
                     break
-        if k < n_k - 1 and d.futility > 0:
+        if d.futility_from - 1 <= k < n_k - 1 and d.futility > 0:
             r = d.looks[-1] / d.looks[k]
             for c in range(m):
                 if state[c] != "open":
@@ -387,15 +401,17 @@ def _reference(d: SequentialDesign, z: np.ndarray, se: np.ndarray) -> list[tuple
 
 
 @pytest.mark.parametrize(
-    ("under", "directions", "futility", "effect"),
-    [("estimate", "both", 0.3, 1.5), ("target", "both", 0.3, 1.5), ("estimate", "support", 0.1, 2.5),
-     ("target", "both", 0.02, 2.5)],
+    ("under", "directions", "futility", "effect", "since"),
+    [("estimate", "both", 0.3, 1.5, 1), ("target", "both", 0.3, 1.5, 1), ("estimate", "support", 0.1, 2.5, 1),
+     ("target", "both", 0.02, 2.5, 1), ("estimate", "both", 0.3, 1.5, 2)],
 )  # fmt: skip
-def test_vectorised_procedure_equals_the_plain_python_one(under, directions, futility, effect):
+def test_vectorised_procedure_equals_the_plain_python_one(under, directions, futility, effect, since):
     """300 simulated sweeps of 3 claims with a shared arm, t statistics at 4, 8, 16 seeds: the same verdicts
     at the same looks; decide() on a sweep's looks agrees."""
     claims = tuple(SequentialClaim(f"c{i}", 1.5, (f"x{i}", "full")) for i in range(3))
-    d = SequentialDesign(claims, (4, 8, 16), futility=futility, futility_under=under, directions=directions)
+    d = SequentialDesign(
+        claims, (4, 8, 16), futility=futility, futility_under=under, directions=directions, futility_from=since
+    )
     # one claim null, one at +effect, one at −effect (+effect where only support is tested)
     means = {"full": 0.0, "x0": 0.0, "x1": effect, "x2": effect if directions == "support" else -effect}
     sim = sq.simulate(d, means, sweeps=300, seed=11, sd=2.0, statistic="t")
@@ -513,6 +529,8 @@ CLAIM = (SequentialClaim("c", 1.0, ("x", "full")),)
         ({"gamma": -4.0}, "only spending 'hsd' takes a gamma"),
         ({"futility": 1.0}, r"futility 1.0: expected a conditional-power threshold in \[0, 1\)"),
         ({"futility_under": "trend"}, "futility_under 'trend'"),
+        ({"futility_from": 2}, r"futility_from 2: expected the first look \(1-based\) of a futility stop, 1 … K − 1"),
+        ({"futility_from": 0}, "futility_from 0: expected"),
         ({"directions": "contradict"}, "directions 'contradict'"),
         ({"claims": ()}, "at least one claim"),
         ({"claims": CLAIM * 2}, "id 'c' appears more than once"),

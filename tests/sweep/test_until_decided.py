@@ -75,6 +75,15 @@ def _problems(seeds=9):
         ({"looks": [3, 6], "spending": "hsd"}, "design.gamma: spending hsd needs gamma"),
         ({"looks": [3, 6], "futility": 0.1}, "stare_beats_full needs a target"),
         ({"looks": [3, 6], "alpha": 1.5}, "design.alpha: 1.5: expected a level in (0, 1)"),
+        (
+            {"looks": [3, 6], "futility_from": 2},
+            "design.futility_from: 2: expected the first look (1-based) at which futility may stop a claim, 1 … 1",
+        ),
+        (
+            {"looks": [2, 4, 6], "futility_from": 2},
+            "design.futility_from: 2 reads a futility threshold: give futility:",
+        ),
+        ({"looks": [2, 4, 6], "futility_from": "2"}, "design.futility_from: '2': expected the first look"),
     ],
 )
 def test_a_bad_design_is_one_line_naming_its_key(tmp_path, design, message):
@@ -226,4 +235,9 @@ def test_the_file_and_the_statistics_accept_the_same_designs():
         stats.DIRECTIONS,
     )
     assert block.schedule_looks(32, [0.125, 0.25, 0.5, 1.0]) == ((4, 8, 16, 32), "")
+    assert (
+        block.Design(looks=(4, 8)).futility_from
+        == stats.SequentialDesign((stats.SequentialClaim("c", 1.0),), (4, 8)).futility_from
+        == 1
+    )
     assert stats.looks_from_schedule(32, (0.125, 0.25, 0.5, 1.0)) == (4, 8, 16, 32)
