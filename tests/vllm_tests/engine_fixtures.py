@@ -1,4 +1,6 @@
-"""Settings shared by the vLLM tests (tests/vllm_tests/conftest.py shares the engine)."""
+"""Settings and helpers shared by the vLLM tests (tests/vllm_tests/conftest.py shares the engine)."""
+
+from stare_lab.training import vllm_engine
 
 # Small rollouts: 2 prompts × 4 completions per step; every trainer of the session has this batch,
 # so the shared engine's max_num_seqs (TRL sets it from the first trainer) fits all of them.
@@ -14,3 +16,17 @@ SMALL = [
     "logger=none",
     "eval.enabled=false",
 ]
+
+
+def watch_syncs(trainer) -> list[tuple[float, float]]:
+    """Wrap TRL's sync: each entry is (max |engine - policy| just before the sync, just after)."""
+    gen, seen = trainer.vllm_generation, []
+    sync = gen.sync_weights
+
+    def checked_sync():
+        before = max(vllm_engine.weight_mismatch(gen.llm, trainer.model).values())
+        sync()
+        seen.append((before, max(vllm_engine.weight_mismatch(gen.llm, trainer.model).values())))
+
+    gen.sync_weights = checked_sync
+    return seen

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_fixtures import SMALL
+from engine_fixtures import watch_syncs as _watch_syncs
 
 from stare_lab.config.run_config import compose, save_config
 from stare_lab.record import read_metrics
@@ -15,20 +16,6 @@ from stare_lab.run.runner import build_trainer, execute
 from stare_lab.training import vllm_engine
 
 pytestmark = pytest.mark.vllm
-
-
-def _watch_syncs(trainer) -> list[tuple[float, float]]:
-    """Wrap TRL's sync: each entry is (max |engine - policy| just before the sync, just after)."""
-    gen, seen = trainer.vllm_generation, []
-    sync = gen.sync_weights
-
-    def checked_sync():
-        before = max(vllm_engine.weight_mismatch(gen.llm, trainer.model).values())
-        sync()
-        seen.append((before, max(vllm_engine.weight_mismatch(gen.llm, trainer.model).values())))
-
-    gen.sync_weights = checked_sync
-    return seen
 
 
 def test_engine_follows_every_sync_with_tied_head(tmp_path):
