@@ -100,14 +100,15 @@ def parse_design(block: Any, claims: list[Claim], fail: Fail) -> Design | None:
     for k in block:
         if k not in DESIGN_KEYS:
             fail("design", f"unknown key {k!r}; valid keys: {', '.join(DESIGN_KEYS)}")
+    looks = _looks(block, fail)
     design = Design(
-        looks=_looks(block, fail),
+        looks=looks,
         alpha=_level(block.get("alpha", 0.05), "design.alpha", fail),
         spending=_choice(block, "spending", SPENDING, "obf", fail),
         gamma=_gamma(block, fail),
         futility=_futility(block.get("futility", 0.0), fail),
         futility_under=_choice(block, "futility_under", FUTILITY_UNDER, "target", fail),
-        futility_from=_futility_from(block, fail),
+        futility_from=_futility_from(block, len(looks), fail),
         directions=_choice(block, "directions", DIRECTIONS, "both", fail),
         targets={c.id: c.target for c in claims if c.target is not None},
     )
@@ -196,10 +197,9 @@ def _futility(value: Any, fail: Fail) -> float:
     return float(value)
 
 
-def _futility_from(block: dict, fail: Fail) -> int:
+def _futility_from(block: dict, n_looks: int, fail: Fail) -> int:
     """The first look at which futility may stop a claim: 1 … K − 1 (the last look decides or leaves open)."""
     value = block.get("futility_from", 1)
-    n_looks = len(block["looks"]) if isinstance(block.get("looks"), list) else len(block.get("schedule") or [])
     last = max(1, n_looks - 1)
     if not _is_int(value) or not 1 <= value <= last:
         fail(

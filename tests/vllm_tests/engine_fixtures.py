@@ -1,5 +1,9 @@
 """Settings and helpers shared by the vLLM tests (tests/vllm_tests/conftest.py shares the engine)."""
 
+import math
+
+import numpy as np
+
 from stare_lab.training import vllm_engine
 
 # Small rollouts: 2 prompts × 4 completions per step; every trainer of the session has this batch,
@@ -30,3 +34,11 @@ def watch_syncs(trainer) -> list[tuple[float, float]]:
 
     gen.sync_weights = checked_sync
     return seen
+
+
+def paired_z(a, b) -> float:
+    """z of the mean per-problem accuracy difference (problems are the independent units: the n samples
+    of one problem share its difficulty, so a plain two-proportion test over samples would be too narrow)."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    se = d.std(ddof=1) / math.sqrt(len(d))
+    return float(d.mean() / se) if se > 0 else 0.0

@@ -11,9 +11,9 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from engine_fixtures import SMALL
+from engine_fixtures import paired_z as _paired_z
 
 from stare_lab.config.run_config import compose, save_config
 from stare_lab.evaluation import per_problem_counts
@@ -26,14 +26,6 @@ from stare_lab.training import vllm_engine
 pytestmark = pytest.mark.vllm
 
 N = 4  # samples per problem; 200 held-out problems
-
-
-def _paired_z(a, b) -> float:
-    """z of the mean per-problem accuracy difference (problems are the independent units: the n samples
-    of one problem share its difficulty, so a plain two-proportion test over samples would be too narrow)."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    se = d.std(ddof=1) / math.sqrt(len(d))
-    return float(d.mean() / se) if se > 0 else 0.0
 
 
 def _two_proportion_z(c1: int, c2: int, n: int) -> float:

@@ -8,11 +8,9 @@ tolerance."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from engine_fixtures import SMALL, watch_syncs
+from engine_fixtures import SMALL, paired_z, watch_syncs
 
 from stare_lab.config.run_config import compose
 from stare_lab.evaluation import per_problem_counts
@@ -70,9 +68,7 @@ def test_smollm2_trains_with_colocated_vllm_and_evaluates_through_it(tmp_path, m
         by[name] = per_problem_counts(df)
     acc = {k: v["c"] / v["n"] for k, v in by.items()}
     assert len(acc["vllm"]) == 64 and set(acc["vllm"].index) == set(acc["transformers"].index)
-    d = acc["vllm"].to_numpy() - acc["transformers"].loc[acc["vllm"].index].to_numpy()
-    se = d.std(ddof=1) / math.sqrt(len(d))
-    z = float(d.mean() / se) if se > 0 else 0.0
+    z = paired_z(acc["vllm"], acc["transformers"].loc[acc["vllm"].index])
     print(f"\nsmollm2 avg@{N} on chain_sum: vllm {acc['vllm'].mean():.4f}, transformers "
           f"{acc['transformers'].mean():.4f}; paired z = {z:.2f}")  # fmt: skip
     assert 0.0 < float(np.mean(acc["vllm"])) < 1.0  # the untrained model scores ~10%: a test that can tell
